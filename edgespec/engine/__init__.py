@@ -1,0 +1,1 @@
+"""The speculative decoding engine: takes loaded models, yields events."""

@@ -1,0 +1,101 @@
+"""What the engine yields: the one event stream the CLI, the chat app and the
+benchmark all consume.
+
+`generate()` (engine/decoder.py) yields `Chunk`s, one per decode cycle; the
+last one has `finish_reason` set. `Chunk.stats` is the same live `Stats`
+object throughout a generation, so a consumer may keep a reference to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+MODES = ("plain", "draft", "lookup", "auto")
+"""Speculation modes: no drafter, a draft model, prompt lookup, or chosen per cycle."""
+
+FINISH_REASONS = ("eog", "max_tokens", "stop", "context", "cancelled")
+"""Why a generation ended: end-of-generation token, token budget, a stop string,
+a full context window, or the consumer stopped it."""
+
+
+@dataclass
+class GenerationParams:
+    """How to generate. Temperature 0 means greedy (argmax)."""
+
+    mode: str = "auto"
+    k: int = 4
+    """Maximum draft length per cycle (auto may choose less, lookup may use up to k_lookup)."""
+    temperature: float = 0.0
+    top_k: int = 0
+    """0 disables top-k."""
+    top_p: float = 1.0
+    """1.0 disables top-p."""
+    seed: int | None = None
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+    p_min: float = 0.3
+    """The draft model stops drafting when its top probability falls below this."""
+
+
+@dataclass
+class Stats:
+    """Statistics of one generation, updated live while it runs."""
+
+    mode: str = "plain"
+    prompt_tokens: int = 0
+    """Tokens in the prompt (the whole conversation for a chat)."""
+    prompt_evaluated: int = 0
+    """Prompt tokens the target actually evaluated (the rest came from its KV cache)."""
+    generated_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_passes: int = 0
+    ttft_s: float | None = None
+    """Seconds from the call to the first generated token (includes prompt evaluation)."""
+    decode_s: float = 0.0
+    """Seconds spent after the first token (decode only)."""
+    k: int = 0
+    """Draft length of the latest cycle."""
+    drafter: str = "none"
+    """Drafter of the latest cycle: "none", "draft" or "lookup"."""
+    reason: str = ""
+    """Why the latest cycle's drafter and k were chosen (auto mode)."""
+    stop_reason: str | None = None
+    dropped_messages: int = 0
+    """Oldest messages left out so that a chat fits in the context (chat sessions)."""
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode speed: tokens after the first, over the time after the first."""
+        n = self.generated_tokens - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_pass=self.tokens_per_pass,
+            tokens_per_s=self.tokens_per_s,
+        )
+        return d
+
+
+@dataclass
+class Chunk:
+    """The output of one decode cycle."""
+
+    text: str
+    """New text, UTF-8 safe (an incomplete character waits for the next chunk)."""
+    tokens: list[int] = field(default_factory=list)
+    from_draft: list[bool] = field(default_factory=list)
+    """Per token: True when it was a draft token the target accepted."""
+    stats: Stats = field(default_factory=Stats)
+    finish_reason: str | None = None

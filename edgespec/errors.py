@@ -1,0 +1,37 @@
+"""Typed errors with messages a user can act on.
+
+Everything below the faces (cli.py, the chat app) raises these; the faces
+catch `EdgespecError` once and print its message.
+"""
+
+
+class EdgespecError(Exception):
+    """Base class: the message is written for the user."""
+
+
+class ModelFileError(EdgespecError):
+    """A model file is missing, truncated or not GGUF."""
+
+
+class ModelLoadError(EdgespecError):
+    """llama.cpp refused to load a model or create a context."""
+
+
+class IncompatibleDraftError(EdgespecError):
+    """The draft model cannot be paired with the target (vocabularies differ)."""
+
+
+class ContextFullError(EdgespecError):
+    """The prompt alone does not fit in the context window."""
+
+
+class RegistryError(EdgespecError):
+    """models.yaml (or the user's override) is malformed, or a name is unknown."""
+
+
+class DownloadError(EdgespecError):
+    """A model file could not be fetched or failed verification."""
+
+
+class TemplateError(EdgespecError):
+    """A chat template is missing or failed to render."""
