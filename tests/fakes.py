@@ -1,0 +1,102 @@
+"""A tiny stand-in for edgespec.engine.runtime.Engine, for pure-logic tests.
+
+Tokens are characters (id = ord(c)); registered special texts such as
+"<|im_start|>" are single tokens with ids from SPECIAL_BASE. Like the real
+Engine it keeps the tokens of its cache and reports how many prompt tokens it
+had to evaluate (everything after the longest common prefix with the cache).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+from edgespec.engine.events import Chunk, GenerationParams, Stats
+
+SPECIAL_BASE = 1_000_000
+CHATML = {"bos": "<s>", "eos": "<|im_end|>", "specials": ("<|im_start|>", "<|im_end|>")}
+
+
+class FakeEngine:
+    """Deterministic engine: replies "reply 1", "reply 2", ... (or `reply(prompt_text)`)."""
+
+    def __init__(self, *, n_ctx: int = 4096, chat_template: str | None = None,
+                 specials: tuple[str, ...] = CHATML["specials"], bos_text: str = CHATML["bos"],
+                 eos_text: str = CHATML["eos"], reply: Callable[[str], str] | None = None,
+                 delay_s: float = 0.0, has_draft: bool = False):
+        self.n_ctx = n_ctx
+        self.chat_template = chat_template
+        self.has_draft = has_draft
+        self._specials = {text: SPECIAL_BASE + i for i, text in enumerate((bos_text, eos_text, *specials))}
+        self.bos = self._specials[bos_text]
+        self.eos = self._specials[eos_text]
+        self._reply = reply
+        self._delay_s = delay_s
+        self.cache: list[int] = []
+        self.prompts: list[list[int]] = []
+        """The prompt tokens of every generate() call, in order."""
+        self.closed = False
+
+    # -- tokenizer ---------------------------------------------------------------------
+    def token_text(self, token: int) -> str:
+        for text, tid in self._specials.items():
+            if tid == token:
+                return text
+        return chr(token)
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
+        tokens = [self.bos] if add_bos else []
+        i = 0
+        while i < len(text):
+            match = special and next((s for s in self._specials if text.startswith(s, i)), None)
+            if match:
+                tokens.append(self._specials[match])
+                i += len(match)
+            else:
+                tokens.append(ord(text[i]))
+                i += 1
+        return tokens
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return "".join(self.token_text(t) for t in tokens)
+
+    # -- generation --------------------------------------------------------------------
+    def generate(self, prompt_tokens: list[int], params: GenerationParams) -> Iterator[Chunk]:
+        prompt = list(prompt_tokens)
+        self.prompts.append(prompt)
+        common = 0
+        while common < min(len(prompt), len(self.cache)) and prompt[common] == self.cache[common]:
+            common += 1
+        stats = Stats(mode=params.mode, prompt_tokens=len(prompt), prompt_evaluated=len(prompt) - common)
+        self.cache = prompt
+        text = self._reply(self.detokenize(prompt)) if self._reply else f"reply {len(self.prompts)}"
+        finish = "eog"
+        for i, ch in enumerate(text):
+            if len(self.cache) >= self.n_ctx:
+                finish = "context"
+                break
+            if i >= params.max_tokens:
+                finish = "max_tokens"
+                break
+            if self._delay_s:
+                time.sleep(self._delay_s)
+            stats.generated_tokens += 1
+            stats.target_passes += 1
+            if stats.ttft_s is None:
+                stats.ttft_s = 0.001
+            self.cache = self.cache + [ord(ch)]
+            yield Chunk(text=ch, tokens=[ord(ch)], from_draft=[i % 2 == 1], stats=stats)
+        stats.stop_reason = finish
+        yield Chunk(text="", stats=stats, finish_reason=finish)
+
+    def describe(self) -> dict:
+        return {"backend": "fake", "target": "fake.gguf", "draft": None}
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
