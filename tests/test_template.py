@@ -1,0 +1,103 @@
+"""Chat templates: the GGUF's own in a sandbox, built-in formats by explicit choice, clear errors."""
+
+import pytest
+from fakes import FakeEngine
+
+from edgespec.chat.template import BUILTIN_FORMATS, chat_template
+from edgespec.errors import TemplateError
+
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "Bye"},
+]
+# Qwen2.5's template, shortened: the shape most GGUF templates have.
+QWEN_LIKE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_gguf_template_is_used_when_no_format_is_chosen():
+    t = chat_template(FakeEngine(chat_template=QWEN_LIKE))
+    assert t.name == "gguf"
+    assert t.render(CONVERSATION[:2]) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_chosen_format_wins_over_the_gguf_template():
+    t = chat_template(FakeEngine(chat_template=QWEN_LIKE), template="plain")
+    assert t.render(CONVERSATION) == "Be brief.\n\nUser: Hi\n\nAssistant: Hello!\n\nUser: Bye\n\nAssistant:"
+    assert t.stop == ("\nUser:",)
+
+
+def test_no_template_and_none_chosen_says_how_to_choose():
+    with pytest.raises(TemplateError, match="no chat template.*--template.*chatml"):
+        chat_template(FakeEngine(chat_template=None), model="tiny.gguf")
+
+
+def test_unknown_format_name_is_refused_not_rendered_as_text():
+    with pytest.raises(TemplateError, match="Unknown chat format 'chatm1'"):
+        chat_template(FakeEngine(), template="chatm1")
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_FORMATS))
+def test_builtin_formats_render_every_turn_and_a_generation_prompt(name):
+    text = chat_template(FakeEngine(), template=name).render(CONVERSATION)
+    for m in CONVERSATION:
+        assert m["content"] in text
+    assert not text.endswith("Bye")  # the generation prompt follows the last turn
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_FORMATS))
+def test_builtin_formats_keep_earlier_turns_as_a_prefix(name):
+    """What makes KV reuse possible: turn N's prompt + reply starts turn N+1's prompt."""
+    t = chat_template(FakeEngine(), template=name)
+    reply = " Hello!" if name == "plain" else "Hello!"  # after "Assistant:" a model writes the space
+    conversation = [*CONVERSATION[:2], {"role": "assistant", "content": reply}, CONVERSATION[3]]
+    assert t.render(conversation).startswith(t.render(conversation[:2]) + reply)
+
+
+def test_bos_and_eos_texts_come_from_the_engine():
+    t = chat_template(FakeEngine(bos_text="<BOS>", eos_text="<EOS>"),
+                      template="{{ bos_token }}{{ messages[0].content }}{{ eos_token }}")
+    assert t.render(CONVERSATION[:1]) == "<BOS>Be brief.<EOS>"
+
+
+def test_raise_exception_becomes_a_template_error_naming_the_model():
+    source = "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    t = chat_template(FakeEngine(chat_template=source), model="gemma-2b.gguf")
+    with pytest.raises(TemplateError, match="gemma-2b.gguf.*System role not supported"):
+        t.render(CONVERSATION)
+
+
+def test_render_failures_name_the_model_and_the_fallback():
+    t = chat_template(FakeEngine(chat_template="{{ messages[0].content + 1 }}"), model="odd.gguf")
+    with pytest.raises(TemplateError, match="odd.gguf failed to render.*chatml"):
+        t.render(CONVERSATION)
+
+
+def test_invalid_jinja_is_reported_when_the_template_is_chosen():
+    with pytest.raises(TemplateError, match="odd.gguf is not valid Jinja"):
+        chat_template(FakeEngine(chat_template="{% for m in messages %}"), model="odd.gguf")
+
+
+def test_templates_run_in_a_sandbox():
+    evil = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
+    t = chat_template(FakeEngine(chat_template=evil), model="evil.gguf")
+    with pytest.raises(TemplateError, match="evil.gguf"):
+        t.render(CONVERSATION)
+
+
+def test_sandbox_is_immutable():
+    t = chat_template(FakeEngine(chat_template="{% set _ = messages.append(1) %}{{ messages | length }}"))
+    with pytest.raises(TemplateError):
+        t.render(CONVERSATION)
+
+
+def test_transformers_helpers_are_available():
+    source = "{{ strftime_now('%Y') | length }} {{ {'a': 'é'} | tojson }}"
+    assert chat_template(FakeEngine(chat_template=source)).render([]) == '4 {"a": "é"}'
