@@ -1,0 +1,241 @@
+"""A conversation with a loaded model: turns, KV-cache reuse, context limits, persistence.
+
+Each turn renders the whole conversation with the chat template and passes
+all of its tokens to `Engine.generate`, which keeps whatever prefix its target
+and draft caches already hold and evaluates only the rest. The session's job
+is to make that prefix long: when the new rendering starts with the text of
+the previous prompt and reply, the previous tokens are kept exactly as they
+were generated and only the new text is tokenized, so turn N costs the new
+tokens only. When anything earlier changed (an edit, a template that rewrites
+old turns, dropped messages) the whole text is tokenized afresh and the
+engine still reuses the longest common prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from contextlib import closing
+from dataclasses import dataclass
+from typing import Iterator
+
+from edgespec.chat.store import ConversationStore, Message
+from edgespec.chat.template import chat_template
+from edgespec.engine.events import Chunk, GenerationParams
+from edgespec.errors import ContextFullError
+
+SAVE_EVERY_S = 0.5
+"""How often a streaming reply is written to the store (and always at its end)."""
+REPLY_SHARE = 4
+"""Room kept for the reply: max_tokens, but at most 1/REPLY_SHARE of the context."""
+TITLE_CHARS = 60
+
+
+@dataclass
+class _Prompt:
+    """What one turn sends to the engine."""
+
+    text: str
+    tokens: list[int]
+    dropped: int
+    """Oldest non-system messages left out so that the conversation fits."""
+
+
+class ChatSession:
+    """Messages of one conversation, turned into replies by an Engine and kept in a store."""
+
+    def __init__(self, engine, *, store: ConversationStore | None = None, conversation_id: int | None = None,
+                 system_prompt: str | None = None, params: GenerationParams | None = None,
+                 template: str | None = None, model_name: str = "the model"):
+        """`template`: a built-in format's name (or Jinja source) to use instead of the
+        model's own; required when the GGUF has none. `system_prompt` starts new
+        conversations. Raises TemplateError when there is no usable template."""
+        self.engine = engine
+        self.store = store
+        self.params = params or GenerationParams()
+        self.template = chat_template(engine, template=template, model=model_name)
+        self.system_prompt = system_prompt
+        self.messages: list[Message] = []
+        self.conversation_id: int | None = None
+        self._dropped = 0
+        self._cached: tuple[str, list[int]] | None = None
+        """Text and tokens of the previous prompt and reply, as the engine's caches hold them."""
+        self._saved_settings: dict | None = None
+        if conversation_id is not None:
+            self.load(conversation_id)
+        else:
+            self.new(system_prompt=system_prompt)
+
+    # -- conversations -----------------------------------------------------------------
+    def new(self, *, system_prompt: str | None = None) -> None:
+        """Start an empty conversation (stored at its first message)."""
+        if system_prompt is not None:
+            self.system_prompt = system_prompt
+        self.messages = [Message("system", self.system_prompt)] if self.system_prompt else []
+        self.conversation_id = None
+        self._dropped = 0
+        self._saved_settings = None
+
+    def load(self, conversation_id: int) -> None:
+        """Switch to a stored conversation."""
+        if self.store is None:
+            raise ValueError("load() needs a ConversationStore")
+        self.messages = self.store.messages(conversation_id)
+        self.conversation_id = conversation_id
+        self._dropped = 0
+        self._saved_settings = self.store.settings(conversation_id)
+
+    # -- turns -------------------------------------------------------------------------
+    def send(self, text: str) -> Iterator[Chunk]:
+        """Append a user message and stream the reply."""
+        candidate = [*self.messages, Message("user", text)]
+        prompt = self._fit(candidate, self._dropped)
+        self.messages = candidate
+        yield from self._reply(prompt)
+
+    def regenerate(self) -> Iterator[Chunk]:
+        """Drop the last assistant reply (if any) and reply to the last user message again."""
+        keep = self.messages[:-1] if self.messages and self.messages[-1].role == "assistant" else self.messages
+        if not keep or keep[-1].role != "user":
+            raise ValueError("regenerate() needs a conversation that ends with a user message")
+        prompt = self._fit(keep, self._dropped)
+        self._forget(self.messages[len(keep):])
+        self.messages = list(keep)
+        yield from self._reply(prompt)
+
+    def edit(self, index: int, text: str) -> Iterator[Chunk]:
+        """Replace user message `index`, drop every message after it, and reply."""
+        old = self.messages[index]
+        if old.role != "user":
+            raise ValueError(f"message {index} is a {old.role} message; only user messages can be edited")
+        index %= len(self.messages)
+        edited = dataclasses.replace(old, content=text)
+        candidate = [*self.messages[:index], edited]
+        prompt = self._fit(candidate, min(self._dropped, index - self._n_system(candidate)))
+        self._forget(self.messages[index + 1:])
+        if self.store is not None and edited.id is not None:
+            self.store.update(edited)
+        self.messages = candidate
+        yield from self._reply(prompt)
+
+    # -- the prompt --------------------------------------------------------------------
+    def _fit(self, messages: list[Message], dropped: int) -> _Prompt:
+        """The prompt for `messages`, leaving out the oldest turns (never the system
+        prompt, never the last message) until it fits with room for the reply."""
+        n_system = self._n_system(messages)
+        turns = messages[n_system:]
+        room = min(self.params.max_tokens, self.engine.n_ctx // REPLY_SHARE)
+        while True:
+            window = messages[:n_system] + turns[dropped:]
+            text = self.template.render([{"role": m.role, "content": m.content} for m in window])
+            tokens = self._tokenize(text)
+            if len(tokens) + room <= self.engine.n_ctx:
+                return _Prompt(text, tokens, dropped)
+            if dropped >= len(turns) - 1:
+                raise ContextFullError(
+                    f"The message does not fit: the prompt is {len(tokens)} tokens and a reply needs room "
+                    f"for {room} more, but the context holds {self.engine.n_ctx}. Shorten the message"
+                    + (" or the system prompt" if n_system else "") + ", or load the model with a larger context.")
+            dropped += 1
+            while dropped < len(turns) - 1 and turns[dropped].role != "user":
+                dropped += 1  # a window starts with a user turn: some templates insist on alternation
+
+    def _tokenize(self, text: str) -> list[int]:
+        if self._cached and text.startswith(self._cached[0]):
+            cached_text, cached_tokens = self._cached
+            return cached_tokens + self.engine.tokenize(text[len(cached_text):], add_bos=False, special=True)
+        bos = self.template.bos_token
+        return self.engine.tokenize(text, add_bos=not (bos and text.startswith(bos)), special=True)
+
+    # -- the reply ---------------------------------------------------------------------
+    def _reply(self, prompt: _Prompt) -> Iterator[Chunk]:
+        """Stream the reply to `prompt`, keeping the store up to date as it grows."""
+        self._dropped = prompt.dropped
+        reply = Message("assistant", "", status="interrupted", from_draft=[])
+        self.messages.append(reply)
+        self._persist()
+        params = self.params
+        if self.template.stop:
+            params = dataclasses.replace(params, stop=(*params.stop, *self.template.stop))
+        tokens: list[int] = []
+        stats = finish = None
+        saved = time.monotonic()
+        try:
+            with closing(self.engine.generate(prompt.tokens, params)) as stream:
+                for chunk in stream:
+                    chunk.stats.dropped_messages = prompt.dropped
+                    stats = chunk.stats
+                    reply.content += chunk.text
+                    reply.from_draft += chunk.from_draft
+                    tokens += chunk.tokens
+                    finish = chunk.finish_reason or finish
+                    if finish:
+                        reply.status = "done"
+                    yield chunk
+                    if self.store is not None and time.monotonic() - saved >= SAVE_EVERY_S:
+                        self._save(reply, stats)
+                        saved = time.monotonic()
+        except GeneratorExit:
+            if not finish:
+                reply.status = "stopped"
+            raise
+        except BaseException:
+            reply.status = "interrupted"
+            raise
+        finally:
+            if stats is not None:
+                reply.stats = stats.to_dict()
+            self._save(reply, stats)
+            self._remember(prompt, reply.content, tokens)
+
+    def _remember(self, prompt: _Prompt, reply_text: str, reply_tokens: list[int]) -> None:
+        """Keep the prompt and reply tokens for the next turn, if they spell the reply
+        exactly (the end-of-generation token that closed it is not part of the text)."""
+        self._cached = None
+        for n in (len(reply_tokens), len(reply_tokens) - 1):
+            if n >= 0 and self.engine.detokenize(reply_tokens[:n]) == reply_text:
+                self._cached = (prompt.text + reply_text, prompt.tokens + reply_tokens[:n])
+                return
+
+    # -- persistence -------------------------------------------------------------------
+    def _persist(self) -> None:
+        """Store the conversation (creating it if needed) and every message not stored yet."""
+        if self.store is None:
+            return
+        settings = self._settings()
+        if self.conversation_id is None:
+            first = next((m.content for m in self.messages if m.role == "user"), "New chat")
+            title = first.strip().splitlines()[0][:TITLE_CHARS] if first.strip() else "New chat"
+            self.conversation_id = self.store.create(title=title, settings=settings)
+        elif settings != self._saved_settings:
+            self.store.save_settings(self.conversation_id, settings)
+        self._saved_settings = settings
+        for m in self.messages:
+            if m.id is None:
+                self.store.append(self.conversation_id, m)
+
+    def _save(self, reply: Message, stats) -> None:
+        if self.store is not None and reply.id is not None:
+            self.store.update(dataclasses.replace(reply, stats=stats.to_dict() if stats is not None else None))
+
+    def _forget(self, messages: list[Message]) -> None:
+        """Delete `messages` (the tail of the conversation) from the store."""
+        stored = [m.id for m in messages if m.id is not None]
+        if self.store is not None and self.conversation_id is not None and stored:
+            self.store.delete_from(self.conversation_id, min(stored))
+
+    def _settings(self) -> dict:
+        try:
+            info = self.engine.describe()
+        except Exception:  # describing is best effort; it must never cost a reply
+            info = {}
+        settings = {
+            "target": info.get("target"), "draft": info.get("draft"),
+            "template": self.template.name, "params": dataclasses.asdict(self.params),
+        }
+        return json.loads(json.dumps(settings, default=str))  # as the store gives it back
+
+    @staticmethod
+    def _n_system(messages: list[Message]) -> int:
+        return 1 if messages and messages[0].role == "system" else 0

@@ -1,0 +1,339 @@
+"""Conversations on disk: SQLite (stdlib sqlite3, WAL mode), one file in the data directory.
+
+Every write is one transaction, so a crash or a kill loses at most the write
+in flight: a reply row is created as "interrupted" when generation starts and
+updated as it streams, and only marked "done" or "stopped" at the end.
+
+The schema is versioned with `PRAGMA user_version`: MIGRATIONS[i] takes a
+database from version i to i + 1, in its own transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Iterator
+
+from edgespec.errors import EdgespecError
+
+ROLES = ("system", "user", "assistant")
+STATUSES = ("done", "stopped", "interrupted", "error")
+EXPORT_FORMAT = "edgespec.conversation"
+EXPORT_VERSION = 1
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: conversations (with the model pair and settings used, as JSON) and their messages.
+    """
+    CREATE TABLE conversations (
+        id       INTEGER PRIMARY KEY AUTOINCREMENT,
+        title    TEXT NOT NULL,
+        created  REAL NOT NULL,
+        updated  REAL NOT NULL,
+        settings TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE messages (
+        id              INTEGER PRIMARY KEY AUTOINCREMENT,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        role            TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+        content         TEXT NOT NULL,
+        status          TEXT NOT NULL DEFAULT 'done',
+        stats           TEXT,
+        from_draft      TEXT,
+        created         REAL NOT NULL
+    );
+    CREATE INDEX messages_by_conversation ON messages (conversation_id, id);
+    """,
+)
+
+
+class StoreError(EdgespecError):
+    """The conversation store cannot do what was asked (unknown id, bad import, newer schema)."""
+
+
+@dataclass
+class Message:
+    role: str
+    """"system" | "user" | "assistant"."""
+    content: str
+    id: int | None = None
+    stats: dict | None = None
+    """Stats.to_dict() of an assistant reply."""
+    from_draft: list[bool] | None = None
+    """Per generated token: True when it was an accepted draft token."""
+    status: str = "done"
+    """"done" | "stopped" | "interrupted" | "error"."""
+
+
+@dataclass
+class ConversationInfo:
+    id: int
+    title: str
+    created: datetime
+    updated: datetime
+    n_messages: int
+
+
+def default_path() -> Path:
+    from edgespec.config import dirs
+
+    return dirs().data / "conversations.db"
+
+
+class ConversationStore:
+    """Conversations and their messages. Safe to share between threads."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")  # in WAL mode: durable across app crashes
+        self._db.execute("PRAGMA foreign_keys = ON")
+        self._migrate()
+
+    # -- conversations -----------------------------------------------------------------
+    def create(self, *, title: str = "New chat", settings: dict | None = None) -> int:
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO conversations (title, created, updated, settings) VALUES (?, ?, ?, ?)",
+                (title, now, now, _dumps(settings or {})),
+            )
+            return cur.lastrowid
+
+    def list(self, *, search: str | None = None) -> list[ConversationInfo]:
+        """Conversations, most recently updated first; `search` matches titles and message text."""
+        sql = ("SELECT c.id, c.title, c.created, c.updated, "
+               "(SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id) FROM conversations c")
+        args: tuple = ()
+        if search:
+            pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            sql += (" WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m "
+                    "WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\')")
+            args = (pattern,)
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY c.updated DESC, c.id DESC", args).fetchall()
+        return [ConversationInfo(r[0], r[1], datetime.fromtimestamp(r[2]), datetime.fromtimestamp(r[3]), r[4])
+                for r in rows]
+
+    def latest(self) -> int | None:
+        """The most recently updated conversation's id, or None when there is none."""
+        with self._lock:
+            row = self._db.execute("SELECT id FROM conversations ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
+        return row[0] if row else None
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        with self._tx() as db:
+            self._require(db, conversation_id)
+            db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+
+    def delete(self, conversation_id: int) -> None:
+        with self._tx() as db:
+            self._require(db, conversation_id)
+            db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    def settings(self, conversation_id: int) -> dict:
+        with self._lock:
+            return json.loads(self._require(self._db, conversation_id)[4])
+
+    def save_settings(self, conversation_id: int, settings: dict) -> None:
+        with self._tx() as db:
+            self._require(db, conversation_id)
+            db.execute("UPDATE conversations SET settings = ? WHERE id = ?", (_dumps(settings), conversation_id))
+
+    # -- messages ----------------------------------------------------------------------
+    def messages(self, conversation_id: int) -> list[Message]:
+        with self._lock:
+            self._require(self._db, conversation_id)
+            rows = self._db.execute(
+                "SELECT id, role, content, status, stats, from_draft FROM messages "
+                "WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
+        return [Message(role, content, id=mid, status=status, stats=json.loads(stats) if stats else None,
+                        from_draft=[c == "1" for c in from_draft] if from_draft is not None else None)
+                for mid, role, content, status, stats, from_draft in rows]
+
+    def append(self, conversation_id: int, message: Message) -> int:
+        """Add `message` at the end of the conversation; sets and returns its id."""
+        now = time.time()
+        with self._tx() as db:
+            self._require(db, conversation_id)
+            cur = db.execute(
+                "INSERT INTO messages (conversation_id, role, content, status, stats, from_draft, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, message.role, message.content, message.status, *_message_extras(message), now))
+            db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+            message.id = cur.lastrowid
+            return message.id
+
+    def update(self, message: Message) -> None:
+        """Write a stored message's content, status, stats and token origins."""
+        if message.id is None:
+            raise ValueError("update() needs a stored message (its id is None)")
+        with self._tx() as db:
+            db.execute(
+                "UPDATE messages SET content = ?, status = ?, stats = ?, from_draft = ? WHERE id = ?",
+                (message.content, message.status, *_message_extras(message), message.id))
+            db.execute("UPDATE conversations SET updated = ? WHERE id = "
+                       "(SELECT conversation_id FROM messages WHERE id = ?)", (time.time(), message.id))
+
+    def delete_from(self, conversation_id: int, message_id: int) -> None:
+        """Delete message `message_id` and every later message of the conversation."""
+        with self._tx() as db:
+            db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (conversation_id, message_id))
+
+    # -- export / import ---------------------------------------------------------------
+    def export_json(self, conversation_id: int) -> dict:
+        with self._lock:
+            row = self._require(self._db, conversation_id)
+        return {
+            "format": EXPORT_FORMAT,
+            "version": EXPORT_VERSION,
+            "title": row[1],
+            "created": datetime.fromtimestamp(row[2]).astimezone().isoformat(),
+            "updated": datetime.fromtimestamp(row[3]).astimezone().isoformat(),
+            "settings": json.loads(row[4]),
+            "messages": [
+                {"role": m.role, "content": m.content, "status": m.status, "stats": m.stats,
+                 "from_draft": m.from_draft}
+                for m in self.messages(conversation_id)
+            ],
+        }
+
+    def export_markdown(self, conversation_id: int) -> str:
+        data = self.export_json(conversation_id)
+        lines = [f"# {data['title']}", "", f"*{data['created'][:16].replace('T', ' ')}*"]
+        models = [data["settings"].get(k) for k in ("target", "draft")]
+        if models[0]:
+            lines[-1] += " · " + " + ".join(Path(str(m)).name for m in models if m)
+        for m in data["messages"]:
+            lines += ["", f"## {m['role'].capitalize()}", "", m["content"]]
+            notes = [] if m["status"] == "done" else [m["status"]]
+            if m["stats"]:
+                notes.append(_stats_line(m["stats"]))
+            if notes:
+                lines += ["", "*" + " · ".join(notes) + "*"]
+        return "\n".join(lines) + "\n"
+
+    def import_json(self, data: dict) -> int:
+        """Store an export_json() document as a new conversation; returns its id."""
+        messages = _validated_messages(data)
+        created = _timestamp(data.get("created"))
+        updated = _timestamp(data.get("updated"), default=created)
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO conversations (title, created, updated, settings) VALUES (?, ?, ?, ?)",
+                (str(data.get("title") or "Imported chat"), created, updated, _dumps(data.get("settings") or {})))
+            conversation_id = cur.lastrowid
+            for m in messages:
+                db.execute(
+                    "INSERT INTO messages (conversation_id, role, content, status, stats, from_draft, created) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (conversation_id, m.role, m.content, m.status, *_message_extras(m), updated))
+            return conversation_id
+
+    # -- plumbing ----------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return self._db.execute("PRAGMA user_version").fetchone()[0]
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: everything in the block is stored, or nothing."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _require(self, db: sqlite3.Connection, conversation_id: int) -> tuple:
+        row = db.execute("SELECT id, title, created, updated, settings FROM conversations WHERE id = ?",
+                         (conversation_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"There is no conversation {conversation_id}; `edgespec chats` lists them.")
+        return row
+
+    def _migrate(self) -> None:
+        version = self.schema_version
+        if version > len(MIGRATIONS):
+            raise StoreError(
+                f"{self.path} was written by a newer edgespec (schema version {version}; this one knows up to "
+                f"{len(MIGRATIONS)}). Upgrade edgespec, or point it at another file.")
+        for target in range(version + 1, len(MIGRATIONS) + 1):
+            try:
+                self._db.executescript(
+                    f"BEGIN IMMEDIATE;\n{MIGRATIONS[target - 1]};\nPRAGMA user_version = {target};\nCOMMIT;")
+            except sqlite3.Error as e:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise StoreError(f"Could not upgrade {self.path} to schema version {target}: {e}") from e
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _message_extras(m: Message) -> tuple[str | None, str | None]:
+    stats = _dumps(m.stats) if m.stats is not None else None
+    origins = "".join("1" if d else "0" for d in m.from_draft) if m.from_draft is not None else None
+    return stats, origins
+
+
+def _stats_line(stats: dict) -> str:
+    parts = [f"{stats.get('generated_tokens', 0)} tokens"]
+    if stats.get("tokens_per_s"):
+        parts.append(f"{stats['tokens_per_s']:.1f} tok/s")
+    if stats.get("drafted"):
+        parts.append(f"{100 * stats.get('acceptance_rate', 0):.0f}% of drafts accepted")
+    if stats.get("dropped_messages"):
+        parts.append(f"{stats['dropped_messages']} oldest messages left out")
+    return ", ".join(parts)
+
+
+def _validated_messages(data) -> list[Message]:
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise StoreError(f"Not an edgespec conversation export (expected \"format\": \"{EXPORT_FORMAT}\").")
+    if not isinstance(data.get("version"), int) or data["version"] > EXPORT_VERSION:
+        raise StoreError(f"This export has version {data.get('version')!r}; this edgespec reads up to "
+                         f"{EXPORT_VERSION}. Upgrade edgespec to import it.")
+    raw = data.get("messages")
+    if not isinstance(raw, list):
+        raise StoreError("The export has no \"messages\" list.")
+    messages = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise StoreError(f"Message {i} of the export needs a role ({', '.join(ROLES)}) and a text content.")
+        status = m.get("status", "done")
+        origins = m.get("from_draft")
+        messages.append(Message(
+            m["role"], m["content"], status=status if status in STATUSES else "done",
+            stats=m.get("stats") if isinstance(m.get("stats"), dict) else None,
+            from_draft=[bool(x) for x in origins] if isinstance(origins, list) else None))
+    return messages
+
+
+def _timestamp(value, *, default: float | None = None) -> float:
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except (TypeError, ValueError):
+        return default if default is not None else time.time()

@@ -1,0 +1,212 @@
+"""ChatSession against the fake engine: prefix reuse, edit/regenerate, context limits, persistence."""
+
+import pytest
+from fakes import FakeEngine
+
+from edgespec.chat import ChatSession, ConversationStore
+from edgespec.engine.events import GenerationParams
+from edgespec.errors import ContextFullError, TemplateError
+
+
+def _run(stream):
+    chunks = list(stream)
+    assert chunks[-1].finish_reason
+    return "".join(c.text for c in chunks), chunks[-1].stats
+
+
+@pytest.fixture
+def store(tmp_path):
+    with ConversationStore(tmp_path / "chats.db") as s:
+        yield s
+
+
+def test_each_turn_extends_the_previous_tokens_and_evaluates_only_the_new_ones():
+    engine = FakeEngine()
+    chat = ChatSession(engine, template="chatml", system_prompt="Be brief.")
+    evaluated = []
+    for text in ("Hi", "How are you?", "Bye"):
+        reply, stats = _run(chat.send(text))
+        evaluated.append(stats.prompt_evaluated)
+        assert stats.prompt_tokens == len(engine.prompts[-1])
+    first, second, third = engine.prompts
+    assert second[:len(first)] == first and third[:len(second)] == second
+    suffix = engine.tokenize("<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n")
+    assert third[len(second) + len("reply 2"):] == suffix
+    assert evaluated == [len(first), len(second) - len(first) - len("reply 1"), len(suffix)]
+    assert [m.role for m in chat.messages] == ["system", "user", "assistant"] * 1 + ["user", "assistant"] * 2
+    assert chat.messages[-1].content == "reply 3" and chat.messages[-1].status == "done"
+
+
+def test_bos_is_added_unless_the_template_writes_it():
+    engine = FakeEngine()
+    _run(ChatSession(engine, template="chatml").send("Hi"))
+    _run(ChatSession(engine, template="llama3").send("Hi"))
+    assert engine.prompts[0][0] == engine.bos and engine.prompts[0][1] != engine.bos
+    assert engine.prompts[1][0] == engine.bos and engine.prompts[1][1] != engine.bos
+
+
+def test_generated_tokens_are_kept_even_when_text_would_tokenize_differently():
+    """The engine's cache holds the tokens the model produced: the next prompt must reuse them."""
+    engine = FakeEngine(reply=lambda prompt: "<|im_start|>odd")  # a special text produced as plain characters
+    chat = ChatSession(engine, template="chatml")
+    _run(chat.send("Hi"))
+    _, stats = _run(chat.send("Again"))
+    first, second = engine.prompts
+    produced = [ord(c) for c in "<|im_start|>odd"]
+    assert second[len(first):len(first) + len(produced)] == produced
+    assert stats.prompt_evaluated == len(second) - len(first) - len(produced)
+
+
+def test_a_changed_earlier_text_falls_back_to_tokenizing_everything():
+    engine = FakeEngine()
+    chat = ChatSession(engine, template="chatml")
+    _run(chat.send("Hi"))
+    chat.messages[-1].content = "changed"  # e.g. a template that rewrites old turns
+    _run(chat.send("Next"))
+    assert engine.prompts[1] == engine.tokenize(chat.template.render(
+        [{"role": m.role, "content": m.content} for m in chat.messages[:-1]]), add_bos=True)
+
+
+def test_regenerate_replaces_the_last_reply_and_reuses_the_prompt(store):
+    engine = FakeEngine()
+    chat = ChatSession(engine, store=store, template="chatml")
+    _run(chat.send("Hi"))
+    reply, stats = _run(chat.regenerate())
+    assert reply == "reply 2"
+    assert engine.prompts[1] == engine.prompts[0]
+    assert stats.prompt_evaluated == 0  # the fake keeps everything; the real engine re-evaluates the last token
+    assert [(m.role, m.content) for m in store.messages(chat.conversation_id)] == [
+        ("user", "Hi"), ("assistant", "reply 2")]
+
+
+def test_edit_drops_what_follows_and_reuses_the_cache_up_to_the_edit(store):
+    engine = FakeEngine()
+    chat = ChatSession(engine, store=store, template="chatml", system_prompt="Be brief.")
+    for text in ("One", "Two", "Three"):
+        _run(chat.send(text))
+    reply, stats = _run(chat.edit(3, "Deux"))
+    assert reply == "reply 4"
+    contents = [m.content for m in chat.messages]
+    assert contents == ["Be brief.", "One", "reply 1", "Deux", "reply 4"]
+    assert [m.content for m in store.messages(chat.conversation_id)] == contents
+    before_edit = chat.template.render([{"role": m.role, "content": m.content} for m in chat.messages[:3]],
+                                       add_generation_prompt=False) + "<|im_start|>user\n"
+    reused = len(engine.tokenize(before_edit, add_bos=True))
+    assert engine.detokenize(engine.prompts[-1][:reused]) == "<s>" + before_edit
+    assert stats.prompt_evaluated == stats.prompt_tokens - reused
+
+
+def test_edit_refuses_assistant_messages():
+    chat = ChatSession(FakeEngine(), template="chatml")
+    _run(chat.send("Hi"))
+    with pytest.raises(ValueError, match="only user messages"):
+        next(chat.edit(1, "no"))
+
+
+def test_context_overflow_drops_the_oldest_turns_keeps_the_system_prompt_and_replies():
+    engine = FakeEngine(n_ctx=400, reply=lambda prompt: "ok " * 10)
+    chat = ChatSession(engine, template="chatml", system_prompt="SYSTEM",
+                       params=GenerationParams(max_tokens=50))
+    dropped = []
+    for i in range(8):
+        reply, stats = _run(chat.send(f"message {i} " + "x" * 40))
+        assert reply == "ok " * 10
+        dropped.append(stats.dropped_messages)
+        assert len(engine.prompts[-1]) + 50 <= 400
+    assert dropped[0] == 0 and dropped[-1] > 0 and dropped == sorted(dropped)
+    assert all(d % 2 == 0 for d in dropped)  # whole turns: the window starts with a user message
+    text = engine.detokenize(engine.prompts[-1])
+    assert text.startswith("<s><|im_start|>system\nSYSTEM<|im_end|>\n<|im_start|>user\nmessage")
+    assert "message 7" in text and "message 0" not in text
+    assert len(chat.messages) == 1 + 16  # nothing is forgotten, only left out of the prompt
+
+
+def test_a_message_larger_than_the_context_is_a_clear_error(store):
+    engine = FakeEngine(n_ctx=200)
+    chat = ChatSession(engine, store=store, template="chatml", params=GenerationParams(max_tokens=50))
+    _run(chat.send("Hi"))
+    with pytest.raises(ContextFullError, match="does not fit.*context holds 200.*Shorten"):
+        next(chat.send("y" * 190))
+    assert [m.content for m in chat.messages] == ["Hi", "reply 1"]
+    assert len(store.messages(chat.conversation_id)) == 2
+    reply, _ = _run(chat.send("short"))
+    assert reply == "reply 2"
+
+
+def test_stopping_early_stores_the_partial_reply_as_stopped(store):
+    chat = ChatSession(FakeEngine(reply=lambda p: "a long reply"), store=store, template="chatml")
+    stream = chat.send("Hi")
+    assert next(stream).text == "a"
+    next(stream)
+    stream.close()
+    assert (chat.messages[-1].content, chat.messages[-1].status) == ("a ", "stopped")
+    stored = store.messages(chat.conversation_id)[-1]
+    assert (stored.content, stored.status) == ("a ", "stopped")
+    assert stored.stats["generated_tokens"] == 2
+
+
+def test_an_engine_failure_stores_the_partial_reply_as_interrupted(store):
+    class Failing(FakeEngine):
+        def generate(self, prompt_tokens, params):
+            yield from list(super().generate(prompt_tokens, params))[:3]
+            raise RuntimeError("decode failed")
+
+    chat = ChatSession(Failing(), store=store, template="chatml")
+    with pytest.raises(RuntimeError, match="decode failed"):
+        _run(chat.send("Hi"))
+    stored = store.messages(chat.conversation_id)
+    assert [(m.role, m.content, m.status) for m in stored] == [
+        ("user", "Hi", "done"), ("assistant", "rep", "interrupted")]
+
+
+def test_conversations_are_stored_with_title_settings_stats_and_origins(store):
+    chat = ChatSession(FakeEngine(), store=store, template="chatml", system_prompt="Be brief.",
+                       params=GenerationParams(mode="lookup"))
+    _run(chat.send("What is the capital of France?\nAnswer shortly."))
+    [info] = store.list()
+    assert info.id == chat.conversation_id and info.title == "What is the capital of France?"
+    settings = store.settings(info.id)
+    assert settings["template"] == "chatml" and settings["params"]["mode"] == "lookup"
+    assert settings["target"] == "fake.gguf"
+    reply = store.messages(info.id)[-1]
+    assert reply.stats["generated_tokens"] == len("reply 1") and reply.stats["stop_reason"] == "eog"
+    assert reply.from_draft == [i % 2 == 1 for i in range(len("reply 1"))]
+
+
+def test_a_stored_conversation_continues_where_it_stopped(store):
+    engine = FakeEngine()
+    first = ChatSession(engine, store=store, template="chatml", system_prompt="Be brief.")
+    _run(first.send("Hi"))
+    again = ChatSession(engine, store=store, template="chatml", conversation_id=first.conversation_id)
+    assert [m.content for m in again.messages] == ["Be brief.", "Hi", "reply 1"]
+    _, stats = _run(again.send("More"))
+    assert engine.prompts[1][:len(engine.prompts[0])] == engine.prompts[0]
+    assert stats.prompt_evaluated < stats.prompt_tokens - len(engine.prompts[0])
+    assert len(store.messages(first.conversation_id)) == 5
+    assert len(store.list()) == 1
+
+
+def test_new_starts_an_unsaved_conversation(store):
+    chat = ChatSession(FakeEngine(), store=store, template="chatml", system_prompt="S")
+    _run(chat.send("Hi"))
+    chat.new()
+    assert [m.content for m in chat.messages] == ["S"] and chat.conversation_id is None
+    _run(chat.send("Other"))
+    assert len(store.list()) == 2
+
+
+def test_builtin_format_stop_strings_are_passed_to_the_engine():
+    seen = []
+
+    class Recording(FakeEngine):
+        def generate(self, prompt_tokens, params):
+            seen.append(params.stop)
+            return super().generate(prompt_tokens, params)
+
+    _run(ChatSession(Recording(), template="plain", params=GenerationParams(stop=("###",))).send("Hi"))
+    assert seen == [("###", "\nUser:")]
+
+
+def test_a_model_without_template_needs_a_chosen_format():
+    with pytest.raises(TemplateError, match="--template"):
+        ChatSession(FakeEngine(chat_template=None))

@@ -1,0 +1,196 @@
+"""The conversation store: CRUD, search, migrations, export/import, crash safety."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from edgespec.chat import store as store_module
+from edgespec.chat.store import ConversationStore, Message, StoreError
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture
+def store(tmp_path):
+    with ConversationStore(tmp_path / "chats.db") as s:
+        yield s
+
+
+def _conversation(store, title="Trip"):
+    cid = store.create(title=title, settings={"target": "/m/qwen.gguf", "params": {"mode": "draft"}})
+    store.append(cid, Message("system", "Be brief."))
+    store.append(cid, Message("user", "Where is Lyon?"))
+    store.append(cid, Message("assistant", "In France.", stats={"generated_tokens": 3, "tokens_per_s": 41.5,
+                                                                "drafted": 4, "acceptance_rate": 0.75},
+                              from_draft=[False, True, True]))
+    return cid
+
+
+def test_messages_come_back_in_order_with_stats_and_origins(store):
+    cid = _conversation(store)
+    got = store.messages(cid)
+    assert [(m.role, m.content) for m in got] == [
+        ("system", "Be brief."), ("user", "Where is Lyon?"), ("assistant", "In France.")]
+    assert got[2].stats["tokens_per_s"] == 41.5 and got[2].from_draft == [False, True, True]
+    assert got[0].stats is None and got[0].from_draft is None and got[0].status == "done"
+    assert all(m.id is not None for m in got)
+
+
+def test_list_rename_delete_and_search(store):
+    a = _conversation(store, "Trip")
+    b = store.create(title="Recipes")
+    store.append(b, Message("user", "How long to boil an egg?"))
+    assert [c.id for c in store.list()] == [b, a]  # most recently updated first
+    assert store.list()[1].n_messages == 3
+    assert [c.id for c in store.list(search="egg")] == [b]
+    assert [c.id for c in store.list(search="trip")] == [a]
+    assert store.list(search="100%") == []
+    store.rename(a, "Lyon")
+    store.append(a, Message("user", "And Paris?"))
+    assert [(c.id, c.title) for c in store.list()] == [(a, "Lyon"), (b, "Recipes")]
+    assert store.latest() == a
+    store.delete(a)
+    assert [c.id for c in store.list()] == [b]
+    with pytest.raises(StoreError, match="no conversation .*edgespec chats"):
+        store.messages(a)
+
+
+def test_update_and_delete_from(store):
+    cid = _conversation(store)
+    msgs = store.messages(cid)
+    msgs[2].content, msgs[2].status = "In France, on the Rhône.", "stopped"
+    store.update(msgs[2])
+    store.append(cid, Message("user", "Thanks"))
+    assert store.messages(cid)[2].content == "In France, on the Rhône."
+    assert store.messages(cid)[2].status == "stopped"
+    store.delete_from(cid, msgs[1].id)
+    assert [m.role for m in store.messages(cid)] == ["system"]
+
+
+def test_settings(store):
+    cid = _conversation(store)
+    assert store.settings(cid)["params"] == {"mode": "draft"}
+    store.save_settings(cid, {"target": "/m/other.gguf"})
+    assert store.settings(cid) == {"target": "/m/other.gguf"}
+
+
+def test_database_uses_wal_and_reopens(tmp_path):
+    path = tmp_path / "chats.db"
+    with ConversationStore(path) as s:
+        cid = _conversation(s)
+    with ConversationStore(path) as s:
+        assert len(s.messages(cid)) == 3
+        assert s._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_fresh_database_is_at_the_latest_schema_version(store):
+    assert store.schema_version == len(store_module.MIGRATIONS)
+
+
+def test_migrations_run_in_order_from_an_older_version(tmp_path, monkeypatch):
+    path = tmp_path / "chats.db"
+    with ConversationStore(path) as s:  # version 1
+        cid = _conversation(s)
+    newer = (*store_module.MIGRATIONS, "ALTER TABLE conversations ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0",
+             "CREATE INDEX conversations_by_pin ON conversations (pinned)")
+    monkeypatch.setattr(store_module, "MIGRATIONS", newer)
+    with ConversationStore(path) as s:
+        assert s.schema_version == 3
+        assert s._db.execute("SELECT pinned FROM conversations WHERE id = ?", (cid,)).fetchone() == (0,)
+        assert len(s.messages(cid)) == 3
+
+
+def test_a_failing_migration_leaves_the_database_at_its_version(tmp_path, monkeypatch):
+    path = tmp_path / "chats.db"
+    ConversationStore(path).close()
+    monkeypatch.setattr(store_module, "MIGRATIONS", (*store_module.MIGRATIONS,
+                                                     "CREATE TABLE t (x); CREATE TABLE nonsense nonsense nonsense"))
+    with pytest.raises(StoreError, match="upgrade .* to schema version 2"):
+        ConversationStore(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone() == (1,)
+    assert db.execute("SELECT name FROM sqlite_master WHERE name = 't'").fetchone() is None
+
+
+def test_a_newer_database_is_refused_not_downgraded(tmp_path):
+    path = tmp_path / "chats.db"
+    ConversationStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    with pytest.raises(StoreError, match="newer edgespec.*Upgrade edgespec"):
+        ConversationStore(path)
+
+
+def test_export_json_import_json_round_trip(store, tmp_path):
+    cid = _conversation(store)
+    data = json.loads(json.dumps(store.export_json(cid)))  # as it goes through a file
+    with ConversationStore(tmp_path / "other.db") as other:
+        new = other.import_json(data)
+        assert other.export_json(new) == data
+        assert other.list()[0].title == "Trip"
+
+
+def test_import_refuses_what_is_not_an_export(store):
+    with pytest.raises(StoreError, match="Not an edgespec conversation export"):
+        store.import_json({"messages": []})
+    with pytest.raises(StoreError, match="Message 0 .* role"):
+        store.import_json({"format": "edgespec.conversation", "version": 1, "messages": [{"role": "robot"}]})
+    with pytest.raises(StoreError, match="Upgrade edgespec"):
+        store.import_json({"format": "edgespec.conversation", "version": 7, "messages": []})
+    assert store.list() == []
+
+
+def test_export_markdown(store):
+    cid = _conversation(store)
+    md = store.export_markdown(cid)
+    assert md.startswith("# Trip\n")
+    assert "qwen.gguf" in md
+    assert "## User\n\nWhere is Lyon?" in md
+    assert "## Assistant\n\nIn France.\n\n*3 tokens, 41.5 tok/s, 75% of drafts accepted*" in md
+
+
+CRASHING_WRITER = textwrap.dedent("""
+    import sys
+    sys.path[:0] = [{tests!r}, {root!r}]
+    from fakes import FakeEngine
+    from edgespec.chat import ChatSession, ConversationStore
+    engine = FakeEngine(reply=lambda prompt: "word " * 100 if "story" in prompt else "Hi!", delay_s=0.02)
+    session = ChatSession(engine, store=ConversationStore({db!r}), template="chatml", system_prompt="Be brief.")
+    for chunk in session.send("Hello"):
+        pass
+    for chunk in session.send("Tell me a long story"):
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+""")
+
+
+def test_killed_writer_keeps_every_message_and_the_partial_reply(tmp_path):
+    db = tmp_path / "chats.db"
+    script = CRASHING_WRITER.format(tests=str(TESTS), root=str(TESTS.parent), db=str(db))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        streamed = os.read(proc.stdout.fileno(), 64)
+        assert streamed, proc.stderr.read().decode()
+        time.sleep(1.2)  # a few throttled saves
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with ConversationStore(db) as store:
+        [info] = store.list()
+        messages = store.messages(info.id)
+    assert [(m.role, m.status) for m in messages] == [
+        ("system", "done"), ("user", "done"), ("assistant", "done"), ("user", "done"), ("assistant", "interrupted")]
+    assert messages[2].content == "Hi!"
+    partial = messages[4].content
+    assert 0 < len(partial) < len("word " * 100) and ("word " * 100).startswith(partial)
