@@ -1,0 +1,166 @@
+"""The model library: the registry's pairs and models, installed or not, size,
+where from. Pull one (a progress bar with bytes, speed and ETA; cancellable),
+or switch the chat to a pair or model (dismisses with a ModelChoice)."""
+
+from __future__ import annotations
+
+import threading
+
+from rich.text import Text
+from textual import work
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Button, DataTable, Footer, Header, Label, ProgressBar, Static
+
+from edgespec.tui.catalog import Catalog, CatalogRow, ModelChoice, PullCancelled, PullProgress, cancellable
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def describe_progress(p: PullProgress) -> str:
+    """"412.0 MB / 1.1 GB · 23.5 MB/s · 30 s left"."""
+    parts = [f"{human_bytes(p.done)} / {human_bytes(p.total)}"]
+    if p.speed:
+        parts.append(f"{human_bytes(p.speed)}/s")
+    if p.eta is not None:
+        parts.append(f"{p.eta:.0f} s left")
+    if p.what:
+        parts.insert(0, p.what)
+    return " · ".join(parts)
+
+
+class ModelsScreen(Screen[ModelChoice | None]):
+    """Pairs and models of the registry."""
+
+    BINDINGS = [
+        Binding("escape", "close", "Back"),
+        Binding("p", "pull", "Pull"),
+        Binding("u", "use", "Use"),
+        Binding("c", "cancel", "Cancel download"),
+    ]
+
+    def __init__(self, catalog: Catalog, *, current: ModelChoice | None = None) -> None:
+        super().__init__()
+        self.catalog = catalog
+        self.current = current
+        self.rows: list[CatalogRow] = []
+        self._cancel = threading.Event()
+        self.pulling: str | None = None
+
+    def compose(self):
+        yield Header()
+        with Vertical(id="models"):
+            yield Label("Model library: p pull · u use · c cancel download · Esc back", classes="title")
+            yield DataTable(id="catalog", cursor_type="row", zebra_stripes=True)
+            with Vertical(id="download"):
+                yield Static("", id="download-status")
+                yield ProgressBar(id="download-progress", show_eta=False)
+            with Horizontal(classes="buttons"):
+                yield Button("Pull", variant="primary", id="pull")
+                yield Button("Use", id="use")
+                yield Button("Cancel download", variant="error", id="cancel", disabled=True)
+                yield Button("Back", id="back")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("", "Name", "Kind", "Size", "Source", "Description")
+        self.query_one("#download").display = False
+        self.reload()
+        table.focus()
+
+    def reload(self) -> None:
+        """Re-read the catalog (after a pull, installed marks change)."""
+        table = self.query_one(DataTable)
+        table.clear()
+        try:
+            self.rows = self.catalog.rows()
+        except Exception as e:
+            self.query_one("#download").display = True
+            self.query_one("#download-status", Static).update(Text(f"Cannot read the registry: {e}", style="bold red"))
+            self.rows = []
+        current = self.current.pair or self.current.target if self.current else None
+        for row in self.rows:
+            mark = "✔" if row.installed else " "
+            name = Text(row.name, style="bold" if row.name == current else "")
+            table.add_row(mark, name, row.kind, human_bytes(row.size), row.source, row.description, key=row.name)
+
+    def selected(self) -> CatalogRow | None:
+        table = self.query_one(DataTable)
+        if not self.rows or table.cursor_row is None or table.cursor_row >= len(self.rows):
+            return None
+        return self.rows[table.cursor_row]
+
+    def action_close(self) -> None:
+        if self.pulling:
+            self.notify("A download is running: cancel it first (c).", severity="warning")
+            return
+        self.dismiss(None)
+
+    def action_use(self) -> None:
+        row = self.selected()
+        if row is None:
+            return
+        if not row.installed:
+            self.notify(f"{row.name} is not installed yet: pull it first (p).", severity="warning")
+            return
+        self.dismiss(ModelChoice(pair=row.name) if row.kind == "pair" else ModelChoice(target=row.name))
+
+    def action_pull(self) -> None:
+        row = self.selected()
+        if row is None or self.pulling:
+            return
+        self.pulling = row.name
+        self._cancel.clear()
+        self.query_one("#download").display = True
+        self.query_one("#download-status", Static).update(f"Pulling {row.name}…")
+        self.query_one("#download-progress", ProgressBar).update(total=None, progress=0)
+        self.query_one("#cancel", Button).disabled = False
+        self._pull_worker(row.name)
+
+    def action_cancel(self) -> None:
+        if self.pulling:
+            self._cancel.set()
+
+    @work(thread=True, exclusive=True, group="pull")
+    def _pull_worker(self, name: str) -> None:
+        def show(p: PullProgress) -> None:
+            self.app.call_from_thread(self._show_progress, p)
+
+        try:
+            self.catalog.pull(name, progress=cancellable(show, self._cancel))
+        except PullCancelled:
+            self.app.call_from_thread(self._pull_done, name, "Download cancelled.")
+        except Exception as e:  # DownloadError and friends: say why
+            self.app.call_from_thread(self._pull_done, name, f"Download failed: {e}")
+        else:
+            self.app.call_from_thread(self._pull_done, name, None)
+
+    def _show_progress(self, p: PullProgress) -> None:
+        self.query_one("#download-progress", ProgressBar).update(total=p.total, progress=p.done)
+        self.query_one("#download-status", Static).update(describe_progress(p))
+
+    def _pull_done(self, name: str, problem: str | None) -> None:
+        self.pulling = None
+        self.query_one("#cancel", Button).disabled = True
+        status = self.query_one("#download-status", Static)
+        if problem:
+            status.update(Text(f"{name}: {problem}", style="bold red" if "failed" in problem else "yellow"))
+        else:
+            status.update(Text(f"{name} is installed.", style="bold green"))
+            self.query_one("#download-progress", ProgressBar).update(progress=self.query_one("#download-progress", ProgressBar).total or 0)
+            self.reload()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        action = {"pull": self.action_pull, "use": self.action_use, "cancel": self.action_cancel,
+                  "back": self.action_close}[event.button.id]
+        action()

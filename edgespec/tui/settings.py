@@ -1,0 +1,121 @@
+"""Chat settings: what a conversation remembers (system prompt, sampling,
+speculation, hardware), with app-wide defaults in `<config dir>/settings.yaml`.
+
+A conversation stores its settings as a plain dict (`ConversationStore.save_settings`);
+`ChatSettings.from_dict` fills what it lacks from the app defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import yaml
+
+from edgespec.engine.events import MODES, GenerationParams
+
+SETTINGS_FILE = "settings.yaml"
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """Everything the settings screen edits."""
+
+    system_prompt: str = "You are a helpful assistant."
+    temperature: float = 0.0
+    """0 is greedy decoding."""
+    top_k: int = 0
+    """0 disables top-k."""
+    top_p: float = 1.0
+    """1.0 disables top-p."""
+    max_tokens: int = 512
+    mode: str = "auto"
+    """Speculation mode: plain, draft, lookup or auto."""
+    k: int = 4
+    """Maximum draft length per cycle."""
+    gpu_layers_target: int = 0
+    """Target layers offloaded to the GPU (-1: all)."""
+    gpu_layers_draft: int = 0
+    """Draft layers offloaded to the GPU (-1: all)."""
+    threads: int = 0
+    """CPU threads (0: all cores)."""
+
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.temperature <= 5.0, "temperature must be between 0 and 5")
+        _check(self.top_k >= 0, "top-k must be 0 (off) or more")
+        _check(0.0 < self.top_p <= 1.0, "top-p must be above 0 and at most 1")
+        _check(self.max_tokens >= 1, "max tokens must be at least 1")
+        _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}")
+        _check(1 <= self.k <= 32, "k must be between 1 and 32")
+        _check(self.gpu_layers_target >= -1, "GPU layers (target) must be -1 (all) or more")
+        _check(self.gpu_layers_draft >= -1, "GPU layers (draft) must be -1 (all) or more")
+        _check(self.threads >= 0, "threads must be 0 (all cores) or more")
+
+    @classmethod
+    def from_dict(cls, data: dict | None, *, defaults: ChatSettings | None = None) -> ChatSettings:
+        """Settings from a stored dict; missing or unknown keys fall back to `defaults`.
+
+        Raises ValueError (with a message for the user) when a value is out of range
+        or of the wrong type.
+        """
+        base = defaults or cls()
+        values = {}
+        for f in fields(cls):
+            if data and f.name in data and data[f.name] is not None:
+                kind = type(getattr(base, f.name))
+                try:
+                    values[f.name] = kind(data[f.name])
+                except (TypeError, ValueError):
+                    raise ValueError(f"{f.name.replace('_', ' ')}: {data[f.name]!r} is not a valid {kind.__name__}") from None
+        return replace(base, **values)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def params(self) -> GenerationParams:
+        """The generation parameters these settings describe."""
+        return GenerationParams(
+            mode=self.mode, k=self.k, temperature=self.temperature,
+            top_k=self.top_k, top_p=self.top_p, max_tokens=self.max_tokens,
+        )
+
+    def hardware(self) -> tuple[int, int, int]:
+        """The settings that need the models reloaded when they change."""
+        return (self.gpu_layers_target, self.gpu_layers_draft, self.threads)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def defaults_path() -> Path:
+    """Where the app-wide defaults live: `<config dir>/settings.yaml`."""
+    from edgespec.config import dirs
+
+    return dirs().config / SETTINGS_FILE
+
+
+def load_defaults(path: str | Path | None = None) -> ChatSettings:
+    """The app-wide default settings; built-in defaults when the file is absent.
+
+    Raises ValueError naming the file when it is malformed.
+    """
+    path = Path(path) if path is not None else defaults_path()
+    if not path.exists():
+        return ChatSettings()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if not isinstance(data, dict):
+            raise ValueError("expected a mapping of setting: value")
+        return ChatSettings.from_dict(data)
+    except (yaml.YAMLError, ValueError) as e:
+        raise ValueError(f"{path}: {e} (fix or delete the file to use the built-in defaults)") from None
+
+
+def save_defaults(settings: ChatSettings, path: str | Path | None = None) -> Path:
+    """Write the app-wide defaults; returns the file written."""
+    path = Path(path) if path is not None else defaults_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(settings.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return path

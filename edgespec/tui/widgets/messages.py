@@ -1,0 +1,129 @@
+"""One message of the conversation on screen: a header, the text, the reply's statistics.
+
+The text is Markdown, streamed with `Markdown.get_stream()` while a reply is
+generated; with the origin view on, it is plain text coloured by where each
+token came from (accepted draft token or the target's own).
+"""
+
+from __future__ import annotations
+
+from textual.containers import Vertical
+from textual.widgets import Markdown, Static
+
+from edgespec.tui import origin
+
+ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
+STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "error": "error"}
+
+
+def format_stats(stats: dict | None) -> str:
+    """One line about a finished reply: tokens, speed, and how speculation did."""
+    if not stats:
+        return ""
+    parts = [f"{stats.get('generated_tokens', 0)} tokens"]
+    if stats.get("tokens_per_s"):
+        parts.append(f"{stats['tokens_per_s']:.1f} tok/s")
+    if stats.get("drafted"):
+        parts.append(f"accepted {stats.get('accepted', 0)}/{stats['drafted']} ({stats.get('acceptance_rate', 0):.0%})")
+    if stats.get("tokens_per_pass"):
+        parts.append(f"{stats['tokens_per_pass']:.2f} tok/pass")
+    parts.append(stats.get("mode", "plain"))
+    if stats.get("stop_reason") and stats["stop_reason"] != "eog":
+        parts.append(f"ended: {stats['stop_reason']}")
+    return " · ".join(parts)
+
+
+def code_blocks(markdown: str) -> list[str]:
+    """The fenced code blocks of a Markdown text, in order, without their fences."""
+    blocks, current, fence = [], None, ""
+    for line in markdown.splitlines():
+        stripped = line.strip()
+        if current is None and stripped.startswith(("```", "~~~")):
+            fence, current = stripped[:3], []
+        elif current is not None and stripped.startswith(fence) and stripped.strip(fence[0]) == "":
+            blocks.append("\n".join(current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    if current:
+        blocks.append("\n".join(current))
+    return blocks
+
+
+class MessageBox(Vertical, can_focus=True):
+    """A message; focus one to copy, edit or regenerate it."""
+
+    def __init__(self, role: str, content: str = "", *, index: int | None = None, status: str = "done",
+                 stats: dict | None = None, runs: list[tuple[str, bool]] | None = None,
+                 show_origin: bool = False) -> None:
+        super().__init__(classes=f"message {role}")
+        self.role = role
+        self.content = content
+        self.index = index
+        """Position in ChatSession.messages (None while unknown)."""
+        self.status = status
+        self.stats = stats
+        self.runs = list(runs or [])
+        self.show_origin = show_origin
+        self._stream = None
+        self.streaming = False
+
+    def compose(self):
+        yield Static(self._header_text(), classes="header")
+        yield Markdown(self.content, classes="body")
+        yield Static(origin.render(self.runs or [(self.content, False)]), classes="origin")
+        yield Static(format_stats(self.stats), classes="stats")
+
+    def on_mount(self) -> None:
+        self._apply_origin_view()
+
+    def _header_text(self) -> str:
+        title = ROLE_TITLES.get(self.role, self.role)
+        note = STATUS_NOTES.get(self.status)
+        if self.streaming:
+            note = "generating…"
+        return f"{title} · {note}" if note else title
+
+    def _apply_origin_view(self) -> None:
+        coloured = self.show_origin and self.role == "assistant"
+        self.query_one(".body", Markdown).display = not coloured
+        self.query_one(".origin", Static).display = coloured
+        self.set_class(self.status != "done", "unfinished")
+
+    def set_show_origin(self, show: bool) -> None:
+        self.show_origin = show
+        if show:
+            self.query_one(".origin", Static).update(origin.render(self.runs or [(self.content, False)]))
+        self._apply_origin_view()
+
+    def begin(self) -> None:
+        """Mark the reply as being generated."""
+        self.streaming = True
+        self.query_one(".header", Static).update(self._header_text())
+
+    async def write(self, text: str, runs: list[tuple[str, bool]]) -> None:
+        """Append streamed text (called from the decoding worker via call_from_thread)."""
+        self.content += text
+        self.runs.extend(runs)
+        if self.show_origin:
+            self.query_one(".origin", Static).update(origin.render(self.runs))
+        if text:
+            if self._stream is None:
+                self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
+            await self._stream.write(text)
+
+    async def finish(self, *, content: str, status: str, stats: dict | None) -> None:
+        """The reply ended: settle the text, show its status and statistics."""
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.streaming = False
+        self.status = status
+        self.stats = stats
+        if content != self.content:
+            self.content = content
+        await self.query_one(".body", Markdown).update(self.content)
+        self.query_one(".origin", Static).update(origin.render(self.runs or [(self.content, False)]))
+        self.query_one(".header", Static).update(self._header_text())
+        self.query_one(".stats", Static).update(format_stats(stats))
+        self._apply_origin_view()

@@ -1,0 +1,52 @@
+"""The status line: model state and live statistics of speculation."""
+
+from __future__ import annotations
+
+from textual.reactive import reactive
+from textual.widgets import Static
+
+from edgespec.engine.events import Stats
+
+
+def format_live(stats: Stats, *, plain_tps: float | None = None) -> str:
+    """Mode, k, speed, acceptance, tokens per target pass, drafter and why."""
+    parts = [f"mode {stats.mode}", f"k {stats.k}"]
+    if stats.tokens_per_s:
+        parts.append(f"{stats.tokens_per_s:.1f} tok/s")
+        if plain_tps and stats.mode != "plain":
+            parts.append(f"×{stats.tokens_per_s / plain_tps:.2f} vs plain")
+    if stats.drafted:
+        parts.append(f"accept {stats.acceptance_rate:.0%}")
+    if stats.target_passes:
+        parts.append(f"{stats.tokens_per_pass:.2f} tok/pass")
+    drafter = f"drafter {stats.drafter}"
+    if stats.reason:
+        drafter += f" ({stats.reason})"
+    parts.append(drafter)
+    return " │ ".join(parts)
+
+
+class StatusLine(Static):
+    """One line at the bottom: models, then the current or last reply's statistics."""
+
+    model_state: reactive[str] = reactive("loading")
+    """"loading", "ready" or "failed"."""
+    model_label: reactive[str] = reactive("")
+    """Which models are loaded (or being loaded), and on which backend."""
+    detail: reactive[str] = reactive("")
+    """Statistics of the current or last reply, or why loading failed."""
+    origin_view: reactive[bool] = reactive(False)
+    """Whether replies are coloured by token origin (adds a legend)."""
+
+    def render(self) -> str:
+        state = {"loading": "⏳ loading", "ready": "● ready", "failed": "✖ failed"}.get(self.model_state, self.model_state)
+        text = f"{state} {self.model_label}".rstrip()
+        if self.detail:
+            text += f" │ {self.detail}"
+        if self.origin_view:
+            text += " │ [reverse #2e6b3a] draft [/] target"
+        return text
+
+    def watch_model_state(self, state: str) -> None:
+        for name in ("loading", "ready", "failed"):
+            self.set_class(state == name, f"-{name}")
