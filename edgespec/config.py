@@ -1,0 +1,61 @@
+"""Where edgespec keeps its files.
+
+The platform's conventions (platformdirs) by default; the environment variable
+EDGESPEC_HOME puts everything under one directory instead (tests, portable
+installs, a USB stick).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "edgespec"
+HOME_ENV = "EDGESPEC_HOME"
+"""Environment variable: one base directory for config, data, models and caches."""
+
+
+@dataclass(frozen=True)
+class Dirs:
+    """edgespec's directories (not created until something is written there)."""
+
+    config: Path
+    """User settings and the user's own models.yaml."""
+    data: Path
+    """Chat history and other state worth keeping."""
+    models: Path
+    """Model files edgespec assembles itself (the bundled pair)."""
+    cache: Path
+    """Things that can be rebuilt (verification markers)."""
+    hub_cache: Path | None
+    """Hugging Face download cache; None means huggingface_hub's own default."""
+
+    @property
+    def user_registry(self) -> Path:
+        """The user's models.yaml, whose entries override the shipped ones."""
+        return self.config / "models.yaml"
+
+
+def dirs() -> Dirs:
+    """The directories for this process, honouring EDGESPEC_HOME."""
+    home = os.environ.get(HOME_ENV)
+    if home:
+        base = Path(home).expanduser()
+        return Dirs(
+            config=base / "config",
+            data=base / "data",
+            models=base / "models",
+            cache=base / "cache",
+            hub_cache=base / "hub",
+        )
+    data = Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+    return Dirs(
+        config=Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)),
+        data=data,
+        models=data / "models",
+        cache=Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)),
+        hub_cache=None,
+    )

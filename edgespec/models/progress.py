@@ -1,0 +1,139 @@
+"""Progress of long file work (download, assembly, hashing) as small events.
+
+The CLI draws them as a terminal bar, the chat app as a progress widget; both
+get the same `Progress` through a plain callback.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, TextIO
+
+STAGES = ("download", "assemble", "verify")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where one file's work stands."""
+
+    file: str
+    """File name (no directory)."""
+    done: int
+    """Bytes done so far."""
+    total: int | None
+    """Bytes in all, when known."""
+    speed: float
+    """Bytes per second, averaged over the work so far."""
+    eta: float | None
+    """Seconds left, when the total is known and speed is positive."""
+    stage: str = "download"
+    """"download", "assemble" or "verify"."""
+
+    @property
+    def fraction(self) -> float | None:
+        return self.done / self.total if self.total else None
+
+    @property
+    def finished(self) -> bool:
+        return self.total is not None and self.done >= self.total
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+class Meter:
+    """Counts bytes for one file and reports to a callback, at most every `interval`
+    seconds (and always at the start and the end)."""
+
+    def __init__(self, callback: Optional[ProgressCallback], file: str, total: int | None,
+                 *, stage: str = "download", interval: float = 0.1, initial: int = 0):
+        self.callback, self.file, self.total, self.stage = callback, file, total, stage
+        self.interval = interval
+        self.done = initial
+        self._start_bytes = initial
+        self._start = time.monotonic()
+        self._last = 0.0
+        self._last_done: int | None = None
+        self._report(force=True)
+
+    def update(self, n: int) -> None:
+        self.done += n
+        self._report()
+
+    def set(self, done: int) -> None:
+        self.done = done
+        self._report()
+
+    def close(self) -> None:
+        self._report(force=True)
+
+    def _report(self, force: bool = False) -> None:
+        if self.callback is None or self.done == self._last_done:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < self.interval and not (self.total and self.done >= self.total):
+            return
+        self._last, self._last_done = now, self.done
+        elapsed = now - self._start
+        speed = (self.done - self._start_bytes) / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - self.done) / speed if self.total is not None and speed > 0 else None
+        self.callback(Progress(self.file, self.done, self.total, speed, eta, self.stage))
+
+
+def human_bytes(n: float | None) -> str:
+    """1234567 -> "1.2 MB" (decimal units, as the hub shows sizes)."""
+    if n is None:
+        return "?"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60:02d}:{rest % 60:02d}"
+
+
+class TerminalBar:
+    """A progress callback that draws one line per file on a terminal (stderr).
+
+    On a non-terminal stream it prints one line when each file's work finishes.
+    """
+
+    def __init__(self, stream: TextIO | None = None, width: int = 24):
+        self.stream = stream or sys.stderr
+        self.width = width
+        self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._current: tuple[str, str] | None = None
+
+    def __call__(self, p: Progress) -> None:
+        key = (p.file, p.stage)
+        if self._current is not None and key != self._current and self._tty:
+            self.stream.write("\n")
+        self._current = key
+        line = self.render(p)
+        if self._tty:
+            self.stream.write("\r" + line + "\x1b[K")
+            if p.finished:
+                self.stream.write("\n")
+                self._current = None
+        elif p.finished:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def render(self, p: Progress) -> str:
+        frac = p.fraction
+        if frac is None:
+            bar, pct = " " * self.width, "   ?%"
+        else:
+            filled = int(round(min(frac, 1.0) * self.width))
+            bar, pct = "#" * filled + "-" * (self.width - filled), f"{frac * 100:4.0f}%"
+        return (f"{p.stage:8s} {p.file}  [{bar}] {pct}  {human_bytes(p.done)}/{human_bytes(p.total)}  "
+                f"{human_bytes(p.speed)}/s  ETA {_clock(p.eta)}")
