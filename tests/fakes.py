@@ -90,7 +90,10 @@ class FakeEngine:
         yield Chunk(text="", stats=stats, finish_reason=finish)
 
     def describe(self) -> dict:
-        return {"backend": "fake", "target": "fake.gguf", "draft": None}
+        return {"backend": "fake", "models": {"target": {"path": "fake.gguf"}}}
+
+    def reset(self) -> None:
+        self.cache = []
 
     def close(self) -> None:
         self.closed = True

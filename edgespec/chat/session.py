@@ -227,11 +227,11 @@ class ChatSession:
 
     def _settings(self) -> dict:
         try:
-            info = self.engine.describe()
+            models = self.engine.describe().get("models", {})
         except Exception:  # describing is best effort; it must never cost a reply
-            info = {}
+            models = {}
         settings = {
-            "target": info.get("target"), "draft": info.get("draft"),
+            "target": models.get("target", {}).get("path"), "draft": models.get("draft", {}).get("path"),
             "template": self.template.name, "params": dataclasses.asdict(self.params),
         }
         return json.loads(json.dumps(settings, default=str))  # as the store gives it back
