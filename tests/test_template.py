@@ -1,7 +1,7 @@
 """Chat templates: the GGUF's own in a sandbox, built-in formats by explicit choice, clear errors."""
 
 import pytest
-from fakes import FakeEngine
+from tests.fakes import FakeEngine
 
 from edgespec.chat.template import BUILTIN_FORMATS, chat_template
 from edgespec.errors import TemplateError
