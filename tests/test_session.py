@@ -173,6 +173,16 @@ def test_conversations_are_stored_with_title_settings_stats_and_origins(store):
     assert reply.from_draft == [i % 2 == 1 for i in range(len("reply 1"))]
 
 
+def test_settings_stored_by_others_are_kept(store):
+    chat = ChatSession(FakeEngine(), store=store, template="chatml")
+    _run(chat.send("Hi"))
+    store.save_settings(chat.conversation_id, {**store.settings(chat.conversation_id), "theme": "dark"})
+    chat.params = GenerationParams(mode="draft")
+    _run(chat.send("Again"))
+    settings = store.settings(chat.conversation_id)
+    assert settings["theme"] == "dark" and settings["params"]["mode"] == "draft"
+
+
 def test_a_stored_conversation_continues_where_it_stopped(store):
     engine = FakeEngine()
     first = ChatSession(engine, store=store, template="chatml", system_prompt="Be brief.")

@@ -61,7 +61,6 @@ class ChatSession:
         self._dropped = 0
         self._cached: tuple[str, list[int]] | None = None
         """Text and tokens of the previous prompt and reply, as the engine's caches hold them."""
-        self._saved_settings: dict | None = None
         if conversation_id is not None:
             self.load(conversation_id)
         else:
@@ -75,7 +74,6 @@ class ChatSession:
         self.messages = [Message("system", self.system_prompt)] if self.system_prompt else []
         self.conversation_id = None
         self._dropped = 0
-        self._saved_settings = None
 
     def load(self, conversation_id: int) -> None:
         """Switch to a stored conversation."""
@@ -84,7 +82,6 @@ class ChatSession:
         self.messages = self.store.messages(conversation_id)
         self.conversation_id = conversation_id
         self._dropped = 0
-        self._saved_settings = self.store.settings(conversation_id)
 
     # -- turns -------------------------------------------------------------------------
     def send(self, text: str) -> Iterator[Chunk]:
@@ -208,9 +205,10 @@ class ChatSession:
             first = next((m.content for m in self.messages if m.role == "user"), "New chat")
             title = first.strip().splitlines()[0][:TITLE_CHARS] if first.strip() else "New chat"
             self.conversation_id = self.store.create(title=title, settings=settings)
-        elif settings != self._saved_settings:
-            self.store.save_settings(self.conversation_id, settings)
-        self._saved_settings = settings
+        else:  # keep what others stored there (the app's own settings)
+            stored = self.store.settings(self.conversation_id)
+            if {**stored, **settings} != stored:
+                self.store.save_settings(self.conversation_id, {**stored, **settings})
         for m in self.messages:
             if m.id is None:
                 self.store.append(self.conversation_id, m)
