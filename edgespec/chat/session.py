@@ -123,6 +123,7 @@ class ChatSession:
         n_system = self._n_system(messages)
         turns = messages[n_system:]
         room = min(self.params.max_tokens, self.engine.n_ctx // REPLY_SHARE)
+        dropped = min(dropped, len(turns) - 1)
         while True:
             window = messages[:n_system] + turns[dropped:]
             text = self.template.render([{"role": m.role, "content": m.content} for m in window])
