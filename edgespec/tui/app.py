@@ -59,12 +59,15 @@ class EdgespecApp(App):
         Binding("ctrl+o", "models", "Models", priority=True),
         Binding("ctrl+f", "search", "Search chats", show=False, priority=True),
         Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, priority=True),
-        Binding("f2", "rename", "Rename chat", show=False),
-        Binding("f3", "export", "Export Markdown", show=False),
-        Binding("f5", "copy_reply", "Copy reply", show=False),
-        Binding("f6", "copy_code", "Copy code block", show=False),
-        Binding("f8", "delete", "Delete chat", show=False),
+        Binding("f2", "rename", "Rename chat", show=False, priority=True),
+        Binding("f3", "export", "Export Markdown", show=False, priority=True),
+        Binding("f5", "copy_reply", "Copy reply", show=False, priority=True),
+        Binding("f6", "copy_code", "Copy code block", show=False, priority=True),
+        Binding("f8", "delete", "Delete chat", show=False, priority=True),
     ]
+
+    SCREEN_ACTIONS = {"help"}
+    """Actions that also work while a dialog or another screen is open (others are for the chat)."""
 
     model_state: reactive[str] = reactive("loading")
     """"loading", "ready" or "failed"."""
@@ -98,6 +101,12 @@ class EdgespecApp(App):
         """Decode speed of the last plain reply: the baseline for the speedup."""
         self._loaded_hardware: tuple | None = None
         self._stop = threading.Event()
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        """Chat actions only act on the chat screen, not behind a dialog."""
+        if action in self.SCREEN_ACTIONS or not any(b.action == action for b in self.BINDINGS):
+            return True
+        return len(self.screen_stack) == 1
 
     # -- pieces ------------------------------------------------------------------------
     @property

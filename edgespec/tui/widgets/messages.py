@@ -89,6 +89,7 @@ class MessageBox(Vertical, can_focus=True):
         self.query_one(".body", Markdown).display = not coloured
         self.query_one(".origin", Static).display = coloured
         self.set_class(self.status != "done", "unfinished")
+        self.query_one(".stats", Static).display = bool(self.stats)
 
     def set_show_origin(self, show: bool) -> None:
         self.show_origin = show

@@ -1,0 +1,446 @@
+"""The chat app on a fake engine: streaming, stopping, conversations, settings,
+downloads, failures (Textual Pilot), plus the app's pure helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import yaml
+
+from edgespec.chat.store import ConversationStore, Message
+from edgespec.engine.events import Chunk, GenerationParams, Stats
+from edgespec.errors import DownloadError, ModelFileError
+from edgespec.tui import origin
+from edgespec.tui.app import EdgespecApp
+from edgespec.tui.catalog import CatalogRow, ModelChoice, PullProgress
+from edgespec.tui.screens.models import ModelsScreen, describe_progress
+from edgespec.tui.screens.settings import SettingsScreen
+from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
+from edgespec.tui.widgets.prompt import PromptInput
+from edgespec.tui.widgets.messages import MessageBox, code_blocks, format_stats
+from edgespec.tui.widgets.sidebar import ConversationList
+from edgespec.tui.widgets.status import StatusLine, format_live
+from tests.fakes import FakeEngine
+
+REPLY = "Here is one:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\nIt **adds** two numbers."
+
+
+class SpecFakeEngine(FakeEngine):
+    """FakeEngine whose chunks look like speculative cycles: up to 3 accepted draft
+    tokens then one target token, with deterministic statistics."""
+
+    def generate(self, prompt_tokens: list[int], params: GenerationParams):
+        inner = super().generate(prompt_tokens, params)
+        stats = Stats(mode=params.mode, k=3, drafter="draft", reason="acceptance 75%")
+        pending: list[Chunk] = []
+        try:
+            for chunk in inner:
+                if chunk.finish_reason is None:
+                    pending.append(chunk)
+                    if len(pending) < 4:
+                        continue
+                if pending:
+                    yield self._cycle(pending, stats)
+                    pending = []
+                if chunk.finish_reason:
+                    stats.stop_reason = chunk.finish_reason
+                    yield Chunk(text="", stats=stats, finish_reason=chunk.finish_reason)
+        finally:
+            inner.close()
+
+    @staticmethod
+    def _cycle(chunks: list[Chunk], stats: Stats) -> Chunk:
+        n = len(chunks)
+        stats.generated_tokens += n
+        stats.target_passes += 1
+        stats.drafted += 3
+        stats.accepted += n - 1
+        stats.decode_s = 0.01 * (stats.generated_tokens - 1)
+        return Chunk(text="".join(c.text for c in chunks), tokens=[t for c in chunks for t in c.tokens],
+                     from_draft=[True] * (n - 1) + [False], stats=stats)
+
+
+class FakeCatalog:
+    """Two models and a pair; pulls report progress in 10 steps of 100 MB."""
+
+    def __init__(self, *, fail: str | None = None, step_s: float = 0.02):
+        self.installed = {"tiny-target": True, "tiny-draft": False}
+        self.fail = fail
+        self.step_s = step_s
+
+    def rows(self):
+        pair_installed = all(self.installed.values())
+        return [
+            CatalogRow("tiny-pair", "pair", pair_installed, 1_500_000_000, "tiny-target + tiny-draft", "the test pair"),
+            CatalogRow("tiny-target", "model", self.installed["tiny-target"], 1_000_000_000, "hub test/tiny", "target"),
+            CatalogRow("tiny-draft", "model", self.installed["tiny-draft"], 500_000_000, "hub test/draft", "draft"),
+        ]
+
+    def pull(self, name, *, progress):
+        total = 1_000_000_000
+        for i in range(1, 11):
+            time.sleep(self.step_s)
+            if self.fail and i == 3:
+                raise DownloadError(self.fail)
+            progress(PullProgress(done=i * total // 10, total=total, speed=50e6, eta=(10 - i) * 2.0, what=name))
+        self.installed[name] = True
+
+    def resolve(self, name):
+        return f"/models/{name}.gguf"
+
+    def pair(self, name):
+        return ("tiny-target", "tiny-draft")
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def store(tmp_path):
+    with ConversationStore(tmp_path / "chats.db") as s:
+        yield s
+
+
+def make_app(store, *, reply=REPLY, delay_s=0.0, engine_cls=SpecFakeEngine, load=None, catalog=None, **kwargs):
+    engines = []
+
+    def default_load(choice, settings):
+        engine = engine_cls(reply=lambda prompt: reply, delay_s=delay_s, has_draft=True)
+        engines.append(engine)
+        return engine
+
+    app = EdgespecApp(ModelChoice(target="tiny-target", draft="tiny-draft"), store=store, load=load or default_load,
+                      catalog=catalog or FakeCatalog(), template="chatml", defaults=kwargs.pop("defaults", ChatSettings()),
+                      **kwargs)
+    app.engines = engines
+    return app
+
+
+async def wait_for(pilot, condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the app")
+        await asyncio.sleep(0.02)
+
+
+async def send(pilot, text: str, *, key: bool = True) -> None:
+    """Type `text` and press Enter (which returns when the app is idle again, i.e. after
+    the reply); key=False posts the submission and returns at once, mid-stream."""
+    prompt = pilot.app.query_one(PromptInput)
+    prompt.focus()
+    prompt.load_text(text)
+    if key:
+        await pilot.press("enter")
+    else:
+        prompt.post_message(PromptInput.Submitted(text))
+        await asyncio.sleep(0.05)
+
+
+def boxes(app) -> list[MessageBox]:
+    return list(app.query(MessageBox))
+
+
+# -- chat ------------------------------------------------------------------------------
+
+async def test_send_streams_the_reply_and_stores_it(store):
+    app = make_app(store, delay_s=0.004)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Write add()", key=False)
+        await wait_for(pilot, lambda: len(boxes(app)) == 2 and boxes(app)[1].content)
+        reply = boxes(app)[1]
+        assert app.generating and reply.streaming, (reply.status, reply.content)
+        assert 0 < len(reply.content) < len(REPLY)  # seen mid-stream
+        assert "tok/pass" in app.query_one(StatusLine).detail
+        await wait_for(pilot, lambda: not app.generating)
+        assert reply.content == REPLY and reply.status == "done"
+        assert "accepted" in format_stats(reply.stats)
+        [info] = store.list()
+        assert info.title == "Write add()"
+        assert [(m.role, m.status) for m in store.messages(info.id)][-2:] == [("user", "done"), ("assistant", "done")]
+        assert app.conversation_id == info.id
+        assert app.query_one("#prompt").text == ""
+
+
+async def test_escape_stops_the_reply_and_keeps_it(store):
+    app = make_app(store, reply="word " * 400, delay_s=0.003)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Talk", key=False)
+        await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) > 20)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.generating)
+        reply = boxes(app)[1]
+        assert reply.status == "stopped" and "stopped" in str(reply.query_one(".header").render())
+        stored = store.messages(app.conversation_id)[-1]
+        assert stored.status == "stopped"
+        assert stored.content == reply.content and 0 < len(stored.content) < 2000
+        # the app is usable afterwards
+        await send(pilot, "Again", key=False)
+        await wait_for(pilot, lambda: len(boxes(app)) == 4)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.generating)
+
+
+async def test_switching_conversations(store):
+    first = store.create(title="First")
+    store.append(first, Message("user", "one"))
+    store.append(first, Message("assistant", "uno"))
+    second = store.create(title="Second")
+    store.append(second, Message("user", "two"))
+    store.append(second, Message("assistant", "dos", status="stopped"))
+    app = make_app(store, reply="tres")
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        sidebar = app.query_one(ConversationList)
+        sidebar.post_message(ConversationList.Selected(first))
+        await wait_for(pilot, lambda: [b.content for b in boxes(app)] == ["one", "uno"])
+        sidebar.post_message(ConversationList.Selected(second))
+        await wait_for(pilot, lambda: [b.content for b in boxes(app)] == ["two", "dos"])
+        assert boxes(app)[1].status == "stopped"
+        await send(pilot, "three")
+        await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 4)
+        assert [m.content for m in store.messages(second)][-2:] == ["three", "tres"]
+        assert len(store.messages(first)) == 2
+        prompt = app.engines[0].detokenize(app.engines[0].prompts[-1])
+        assert "two" in prompt and "dos" in prompt and "one" not in prompt
+        # search filters the list; ctrl+n starts a new chat
+        await pilot.press("ctrl+f")
+        await pilot.press(*"Fir")
+        await wait_for(pilot, lambda: app.query_one("#conversations").option_count == 1)
+        await pilot.press("ctrl+n")
+        assert boxes(app) == [] and app.conversation_id is None
+
+
+async def test_regenerate_and_edit(store):
+    replies = iter(["first answer", "second answer", "edited answer"])
+    app = make_app(store)
+    app._load = lambda choice, settings: SpecFakeEngine(reply=lambda p: next(replies))
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "question")
+        await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 2)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not app.generating and boxes(app)[-1].content == "second answer")
+        assert len(boxes(app)) == 2
+        await pilot.press("ctrl+g")
+        editor = app.screen.query_one("#value")
+        editor.load_text("better question")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not app.generating and boxes(app)[-1].content == "edited answer")
+        assert [b.content for b in boxes(app)] == ["better question", "edited answer"]
+        assert [m.content for m in store.messages(app.conversation_id) if m.role != "system"] == \
+            ["better question", "edited answer"]
+
+
+async def test_origin_view_colours_draft_tokens(store):
+    app = make_app(store, reply="abcdefgh")
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "x")
+        await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 2)
+        await pilot.press("ctrl+t")
+        reply = boxes(app)[1]
+        assert reply.query_one(".origin").display and not reply.query_one(".body").display
+        assert reply.runs == [("abc", True), ("d", False), ("efg", True), ("h", False)]
+        assert app.query_one(StatusLine).origin_view
+        await pilot.press("ctrl+t")
+        assert reply.query_one(".body").display
+
+
+async def test_copy_reply_and_code_block_and_export(store, tmp_path):
+    app = make_app(store, export_dir=tmp_path)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "code please")
+        await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 2)
+        await pilot.press("f6")
+        assert app.clipboard == "def add(a, b):\n    return a + b"
+        await pilot.press("f5")
+        assert app.clipboard == REPLY
+        await pilot.press("f3")
+        [exported] = tmp_path.glob("edgespec-*.md")
+        assert "code please" in exported.read_text()
+
+
+async def test_rename_and_delete_with_confirm(store):
+    cid = store.create(title="Old name")
+    store.append(cid, Message("user", "hello"))
+    app = make_app(store)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await app.open_conversation(cid)
+        await pilot.press("f2")
+        app.screen.query_one("#value").value = "New name"
+        await pilot.press("enter")
+        assert store.list()[0].title == "New name"
+        await pilot.press("f8")
+        await pilot.click("#no")
+        assert len(store.list()) == 1
+        await pilot.press("f8")
+        await pilot.click("#yes")
+        await wait_for(pilot, lambda: not store.list())
+        assert app.conversation_id is None
+
+
+# -- settings --------------------------------------------------------------------------
+
+async def test_settings_round_trip(store, home):
+    cid = store.create(title="Tuned")
+    store.append(cid, Message("system", "You are a helpful assistant."))
+    store.append(cid, Message("user", "hi"))
+    other = store.create(title="Other")
+    app = make_app(store)
+    async with app.run_test(size=(120, 50)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await app.open_conversation(cid)
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, SettingsScreen)
+        app.screen.query_one("#temperature").value = "0.7"
+        app.screen.query_one("#k").value = "6"
+        app.screen.query_one("#system_prompt").load_text("Answer in French.")
+        app.screen.query_one("#mode").value = "lookup"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        saved = store.settings(cid)
+        assert (saved["temperature"], saved["k"], saved["mode"]) == (0.7, 6, "lookup")
+        assert app.session.params.temperature == 0.7 and app.session.params.k == 6
+        assert store.messages(cid)[0].content == "Answer in French."
+        await app.open_conversation(other)
+        assert app.settings == ChatSettings()
+        await app.open_conversation(cid)
+        assert app.settings.temperature == 0.7 and app.session.params.mode == "lookup"
+        # a bad value is refused with a reason, the screen stays
+        await pilot.press("ctrl+s")
+        app.screen.query_one("#k").value = "many"
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, SettingsScreen)
+        assert "whole number" in str(app.screen.query_one("#error").render())
+        app.screen.query_one("#k").value = "5"
+        await pilot.click("#default")
+        await pilot.pause()
+        assert load_defaults().k == 5
+        assert yaml.safe_load((home / "config" / "settings.yaml").read_text())["k"] == 5
+
+
+def test_chat_settings_validate_and_fill_from_defaults(tmp_path):
+    with pytest.raises(ValueError, match="top-p"):
+        ChatSettings(top_p=0)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        ChatSettings.from_dict({"mode": "turbo"})
+    defaults = ChatSettings(k=7)
+    merged = ChatSettings.from_dict({"temperature": "0.5", "target": "x.gguf"}, defaults=defaults)
+    assert (merged.temperature, merged.k) == (0.5, 7)
+    assert merged.params().temperature == 0.5
+    path = save_defaults(merged, tmp_path / "s.yaml")
+    assert load_defaults(path) == merged
+    path.write_text("k: [1]\n")
+    with pytest.raises(ValueError, match="s.yaml"):
+        load_defaults(path)
+
+
+# -- models ----------------------------------------------------------------------------
+
+async def test_download_progress_cancel_and_finish(store):
+    catalog = FakeCatalog(step_s=0.05)
+    app = make_app(store, catalog=catalog)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await pilot.press("ctrl+o")
+        screen = app.screen
+        assert isinstance(screen, ModelsScreen)
+        await pilot.press("down", "down")  # tiny-draft, not installed
+        await pilot.press("u")
+        assert isinstance(app.screen, ModelsScreen)  # refused: not installed
+        await pilot.press("p")
+        bar = screen.query_one("#download-progress")
+        await wait_for(pilot, lambda: (bar.progress or 0) >= 200_000_000)
+        assert bar.total == 1_000_000_000
+        assert "MB/s" in str(screen.query_one("#download-status").render())
+        await pilot.press("c")
+        await wait_for(pilot, lambda: screen.pulling is None)
+        assert "cancelled" in str(screen.query_one("#download-status").render())
+        assert not catalog.installed["tiny-draft"]
+        await pilot.press("p")
+        await wait_for(pilot, lambda: screen.pulling is None, timeout=5)
+        assert catalog.installed["tiny-draft"]
+        assert "installed" in str(screen.query_one("#download-status").render())
+        await pilot.press("up", "up", "u")  # the pair, now installed: switch to it
+        await wait_for(pilot, lambda: app.choice.pair == "tiny-pair" and app.model_state == "ready")
+
+
+async def test_failed_download_says_why(store):
+    app = make_app(store, catalog=FakeCatalog(fail="checksum mismatch for tiny-draft.gguf", step_s=0.01))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await pilot.press("ctrl+o")
+        screen = app.screen
+        await pilot.press("down", "down", "p")
+        await wait_for(pilot, lambda: screen.pulling is None)
+        assert "checksum mismatch" in str(screen.query_one("#download-status").render())
+
+
+async def test_model_that_fails_to_load_is_shown_not_raised(store):
+    def load(choice, settings):
+        raise ModelFileError("Model tiny-target is not installed: run `edgespec pull tiny-target`")
+
+    app = make_app(store, load=load)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "failed")
+        status = app.query_one(StatusLine)
+        assert status.model_state == "failed" and "edgespec pull tiny-target" in status.detail
+        banner = app.query_one("#banner")
+        assert banner.display and "ctrl+o" in str(banner.render())
+        await send(pilot, "hello?")
+        await pilot.pause()
+        assert boxes(app) == [] and not app.generating
+
+
+async def test_generation_error_is_reported(store):
+    class Broken(SpecFakeEngine):
+        def generate(self, prompt_tokens, params):
+            yield from []
+            raise RuntimeError("llama_decode returned -1")
+
+    app = make_app(store, engine_cls=Broken)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 2)
+        assert boxes(app)[1].status in ("interrupted", "error")
+
+
+async def test_help_and_command_palette_list_the_actions(store):
+    app = make_app(store)
+    async with app.run_test(size=(110, 40)) as pilot:
+        await pilot.press("f1")
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape")
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for name in ("Regenerate", "Settings", "Models", "Token colours", "Copy code block", "Export Markdown"):
+            assert any(t.startswith(name) for t in titles), name
+
+
+# -- pure helpers ----------------------------------------------------------------------
+
+def test_origin_spans_and_helpers():
+    assert origin.spans(["a", "b", "c", "d"], [True, True, False, True]) == [("ab", True), ("c", False), ("d", True)]
+    engine = FakeEngine()
+    assert origin.chunk_spans(engine, "hey", [104, 101, 121], [True, True, False]) == [("he", True), ("y", False)]
+    assert origin.chunk_spans(engine, "é", [1, 2], [True, False]) == [("é", False)]
+    assert origin.stored_spans(engine, "ab", [True, False]) == [("a", True), ("b", False)]
+    assert origin.stored_spans(engine, "ab", [True]) == [("ab", False)]
+    assert code_blocks("x\n```py\na = 1\n```\ntext\n~~~\nb\n~~~") == ["a = 1", "b"]
+    stats = Stats(mode="draft", k=4, generated_tokens=11, drafted=8, accepted=6, target_passes=4, decode_s=1.0,
+                  drafter="draft", reason="high acceptance")
+    line = format_live(stats, plain_tps=5.0)
+    assert "10.0 tok/s" in line and "×2.00" in line and "accept 75%" in line and "2.75 tok/pass" in line
+    assert "high acceptance" in line
+    assert describe_progress(PullProgress(412_000_000, 1_100_000_000, 23.5e6, 29.6, "m")) == \
+        "m · 412.0 MB / 1.1 GB · 23.5 MB/s · 30 s left"
