@@ -4,7 +4,7 @@
     resolve_model("~/models/my.gguf")                   # any local GGUF file works as is
     resolve_pair()                                      # the bundled offline default pair
 
-Hub files go through huggingface_hub (its cache, resumable downloads, HF_TOKEN,
+Hub files go through huggingface_hub (its cache, resumed transfers, HF_TOKEN,
 HF_ENDPOINT, HF_HUB_OFFLINE); bundled ones are assembled from installed packages.
 Either way the size and sha256 from the registry are checked before a path is
 returned.
@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import inspect
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
+
 from edgespec.config import dirs
 from edgespec.errors import DownloadError, ModelFileError, RegistryError
 from edgespec.models import bundled
@@ -136,10 +139,15 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
     from huggingface_hub import hf_hub_download
     from huggingface_hub import errors as hf_errors
 
+    cached = _hub_cached(source)  # a file already here is used without asking the network
+    if cached is not None:
+        return cached
     offline = _env_true("HF_HUB_OFFLINE")
     kwargs = dict(repo_id=source.repo, filename=source.file, revision=source.revision,
                   cache_dir=dirs().hub_cache, endpoint=os.environ.get("HF_ENDPOINT") or None,
                   local_files_only=offline or not download)
+    if not kwargs["local_files_only"] and not _reachable(kwargs["endpoint"] or "https://huggingface.co"):
+        raise _not_here(entry, source, offline=False, download=True)  # fail now, not after minutes of retries
     if progress is not None and "tqdm_class" in inspect.signature(hf_hub_download).parameters:
         kwargs["tqdm_class"] = _tqdm_reporting_to(progress, source.file, entry.display_size)
     try:
@@ -231,6 +239,21 @@ def _is_network_error(e: BaseException) -> bool:
     modules = {cls.__module__.split(".")[0] for cls in type(e).__mro__}
     return bool(modules & {"httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3"}) or bool(
         names & {"ConnectError", "TimeoutException", "RemoteProtocolError", "ConnectionError"})
+
+
+def _reachable(endpoint: str, timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub opens (assumed yes behind a proxy, which
+    huggingface_hub's HTTP client uses and a plain socket does not)."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+                                       "ALL_PROXY", "all_proxy")):
+        return True
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _env_true(name: str) -> bool:

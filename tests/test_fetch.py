@@ -1,0 +1,257 @@
+"""Getting model files: local paths, hub downloads (against a fake hub on
+127.0.0.1 through huggingface_hub's real code), verification, resume, offline."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from edgespec.errors import DownloadError, ModelFileError, RegistryError
+from edgespec.models import fetch as fetch_mod
+from edgespec.models.fetch import fetch, installed_path, remove, resolve_model, resolve_pair
+from edgespec.models.progress import Progress
+from edgespec.models.registry import DEFAULT_PAIR, HubSource, ModelEntry, PairEntry, Registry
+from tests.fake_hub import FakeHub
+
+REPO = "someone/Tiny-GGUF"
+CONTENT = b"GGUF" + bytes(range(256)) * 12_000  # about 3 MB
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    hub = FakeHub()
+    monkeypatch.setenv("HF_ENDPOINT", hub.start())
+    yield hub
+    hub.stop()
+
+
+def hub_entry(name="tiny-q4", file="tiny-q4.gguf", *, size=len(CONTENT), sha256=None) -> ModelEntry:
+    return ModelEntry(name=name, source=HubSource(repo=REPO, file=file), size=size,
+                      sha256=sha256 or hashlib.sha256(CONTENT).hexdigest())
+
+
+def registry(*entries: ModelEntry, pairs: tuple[PairEntry, ...] = ()) -> Registry:
+    return Registry(models={e.name: e for e in entries}, pairs={p.name: p for p in pairs})
+
+
+# --- local paths ---------------------------------------------------------------------
+
+def test_a_local_gguf_path_is_returned_as_is(tmp_path):
+    path = tmp_path / "mine.gguf"
+    path.write_bytes(CONTENT[:100])
+    assert resolve_model(str(path)) == path
+
+
+def test_a_missing_path_says_so(tmp_path):
+    with pytest.raises(ModelFileError, match="no such file"):
+        resolve_model(str(tmp_path / "nope.gguf"))
+
+
+def test_a_file_that_is_not_gguf_is_refused_with_what_it_starts_with(tmp_path):
+    path = tmp_path / "page.gguf"
+    path.write_bytes(b"<!DOCTYPE html>")
+    with pytest.raises(ModelFileError, match=r"not a GGUF model file .*b'<!DO'"):
+        resolve_model(str(path))
+
+
+def test_an_empty_file_is_refused(tmp_path):
+    path = tmp_path / "empty.gguf"
+    path.write_bytes(b"")
+    with pytest.raises(ModelFileError, match="is empty"):
+        resolve_model(str(path))
+
+
+def test_an_unknown_name_suggests_the_closest():
+    reg = registry(hub_entry("qwen2.5-coder-7b-instruct-q4_k_m"))
+    with pytest.raises(RegistryError, match="qwen2.5-coder-7b-instruct-q4_k_m"):
+        resolve_model("qwen2.5-coder-7b-instruct", registry=reg)
+
+
+# --- hub downloads ---------------------------------------------------------------------
+
+def test_download_reports_progress_and_verifies(hub):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    events: list[Progress] = []
+    path = resolve_model("tiny-q4", progress=events.append, registry=registry(hub_entry()))
+    assert path.read_bytes() == CONTENT
+    assert events and events[-1].done == events[-1].total == len(CONTENT)
+    assert {e.file for e in events} >= {"tiny-q4.gguf"}
+    assert all(e.stage in ("download", "verify") for e in events)
+
+
+def test_a_downloaded_file_is_used_without_the_network_next_time(hub, monkeypatch):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    reg = registry(hub_entry())
+    first = resolve_model("tiny-q4", registry=reg)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    n = len(hub.requests)
+    assert resolve_model("tiny-q4", registry=reg) == first
+    assert len(hub.requests) == n
+    assert installed_path(reg.model("tiny-q4")) == first
+
+
+def test_download_false_never_downloads(hub):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    with pytest.raises(DownloadError, match="not downloaded yet.*edgespec pull tiny-q4"):
+        resolve_model("tiny-q4", download=False, registry=registry(hub_entry()))
+    assert hub.gets() == []
+
+
+def test_a_hash_mismatch_names_the_file_and_the_fix(hub):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    entry = hub_entry(sha256="0" * 64)
+    with pytest.raises(DownloadError, match=r"tiny-q4.gguf has sha256 .*edgespec rm tiny-q4"):
+        fetch(entry)
+
+
+def test_a_size_mismatch_is_caught_before_hashing(hub):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    entry = hub_entry(size=len(CONTENT) + 1)
+    with pytest.raises(DownloadError, match=r"is \d+ bytes but tiny-q4 should be"):
+        fetch(entry)
+
+
+def test_a_verified_file_is_not_hashed_again(hub, monkeypatch):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    entry = hub_entry()
+    fetch(entry)
+    monkeypatch.setattr("edgespec.models.verify.file_sha256", lambda *a, **k: pytest.fail("hashed again"))
+    fetch(entry)
+
+
+def test_a_file_changed_after_verification_is_hashed_again(hub):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    entry = hub_entry()
+    path = fetch(entry)
+    blob = path.resolve()
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    os.utime(blob, ns=(blob.stat().st_atime_ns, blob.stat().st_mtime_ns + 10_000_000))
+    with pytest.raises(DownloadError, match="damaged"):
+        fetch(entry)
+
+
+def test_a_missing_file_on_the_hub_points_at_the_registry_entry(hub):
+    with pytest.raises(DownloadError, match="has no file 'tiny-q4.gguf'.*models.yaml may be outdated"):
+        fetch(hub_entry())
+
+
+def test_a_dropped_connection_resumes_where_it_stopped(hub, monkeypatch):
+    """huggingface_hub retries a broken transfer asking only for the missing bytes."""
+    monkeypatch.setattr("huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE", 32 << 10)
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.drop_after = len(CONTENT) // 3
+    path = fetch(hub_entry())
+    assert path.read_bytes() == CONTENT
+    ranges = [r for _, _, r in hub.gets() if r]
+    assert ranges and ranges[0] != "bytes=0-"
+
+
+def test_an_interrupted_download_leaves_no_file_under_the_final_name(hub, home, monkeypatch):
+    """Ctrl+C in the middle of a download: nothing half-written is ever taken for
+    the model, and the next call completes it."""
+    monkeypatch.setattr("huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE", 32 << 10)
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.chunk, hub.delay = 32 << 10, 0.004
+    entry = hub_entry()
+
+    def interrupt(p: Progress) -> None:
+        if 0 < p.done < len(CONTENT):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fetch(entry, progress=interrupt)
+    assert installed_path(entry) is None
+    assert not [p for p in (home / "hub").rglob("*") if p.is_file() and p.name == "tiny-q4.gguf"]
+
+    hub.delay = 0
+    assert fetch(entry).read_bytes() == CONTENT
+
+
+# --- offline -------------------------------------------------------------------------------
+
+def _assert_offline_help(message: str) -> None:
+    assert "tiny-q4.gguf" in message and REPO in message
+    assert "HF_ENDPOINT" in message
+    assert "local .gguf" in message
+    assert DEFAULT_PAIR in message and "edgespec[bundled]" in message
+
+
+def test_offline_mode_names_the_file_and_the_ways_to_get_it(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(DownloadError) as e:
+        fetch(hub_entry())
+    assert "HF_HUB_OFFLINE is set" in str(e.value)
+    _assert_offline_help(str(e.value))
+
+
+def test_an_unreachable_hub_names_the_file_and_the_ways_to_get_it(monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # connection refused
+    with pytest.raises(DownloadError) as e:
+        fetch(hub_entry())
+    assert "cannot be reached" in str(e.value)
+    _assert_offline_help(str(e.value))
+
+
+def test_offline_mode_still_finds_a_cached_file(hub, monkeypatch):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    entry = hub_entry()
+    path = fetch(entry)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert fetch(entry) == path
+
+
+# --- removing, pairs ------------------------------------------------------------------------
+
+def test_remove_deletes_the_snapshot_link_and_the_blob(hub):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    entry = hub_entry()
+    path = fetch(entry)
+    blob = path.resolve()
+    removed = remove(entry)
+    assert path in removed and not path.exists() and not blob.exists()
+    assert installed_path(entry) is None
+    assert remove(entry) == []
+
+
+def test_resolve_pair_fetches_target_and_draft(hub):
+    draft_content = b"GGUF" + b"d" * 5000
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.add(REPO, "draft.gguf", draft_content)
+    draft = ModelEntry(name="tiny-draft", source=HubSource(repo=REPO, file="draft.gguf"), size=len(draft_content))
+    reg = registry(hub_entry(), draft, pairs=(PairEntry(name="tiny", target="tiny-q4", draft="tiny-draft", k=3),))
+    target_path, draft_path, pair = resolve_pair("tiny", registry=reg)
+    assert target_path.read_bytes() == CONTENT and draft_path.read_bytes() == draft_content
+    assert pair.k == 3
+
+
+def test_resolve_pair_with_a_model_name_gives_no_draft(hub):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    target, draft, pair = resolve_pair("tiny-q4", registry=registry(hub_entry()))
+    assert draft is None and pair.target == "tiny-q4" and target.exists()
+
+
+def test_resolve_pair_unknown_name_suggests():
+    reg = registry(hub_entry(), pairs=(PairEntry(name="tiny-pair", target="tiny-q4", draft=None),))
+    with pytest.raises(RegistryError, match="tiny-pair"):
+        resolve_pair("tiny-pear", registry=reg)
+
+
+def test_is_path_like():
+    assert fetch_mod.is_path_like("model.gguf")
+    assert fetch_mod.is_path_like("./model")
+    assert fetch_mod.is_path_like("~/m/x.GGUF")
+    assert fetch_mod.is_path_like("dir/x")
+    assert not fetch_mod.is_path_like("qwen2.5-coder-7b-instruct-q4_k_m")
