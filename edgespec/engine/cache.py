@@ -1,0 +1,108 @@
+"""KVSequence: a context's KV cache and the tokens it holds, always in step.
+
+Every change to the cache goes through here: `extend` (llama_decode) and
+`truncate` (llama_memory_seq_rm). `sync` is prefix reuse: keep the longest
+common prefix with the wanted tokens and evaluate only the rest, which is how
+a chat turn, a regenerated reply and the draft model's catch-up all work.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from edgespec.errors import ContextFullError
+from edgespec.llama.batch import LlamaBatch
+from edgespec.llama.context import LlamaContext
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class KVSequence:
+    """Sequence 0 of a LlamaContext, with the list of tokens its cache holds."""
+
+    def __init__(self, ctx: LlamaContext):
+        self.ctx = ctx
+        self.tokens: list[int] = []
+        self.n_ctx = ctx.n_ctx()
+        self.evaluated = 0
+        """Tokens decoded over this sequence's lifetime (a counter for stats and tests)."""
+        self._batch = LlamaBatch(ctx.n_batch)
+        self._logits_at = -1  # position whose logits the last decode left as its last output
+
+    @property
+    def room(self) -> int:
+        """Positions still free in the context."""
+        return self.n_ctx - len(self.tokens)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n tokens; remove the rest from the KV cache."""
+        if n < len(self.tokens):
+            self.ctx.memory_seq_rm(n)
+            del self.tokens[n:]
+            if self._logits_at >= n:
+                self._logits_at = -1
+
+    def extend(self, tokens: Sequence[int], *, all_logits: bool = False) -> None:
+        """Evaluate tokens after those held, in batches of n_batch. With all_logits
+        (at most one batch), every token gets logits: `logits(i)` reads them."""
+        if not tokens:
+            return
+        if len(tokens) > self.room:
+            raise ContextFullError(
+                f"{len(tokens)} more tokens do not fit: {len(self.tokens)} of {self.n_ctx} context positions are in use"
+            )
+        if all_logits and len(tokens) > self._batch.capacity:
+            raise ValueError(f"logits for {len(tokens)} tokens need one batch (n_batch is {self._batch.capacity})")
+        try:
+            for i in range(0, len(tokens), self._batch.capacity):
+                chunk = tokens[i : i + self._batch.capacity]
+                self._batch.set(chunk, len(self.tokens), all_logits=all_logits)
+                self.ctx.decode(self._batch)
+                self.tokens.extend(chunk)
+                self.evaluated += len(chunk)
+        except BaseException:
+            # A failed or interrupted decode may leave part of a batch in the cache.
+            self.ctx.memory_seq_rm(len(self.tokens))
+            self._logits_at = -1
+            raise
+        self._logits_at = len(self.tokens) - 1
+
+    def logits(self, i: int) -> np.ndarray:
+        """Logits of the i-th output of the last extend (a view, valid until the next decode)."""
+        return self.ctx.get_logits_ith(i)
+
+    def sync(self, tokens: Sequence[int]) -> int:
+        """Make the cache hold exactly `tokens`, reusing the common prefix.
+        Returns how many tokens were evaluated."""
+        keep = common_prefix_length(self.tokens, tokens)
+        self.truncate(keep)
+        before = self.evaluated
+        self.extend(tokens[keep:])
+        return self.evaluated - before
+
+    def next_logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Sync to `tokens` and return the logits that predict the token after them."""
+        if not tokens:
+            raise ValueError("need at least one token to predict from")
+        self.sync(tokens)
+        if self._logits_at != len(self.tokens) - 1:  # all cached, logits gone: redo the last
+            self.truncate(len(tokens) - 1)
+            self.extend(tokens[-1:])
+        return self.logits(-1)
+
+    def reset(self) -> None:
+        """Empty the cache (the next sync evaluates everything)."""
+        self.ctx.memory_clear()
+        self.tokens.clear()
+        self._logits_at = -1
+
+    def close(self) -> None:
+        self._batch.close()

@@ -1,0 +1,197 @@
+"""Engine: a loaded target (and optional draft model) ready to generate.
+
+Owns the native objects through edgespec.llama and frees them in order
+(contexts before models). Knows no screen, no file format of ours and no
+network: paths in, chunks out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from edgespec.engine import decoder
+from edgespec.engine.cache import KVSequence
+from edgespec.engine.compat import VocabInfo, ensure_compatible
+from edgespec.engine.controller import FixedPolicy, Policy
+from edgespec.engine.drafters import DraftModel, PromptLookup
+from edgespec.engine.events import MODES, Chunk, GenerationParams
+from edgespec.llama import system_info
+from edgespec.llama.context import LlamaContext
+from edgespec.llama.model import LlamaModel
+
+
+@dataclass
+class ModelSettings:
+    """Where a model is and how to run it. Target and draft each have their own."""
+
+    path: str | Path
+    n_gpu_layers: int = 0
+    """Layers to offload to the GPU; -1 for all."""
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    """CPU threads; None for all cores."""
+    n_batch: int = 512
+
+
+def vocab_info(model: LlamaModel) -> VocabInfo:
+    return VocabInfo(
+        vocab_type=model.vocab_type(),
+        tokens=[model.get_text(i) for i in range(model.n_vocab)],
+        bos=model.bos(),
+        eos=model.eos(),
+        add_bos=model.add_bos(),
+    )
+
+
+class _Loaded:
+    """One model with its context and KV sequence."""
+
+    def __init__(self, settings: ModelSettings):
+        self.settings = settings
+        self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers)
+        try:
+            self.ctx = LlamaContext(self.model, n_ctx=settings.n_ctx, n_batch=settings.n_batch,
+                                    n_threads=settings.n_threads)
+        except BaseException:
+            self.model.close()
+            raise
+        self.seq = KVSequence(self.ctx)
+
+    def close(self) -> None:
+        self.seq.close()
+        self.ctx.close()
+        self.model.close()
+
+
+class Engine:
+    """Generates with the target, speculating with a draft model or prompt lookup."""
+
+    def __init__(self, target: _Loaded, draft: _Loaded | None):
+        self._target = target
+        self._draft = draft
+        self.lookup = PromptLookup()
+        self.draft_model = DraftModel(draft.seq) if draft else None
+
+    @classmethod
+    def load(cls, target: ModelSettings, draft: ModelSettings | None = None) -> "Engine":
+        """Load the models; raises ModelFileError, ModelLoadError or IncompatibleDraftError."""
+        t = _Loaded(target)
+        d = None
+        try:
+            if draft is not None:
+                d = _Loaded(draft)
+                ensure_compatible(vocab_info(t.model), vocab_info(d.model),
+                                  target_name=Path(target.path).name, draft_name=Path(draft.path).name)
+        except BaseException:
+            if d is not None:
+                d.close()
+            t.close()
+            raise
+        return cls(t, d)
+
+    # -- the model, for chat formatting ----------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self._target.seq.n_ctx
+
+    @property
+    def has_draft(self) -> bool:
+        return self._draft is not None
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._target.model.chat_template()
+
+    @property
+    def bos(self) -> int | None:
+        return self._target.model.bos()
+
+    @property
+    def eos(self) -> int | None:
+        return self._target.model.eos()
+
+    def token_text(self, token: int) -> str:
+        return self._target.model.token_to_piece(token, special=True).decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
+        tokens = self._target.model.tokenize(text, add_special=False, parse_special=special)
+        if add_bos and self.bos is not None and self._target.model.add_bos():
+            tokens.insert(0, self.bos)
+        return tokens
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        piece = self._target.model.token_to_piece
+        return b"".join(piece(t, special=False) for t in tokens).decode("utf-8", errors="replace")
+
+    # -- generation -------------------------------------------------------
+    def policy(self, params: GenerationParams) -> Policy:
+        """The policy for params.mode: which drafter (if any) and how many tokens."""
+        if params.mode not in MODES:
+            raise ValueError(f"unknown mode {params.mode!r}: choose one of {', '.join(MODES)}")
+        if params.mode == "plain" or params.k == 0:
+            return FixedPolicy(None, 0)
+        if params.mode == "lookup":
+            return FixedPolicy(self.lookup, params.k)
+        if params.mode == "draft":
+            if self.draft_model is None:
+                raise ValueError("mode 'draft' needs a draft model: pass one, or use mode 'lookup' or 'auto'")
+            return FixedPolicy(self.draft_model, params.k)
+        return self.auto_policy(params)
+
+    def auto_policy(self, params: GenerationParams) -> Policy:
+        from edgespec.engine.auto import AutoPolicy
+
+        return AutoPolicy.for_engine(self, params)
+
+    def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
+        """Stream a completion; reuses both KV caches up to the longest common prefix."""
+        model = self._target.model
+        return decoder.generate(
+            self._target.seq, prompt_tokens, params, self.policy(params),
+            is_eog=model.is_eog,
+            piece=lambda t: model.token_to_piece(t, special=False),
+        )
+
+    def reset(self) -> None:
+        """Forget both KV caches (the next generate evaluates its whole prompt)."""
+        self._target.seq.reset()
+        if self._draft:
+            self._draft.seq.reset()
+
+    # -- lifetime ---------------------------------------------------------
+    def describe(self) -> dict:
+        info = system_info()
+        models = {"target": self._target}
+        if self._draft:
+            models["draft"] = self._draft
+        return {
+            "backend": info["backend"],
+            "gpu_offload": info["gpu_offload"],
+            "models": {
+                role: {
+                    "path": str(m.settings.path),
+                    "desc": m.model.desc(),
+                    "n_layer": m.model.n_layer(),
+                    "n_gpu_layers": min(m.settings.n_gpu_layers, m.model.n_layer() + 1)
+                    if m.settings.n_gpu_layers >= 0 else m.model.n_layer() + 1,
+                    "n_ctx": m.seq.n_ctx,
+                }
+                for role, m in models.items()
+            },
+        }
+
+    def close(self) -> None:
+        if self._draft:
+            self._draft.close()
+            self._draft = None
+        if self._target:
+            self._target.close()
+            self._target = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

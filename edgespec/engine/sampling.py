@@ -1,0 +1,87 @@
+"""Samplers as small pure functions: logits in, a full-vocabulary distribution out.
+
+Draft and target go through the same `distribution()`, so that speculative
+sampling compares like with like (p and q after the same transforms).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.engine.events import GenerationParams
+
+
+def check_params(params: GenerationParams) -> None:
+    """Raise ValueError naming the first setting out of range."""
+    if params.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+    if params.top_k < 0:
+        raise ValueError(f"top-k must be >= 0 (0 = off), got {params.top_k}")
+    if not 0.0 < params.top_p <= 1.0:
+        raise ValueError(f"top-p must be in (0, 1], got {params.top_p}")
+    if params.k < 0:
+        raise ValueError(f"k must be >= 0, got {params.k}")
+    if params.max_tokens < 1:
+        raise ValueError(f"max tokens must be >= 1, got {params.max_tokens}")
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x -= x.max()
+    np.exp(x, out=x)
+    x /= x.sum()
+    return x
+
+
+def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
+    """Logits with all but the k largest set to -inf (k <= 0: unchanged)."""
+    if k <= 0 or k >= logits.size:
+        return logits
+    keep = np.argpartition(logits, -k)[-k:]
+    out = np.full_like(logits, -np.inf)
+    out[keep] = logits[keep]
+    return out
+
+
+def top_p_filter(probs: np.ndarray, p: float) -> np.ndarray:
+    """The smallest set of most likely tokens whose mass reaches p, renormalised.
+
+    Sorts only the head of the distribution: the m most likely tokens, doubling
+    m until their mass reaches p (exact, and fast for the usual peaked case).
+    """
+    if p >= 1.0:
+        return probs
+    m = min(256, probs.size)
+    while True:
+        head = np.argpartition(probs, -m)[-m:] if m < probs.size else np.arange(probs.size)
+        head = head[np.argsort(-probs[head], kind="stable")]
+        cumulative = np.cumsum(probs[head])
+        if cumulative[-1] >= p or m == probs.size:
+            n = int(np.searchsorted(cumulative, p)) + 1
+            out = np.zeros_like(probs)
+            keep = head[:n]
+            out[keep] = probs[keep]
+            return out / out.sum()
+        m = min(2 * m, probs.size)
+
+
+def distribution(logits: np.ndarray, params: GenerationParams) -> np.ndarray:
+    """Temperature, then top-k, then top-p: the distribution tokens are drawn from."""
+    scaled = logits / params.temperature
+    return top_p_filter(softmax(top_k_filter(scaled, params.top_k)), params.top_p)
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from a distribution (inverse CDF, one uniform number)."""
+    cdf = np.cumsum(probs)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), probs.size - 1))
+
+
+def greedy(logits: np.ndarray) -> int:
+    return int(np.argmax(logits))
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """Probability of the most likely token under the raw logits (softmax max)."""
+    x = logits.astype(np.float64)
+    return float(1.0 / np.exp(x - x.max()).sum())

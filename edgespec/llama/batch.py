@@ -1,0 +1,47 @@
+"""LlamaBatch: owns one llama_batch (llama_batch_init ... llama_batch_free)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import llama_cpp
+
+
+class LlamaBatch:
+    """A reusable batch of up to `capacity` tokens of sequence 0."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._batch = llama_cpp.llama_batch_init(capacity, 0, 1)
+        self.n_outputs = 0
+
+    @property
+    def struct(self) -> llama_cpp.llama_batch:
+        return self._batch
+
+    def set(self, tokens: Sequence[int], start_pos: int, *, all_logits: bool) -> None:
+        """Fill with `tokens` at positions start_pos...; logits for every token, or the last only."""
+        n = len(tokens)
+        if not 0 < n <= self.capacity:
+            raise ValueError(f"batch holds 1..{self.capacity} tokens, got {n}")
+        b = self._batch
+        b.n_tokens = n
+        for i, token in enumerate(tokens):
+            b.token[i] = token
+            b.pos[i] = start_pos + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = all_logits
+        b.logits[n - 1] = True
+        self.n_outputs = n if all_logits else 1
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+
+    def __enter__(self) -> "LlamaBatch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

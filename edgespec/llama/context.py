@@ -1,0 +1,76 @@
+"""LlamaContext: owns one llama_context (KV cache, logits) of a LlamaModel."""
+
+from __future__ import annotations
+
+import os
+
+import llama_cpp
+import numpy as np
+
+from edgespec.errors import ContextFullError, ModelLoadError
+from edgespec.llama import recent_errors
+from edgespec.llama.batch import LlamaBatch
+from edgespec.llama.model import LlamaModel
+
+
+class LlamaContext:
+    """llama_init_from_model ... llama_free. Sequence 0 only."""
+
+    def __init__(self, model: LlamaModel, *, n_ctx: int = 4096, n_batch: int = 512,
+                 n_threads: int | None = None):
+        self.model = model
+        threads = n_threads or os.cpu_count() or 1
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(model.ptr, params)
+        if not self._ctx:
+            why = recent_errors() or "llama.cpp gave no reason"
+            raise ModelLoadError(f"could not create a {n_ctx}-token context for {model.path.name}: {why}")
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self.n_batch = n_batch
+        self.n_vocab = model.n_vocab
+
+    def n_ctx(self) -> int:
+        return llama_cpp.llama_n_ctx(self._ctx)
+
+    def decode(self, batch: LlamaBatch) -> None:
+        """llama_decode; raises when llama.cpp refuses the batch."""
+        rc = llama_cpp.llama_decode(self._ctx, batch.struct)
+        if rc == 1:
+            raise ContextFullError(f"no room in the {self.n_ctx()}-token context for {batch.struct.n_tokens} more tokens")
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}: {recent_errors()}")
+
+    def get_logits_ith(self, i: int) -> np.ndarray:
+        """Logits of the i-th output of the last batch (negative counts from the end).
+        A view into llama.cpp's buffer: valid until the next decode."""
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
+        if not ptr:
+            raise IndexError(f"no logits for output {i} of the last batch")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def memory_seq_rm(self, p0: int, p1: int = -1) -> None:
+        """Remove positions [p0, p1) of sequence 0 from the KV cache (p1 < 0: to the end)."""
+        if not llama_cpp.llama_memory_seq_rm(self._memory, 0, p0, p1):
+            raise RuntimeError(f"llama.cpp could not remove KV positions {p0}..{p1} (a non-trimmable cache?)")
+
+    def memory_clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._memory, True)
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+            self._memory = None
+
+    def __enter__(self) -> "LlamaContext":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,131 @@
+"""LlamaModel: owns one llama_model (weights) and reads its vocabulary."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import llama_cpp
+
+from edgespec.errors import ModelFileError, ModelLoadError
+from edgespec.llama import backend_init, recent_errors
+
+GGUF_MAGIC = b"GGUF"
+VOCAB_TYPES = {0: "none", 1: "llama", 2: "gpt2", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+"""llama_vocab_type values; names as in GGUF's tokenizer.ggml.model."""
+
+
+def check_gguf_file(path: Path) -> None:
+    """Raise ModelFileError unless `path` is an existing file that starts like a GGUF."""
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelFileError(f"not a file: {path}")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(
+            f"{path} is not a GGUF model file (it starts with {magic!r}, expected b'GGUF'); "
+            "download it again or pass another file"
+        )
+
+
+class LlamaModel:
+    """A loaded GGUF model: llama_model_load_from_file ... llama_model_free."""
+
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, vocab_only: bool = False):
+        self.path = Path(path)
+        check_gguf_file(self.path)
+        backend_init()
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 2**31 - 1 if n_gpu_layers < 0 else n_gpu_layers
+        params.vocab_only = vocab_only
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            why = recent_errors() or "llama.cpp gave no reason"
+            raise ModelLoadError(f"llama.cpp could not load {self.path}: {why}")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.n_gpu_layers = n_gpu_layers
+
+    # -- model -----------------------------------------------------------
+    @property
+    def ptr(self):
+        """The llama_model pointer, for LlamaContext only."""
+        if self._model is None:
+            raise RuntimeError(f"model {self.path.name} is closed")
+        return self._model
+
+    def n_ctx_train(self) -> int:
+        return llama_cpp.llama_model_n_ctx_train(self.ptr)
+
+    def n_layer(self) -> int:
+        return llama_cpp.llama_model_n_layer(self.ptr)
+
+    def n_params(self) -> int:
+        return llama_cpp.llama_model_n_params(self.ptr)
+
+    def desc(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self.ptr, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self.ptr, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    # -- vocabulary ------------------------------------------------------
+    def vocab_type(self) -> str:
+        return VOCAB_TYPES.get(llama_cpp.llama_vocab_type(self._vocab), "unknown")
+
+    def bos(self) -> int | None:
+        token = llama_cpp.llama_vocab_bos(self._vocab)
+        return None if token < 0 else token
+
+    def eos(self) -> int | None:
+        token = llama_cpp.llama_vocab_eos(self._vocab)
+        return None if token < 0 else token
+
+    def add_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def get_text(self, token: int) -> str:
+        """The token's text as stored in the vocabulary (llama_vocab_get_text)."""
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_to_piece(self, token: int, *, special: bool = True) -> bytes:
+        """The bytes a token stands for; a piece may be part of a UTF-8 character."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    # -- lifetime --------------------------------------------------------
+    def close(self) -> None:
+        if self._model is not None:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+            self._vocab = None
+
+    def __enter__(self) -> "LlamaModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

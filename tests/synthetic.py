@@ -1,0 +1,109 @@
+"""Tiny llama-architecture GGUF models with random weights, written with the
+`gguf` package: real llama.cpp models that load in milliseconds.
+
+Models written with the same vocabulary are a valid target/draft pair; a
+different `seed` gives a draft that often disagrees, `noise` a draft that
+mostly agrees with the model of `base_seed`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+SPECIALS = ["<unk>", "<s>", "</s>"]
+EURO_BYTES = ["<0xE2>", "<0x82>", "<0xAC>"]  # "€" split over three byte tokens
+
+
+def vocabulary(n_words: int) -> list[str]:
+    return SPECIALS + EURO_BYTES + [f"\u2581w{i}" for i in range(n_words)]
+
+
+def write_model(
+    path: Path,
+    *,
+    seed: int = 0,
+    n_words: int = 58,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_ctx_train: int = 512,
+    logit_scale: float = 1.0,
+    base_seed: int | None = None,
+    noise: float = 0.0,
+    tokens: list[str] | None = None,
+    eos: int = 2,
+) -> Path:
+    """Write a random model; with base_seed, the weights of that model plus `noise`."""
+    tokens = tokens or vocabulary(n_words)
+    n_vocab = len(tokens)
+    weights = _weights(base_seed if base_seed is not None else seed, n_vocab, n_embd, n_layer,
+                       n_head, n_head_kv, n_ff, logit_scale)
+    if base_seed is not None and noise:
+        rng = np.random.default_rng(seed)
+        weights = {k: (v + noise * v.std() * rng.standard_normal(v.shape).astype(np.float32)
+                       if v.ndim == 2 else v) for k, v in weights.items()}
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"synthetic-{seed}")
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n_vocab)
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    types += [gguf.TokenType.BYTE] * len(EURO_BYTES)
+    types += [gguf.TokenType.NORMAL] * (n_vocab - len(types))
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    for name, tensor in weights.items():
+        w.add_tensor(name, tensor)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _weights(seed, n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, logit_scale):
+    rng = np.random.default_rng(seed)
+
+    def mat(rows, cols, scale=1.0):
+        return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+
+    n_kv = n_embd // n_head * n_head_kv
+    out = {
+        "token_embd.weight": mat(n_vocab, n_embd, np.sqrt(n_embd)),
+        "output_norm.weight": np.ones(n_embd, dtype=np.float32),
+        "output.weight": mat(n_vocab, n_embd, 4.0 * logit_scale),
+    }
+    out["output.weight"][:6] *= 0.1  # specials and byte tokens: rarely generated, so runs are long
+    for i in range(n_layer):
+        out.update({
+            f"blk.{i}.attn_norm.weight": np.ones(n_embd, dtype=np.float32),
+            f"blk.{i}.attn_q.weight": mat(n_embd, n_embd),
+            f"blk.{i}.attn_k.weight": mat(n_kv, n_embd),
+            f"blk.{i}.attn_v.weight": mat(n_kv, n_embd),
+            f"blk.{i}.attn_output.weight": mat(n_embd, n_embd),
+            f"blk.{i}.ffn_norm.weight": np.ones(n_embd, dtype=np.float32),
+            f"blk.{i}.ffn_gate.weight": mat(n_ff, n_embd),
+            f"blk.{i}.ffn_up.weight": mat(n_ff, n_embd),
+            f"blk.{i}.ffn_down.weight": mat(n_embd, n_ff),
+        })
+    return out

@@ -1,0 +1,197 @@
+"""The engine on real llama.cpp contexts (synthetic GGUF models: milliseconds each)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.engine.events import GenerationParams
+from edgespec.engine.runtime import Engine, ModelSettings
+from edgespec.errors import ContextFullError, IncompatibleDraftError, ModelFileError
+from edgespec.llama.context import LlamaContext
+from edgespec.llama.model import LlamaModel
+
+PROMPTS = [
+    [1],
+    [1, 10],
+    [1, 7, 8, 9, 10, 11, 12, 13],
+    [1, 20, 21, 20, 21, 20, 21, 20],
+    [1, *range(30, 60)],
+]
+
+
+def settings(path, **kw):
+    return ModelSettings(path, n_ctx=kw.pop("n_ctx", 256), n_threads=1, n_batch=64, **kw)
+
+
+@pytest.fixture(scope="module")
+def engines(synth_target, synth_far_draft, synth_near_draft):
+    """The target paired with three drafts: unrelated, close, and itself."""
+    made = {
+        "far": Engine.load(settings(synth_target), settings(synth_far_draft)),
+        "near": Engine.load(settings(synth_target), settings(synth_near_draft)),
+        "same": Engine.load(settings(synth_target), settings(synth_target)),
+    }
+    yield made
+    for e in made.values():
+        e.close()
+
+
+def run(engine, prompt, **kw):
+    tokens, flags, last = [], [], None
+    for chunk in engine.generate(prompt, GenerationParams(**kw)):
+        tokens += chunk.tokens
+        flags += chunk.from_draft
+        last = chunk
+    return tokens, flags, last
+
+
+@pytest.mark.parametrize("pair", ["far", "near", "same"])
+def test_greedy_speculation_equals_plain_greedy(engines, pair):
+    engine = engines[pair]
+    for prompt in PROMPTS:
+        plain, _, _ = run(engine, prompt, mode="plain", max_tokens=40)
+        assert len(plain) == 40
+        for k in range(1, 9):
+            spec, flags, last = run(engine, prompt, mode="draft", k=k, max_tokens=40)
+            assert spec == plain, f"prompt {prompt}, k={k}"
+            assert len(flags) == len(spec)
+            assert last.stats.accepted == sum(flags)
+            assert last.stats.target_passes < len(spec) or last.stats.accepted == 0
+
+
+def test_acceptance_pattern_follows_the_draft(engines):
+    """Draft = target accepts every draft token; an unrelated draft few."""
+    _, _, same = run(engines["same"], PROMPTS[2], mode="draft", k=4, max_tokens=40, p_min=0.0)
+    assert same.stats.drafted > 0 and same.stats.accepted == same.stats.drafted
+    assert same.stats.tokens_per_pass > 4
+    _, _, far = run(engines["far"], PROMPTS[2], mode="draft", k=4, max_tokens=40, p_min=0.0)
+    _, _, near = run(engines["near"], PROMPTS[2], mode="draft", k=4, max_tokens=40, p_min=0.0)
+    assert far.stats.acceptance_rate < near.stats.acceptance_rate < 1.0
+
+
+def test_prompt_lookup_greedy_equals_plain(engines):
+    engine = engines["far"]
+    for prompt in PROMPTS:
+        plain, _, _ = run(engine, prompt, mode="plain", max_tokens=60)
+        for k in (1, 3, 8):
+            spec, flags, last = run(engine, prompt, mode="lookup", k=k, max_tokens=60)
+            assert spec == plain
+    # Random models fall into loops, which lookup then predicts.
+    _, _, last = run(engine, PROMPTS[3], mode="lookup", k=8, max_tokens=60)
+    assert last.stats.accepted > 0
+
+
+def fresh_logits(path, tokens):
+    with LlamaModel(path) as model, LlamaContext(model, n_ctx=256, n_batch=64, n_threads=1) as ctx:
+        from edgespec.engine.cache import KVSequence
+
+        seq = KVSequence(ctx)
+        out = seq.next_logits(tokens).copy()
+        seq.close()
+        return out
+
+
+def test_kv_truncation_leaves_both_caches_as_if_fed_only_the_accepted_tokens(
+        synth_target, synth_far_draft):
+    engine = Engine.load(settings(synth_target), settings(synth_far_draft))
+    try:
+        prompt = PROMPTS[2]
+        chunks = engine.generate(prompt, GenerationParams(mode="draft", k=6, max_tokens=200, p_min=0.0))
+        history = list(prompt)
+        for chunk in chunks:
+            history += chunk.tokens
+            if not all(chunk.from_draft):  # a rejection happened in this cycle
+                break
+        chunks.close()
+        target_seq, draft_seq = engine._target.seq, engine._draft.seq
+        # The target holds everything but the newest token; the draft a prefix of the history.
+        assert target_seq.tokens == history[:-1]
+        assert draft_seq.tokens == history[: len(draft_seq.tokens)]
+        assert len(draft_seq.tokens) >= len(history) - 2
+        for seq, path in ((target_seq, synth_target), (draft_seq, synth_far_draft)):
+            got = seq.next_logits(history).copy()
+            np.testing.assert_allclose(got, fresh_logits(path, history), rtol=1e-4, atol=1e-4)
+    finally:
+        engine.close()
+
+
+def test_stopping_early_leaves_caches_consistent(engines):
+    engine = engines["near"]
+    expected, _, _ = run(engine, PROMPTS[4], mode="draft", k=4, max_tokens=30)
+    chunks = engine.generate(PROMPTS[4], GenerationParams(mode="draft", k=4, max_tokens=30))
+    next(chunks)
+    next(chunks)
+    chunks.close()
+    again, _, _ = run(engine, PROMPTS[4], mode="draft", k=4, max_tokens=30)
+    assert again == expected
+
+
+def test_cache_reuse_evaluates_only_the_new_suffix(engines):
+    engine = engines["same"]
+    first, _, a = run(engine, PROMPTS[4], mode="plain", max_tokens=5)
+    assert a.stats.prompt_evaluated == len(PROMPTS[4])
+    longer = PROMPTS[4] + first + [40, 41]
+    _, _, b = run(engine, longer, mode="plain", max_tokens=5)
+    assert b.stats.prompt_evaluated <= 3  # the two new tokens, and perhaps the last generated one
+    engine.reset()
+    _, _, c = run(engine, longer, mode="plain", max_tokens=5)
+    assert c.stats.prompt_evaluated == len(longer)
+
+
+def test_max_tokens_and_stop_reasons(engines):
+    tokens, _, last = run(engines["same"], PROMPTS[1], mode="draft", k=8, max_tokens=7)
+    assert len(tokens) == 7 and last.finish_reason == "max_tokens"
+    assert last.stats.stop_reason == "max_tokens"
+
+
+def test_stop_string_ends_generation_and_is_not_shown(engines):
+    engine = engines["same"]
+    tokens, _, _ = run(engine, PROMPTS[2], mode="plain", max_tokens=20)
+    text = engine.detokenize(tokens)
+    stop = text[10:14]
+    shown = "".join(c.text for c in engine.generate(PROMPTS[2], GenerationParams(mode="lookup", max_tokens=20, stop=(stop,))))
+    assert shown == text[: text.index(stop)]
+
+
+def test_full_context_stops_with_reason_context(synth_target):
+    with Engine.load(settings(synth_target, n_ctx=32), settings(synth_target, n_ctx=32)) as engine:
+        tokens, _, last = run(engine, PROMPTS[2], mode="draft", k=8, max_tokens=100)
+        assert last.finish_reason == "context"
+        assert len(PROMPTS[2]) + len(tokens) == 32
+        with pytest.raises(ContextFullError, match="context holds 32"):
+            run(engine, [1] * 40, mode="plain")
+
+
+def test_sampling_is_seedable(engines):
+    a, _, _ = run(engines["near"], PROMPTS[2], mode="draft", temperature=0.9, seed=7, max_tokens=30)
+    b, _, _ = run(engines["near"], PROMPTS[2], mode="draft", temperature=0.9, seed=7, max_tokens=30)
+    c, _, _ = run(engines["near"], PROMPTS[2], mode="draft", temperature=0.9, seed=8, max_tokens=30)
+    assert a == b and a != c
+
+
+def test_text_streams_whole_utf8_characters(engines):
+    engine = engines["same"]
+    euro = engine.tokenize("€")
+    assert len(euro) == 3  # three byte tokens
+    assert engine.detokenize(euro) == "€"
+
+
+def test_incompatible_draft_is_refused_with_the_difference(synth_target, synth_other_vocab):
+    with pytest.raises(IncompatibleDraftError, match=r"draft vocab has 406 tokens, target 64"):
+        Engine.load(settings(synth_target), settings(synth_other_vocab))
+
+
+def test_missing_and_non_gguf_files_get_clear_errors(tmp_path, synth_target):
+    with pytest.raises(ModelFileError, match="model file not found"):
+        Engine.load(settings(tmp_path / "nope.gguf"))
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"<html>not a model</html>")
+    with pytest.raises(ModelFileError, match="not a GGUF model file"):
+        Engine.load(settings(synth_target), settings(bogus))
+
+
+def test_draft_mode_without_a_draft_model_is_explained(synth_target):
+    with Engine.load(settings(synth_target)) as engine:
+        with pytest.raises(ValueError, match="needs a draft model"):
+            run(engine, PROMPTS[0], mode="draft")

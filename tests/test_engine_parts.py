@@ -1,0 +1,76 @@
+"""Pure parts of the engine: prompt lookup, streaming text, stop strings, pairing rules."""
+
+import numpy as np
+import pytest
+
+from edgespec.engine.compat import VocabInfo, ensure_compatible, pairing_problems
+from edgespec.engine.detok import Detokenizer, StopStrings
+from edgespec.engine.drafters import PromptLookup
+from edgespec.errors import IncompatibleDraftError
+
+
+def test_lookup_proposes_the_continuation_of_the_latest_match():
+    history = [5, 1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 0, 1, 2, 3]
+    assert PromptLookup().lookup(history, 3) == [7, 8, 0]  # the later "1 2 3" wins
+
+
+def test_lookup_prefers_longer_ngrams():
+    # "2 3" last followed by 4, but the 3-gram "1 2 3" only ever by 7.
+    history = [1, 2, 3, 7, 2, 3, 4, 1, 2, 3]
+    assert PromptLookup(ngram_max=3).lookup(history, 1) == [7]
+    assert PromptLookup(ngram_max=2).lookup(history, 1) == [4]
+
+
+def test_lookup_without_a_match_or_budget_proposes_nothing():
+    assert PromptLookup().lookup([1, 2, 3, 4, 5], 4) == []
+    assert PromptLookup().lookup([1, 2, 1, 2], 0) == []
+    assert PromptLookup().lookup([7], 4) == []
+
+
+def test_lookup_continuation_may_run_into_the_tail():
+    assert PromptLookup(ngram_min=1).lookup([4, 4, 4], 5) == [4]
+
+
+def test_detokenizer_holds_back_a_split_character():
+    pieces = {1: b"a", 2: "€".encode()[:1], 3: "€".encode()[1:], 4: b"b"}
+    d = Detokenizer(pieces.__getitem__)
+    assert d.add([1, 2]) == "a"
+    assert d.add([3]) == "€"
+    assert d.add([4]) + d.flush() == "b"
+
+
+def test_stop_strings_cut_the_text_and_hold_back_a_possible_start():
+    s = StopStrings(["</end>"])
+    assert s.feed("hello </e") == ("hello ", False)  # "</e" may begin "</end>": it waits
+    assert s.feed("nd> more") == ("", True)
+    s = StopStrings(["###"])
+    assert s.feed("a#") == ("a", False)
+    assert s.feed("b") == ("#b", False)
+    assert s.feed("##") == ("", False)
+    assert s.flush() == "##"
+
+
+def test_no_stop_strings_pass_text_straight_through():
+    s = StopStrings([])
+    assert s.feed("abc") == ("abc", False)
+
+
+def vocab(n, *, bos=1, eos=2, add_bos=True, kind="gpt2", texts=None):
+    return VocabInfo(kind, texts or [f"t{i}" for i in range(n)], bos, eos, add_bos)
+
+
+def test_compatible_pair_has_no_problems():
+    assert pairing_problems(vocab(1000), vocab(1050)) == []
+
+
+def test_vocab_size_difference_is_named():
+    with pytest.raises(IncompatibleDraftError, match="draft vocab has 49152 tokens, target 151936"):
+        ensure_compatible(vocab(151936), vocab(49152))
+
+
+def test_special_token_and_text_differences_are_named():
+    assert "draft EOS token is 3, target 2" in pairing_problems(vocab(100), vocab(100, eos=3))[0]
+    assert "tokenizer" in pairing_problems(vocab(100), vocab(100, kind="llama"))[0]
+    texts = [f"t{i}" for i in range(100)]
+    texts[42] = "other"
+    assert "token 42" in pairing_problems(vocab(100), vocab(100, texts=texts))[0]
