@@ -1,0 +1,18 @@
+"""The Textual chat app (`edgespec` with no subcommand)."""
+
+from __future__ import annotations
+
+
+def run_app(*, pair: str | None = None, target: str | None = None, draft: str | None = None,
+            template: str | None = None) -> None:
+    """Open the chat app on a registry pair (default: the bundled one) or on model files / names."""
+    from edgespec.tui.app import EdgespecApp
+    from edgespec.tui.catalog import ModelChoice
+
+    if target:
+        choice = ModelChoice(target=target, draft=draft)
+    else:
+        from edgespec.models.registry import DEFAULT_PAIR
+
+        choice = ModelChoice(pair=pair or DEFAULT_PAIR)
+    EdgespecApp(choice, template=template).run()

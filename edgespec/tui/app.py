@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from rich.text import Text
 from textual import on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -159,7 +160,7 @@ class EdgespecApp(App):
 
     def show_banner(self, text: str) -> None:
         banner = self.query_one("#banner", Static)
-        banner.update(text)
+        banner.update(Text(text))
         banner.display = bool(text)
 
     # -- models ------------------------------------------------------------------------

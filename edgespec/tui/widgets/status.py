@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
 from edgespec.engine.events import Stats
+from edgespec.tui.origin import DRAFT_STYLE
 
 
 def format_live(stats: Stats, *, plain_tps: float | None = None) -> str:
@@ -38,13 +40,15 @@ class StatusLine(Static):
     origin_view: reactive[bool] = reactive(False)
     """Whether replies are coloured by token origin (adds a legend)."""
 
-    def render(self) -> str:
+    def render(self) -> Text:
         state = {"loading": "⏳ loading", "ready": "● ready", "failed": "✖ failed"}.get(self.model_state, self.model_state)
-        text = f"{state} {self.model_label}".rstrip()
-        if self.detail:
-            text += f" │ {self.detail}"
+        text = Text(f"{state} {self.model_label}".rstrip())
         if self.origin_view:
-            text += " │ [reverse #2e6b3a] draft [/] target"
+            text.append(" │ ")
+            text.append(" draft ", style=DRAFT_STYLE)
+            text.append(" target")
+        if self.detail:
+            text.append(f" │ {self.detail}")
         return text
 
     def watch_model_state(self, state: str) -> None:
