@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
         "With no command, opens the chat app.",
     )
     parser.add_argument("--version", action="version", version=_version_text())
+    app = parser.add_argument_group("chat app (no command)")
+    app.add_argument("--pair", metavar="NAME", help="a target + draft pair from the registry (default: the bundled pair)")
+    app.add_argument("--target", metavar="PATH_OR_NAME", help="target model: a .gguf path or a registry name")
+    app.add_argument("--draft", metavar="PATH_OR_NAME", help="draft model: a .gguf path or a registry name")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_generate(sub)
     _add_model_commands(sub)
@@ -52,7 +56,11 @@ def _version_text() -> str:
 
 
 def _cmd_app(args: argparse.Namespace) -> int:
-    raise EdgespecError("the chat app is not installed in this build; try `edgespec generate PROMPT`")
+    """The chat app; a missing or broken model is shown there (with how to get it), not raised."""
+    from edgespec.tui import run_app
+
+    run_app(pair=args.pair, target=args.target, draft=args.draft)
+    return 0
 
 
 # -- shared options --------------------------------------------------------

@@ -14,5 +14,5 @@ def run_app(*, pair: str | None = None, target: str | None = None, draft: str | 
     else:
         from edgespec.models.registry import DEFAULT_PAIR
 
-        choice = ModelChoice(pair=pair or DEFAULT_PAIR)
+        choice = ModelChoice(pair=pair or DEFAULT_PAIR, draft=draft)
     EdgespecApp(choice, template=template).run()

@@ -71,7 +71,7 @@ class ModelChoice:
     @property
     def label(self) -> str:
         if self.pair:
-            return self.pair
+            return self.pair + (f" + {Path(self.draft).name}" if self.draft else "")
         names = [Path(p).name for p in (self.target, self.draft) if p]
         return " + ".join(names)
 
@@ -145,7 +145,8 @@ def load_engine(choice: ModelChoice, settings, *, catalog: Catalog | None = None
     target, draft = choice.target, choice.draft
     if choice.pair:
         catalog = catalog or RegistryCatalog()
-        target, draft = catalog.pair(choice.pair)
+        target, pair_draft = catalog.pair(choice.pair)
+        draft = choice.draft or pair_draft
     if target is None:
         raise ModelFileError("No model chosen: pass --pair NAME or --target PATH (see `edgespec models`)")
 
