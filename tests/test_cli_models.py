@@ -1,0 +1,129 @@
+"""`edgespec models | pull | rm | path | check | paths`, end to end through cli.main."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgespec.cli import main
+from edgespec.models.registry import DEFAULT_PAIR
+from tests.bundled_models import qwen_pair  # noqa: F401  (a session fixture)
+from tests.fake_hub import FakeHub
+
+CONTENT = b"GGUF" + b"x" * 200_000
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def hub_model(home, monkeypatch):
+    """A user registry entry 'tiny' served by a fake hub."""
+    hub = FakeHub()
+    monkeypatch.setenv("HF_ENDPOINT", hub.start())
+    sha = hub.add("me/Tiny-GGUF", "tiny.gguf", CONTENT)
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "models.yaml").write_text(yaml.safe_dump({"models": {"tiny": {
+        "source": {"kind": "hub", "repo": "me/Tiny-GGUF", "file": "tiny.gguf"},
+        "size": len(CONTENT), "sha256": sha, "vocab": "tiny"}}}))
+    yield hub
+    hub.stop()
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_models_lists_models_pairs_and_states(capsys, hub_model):
+    code, out, _ = run(capsys, "models")
+    assert code == 0
+    assert "MODELS" in out and "PAIRS" in out and f"{DEFAULT_PAIR} *" in out
+    line = next(l for l in out.splitlines() if l.startswith("tiny "))
+    assert "not downloaded" in line and "hf.co/me/Tiny-GGUF" in line
+    assert "qwen2.5:" in out  # the vocab groups
+
+
+def test_models_json(capsys):
+    code, out, _ = run(capsys, "models", "--json")
+    data = json.loads(out)
+    assert code == 0 and {m["name"] for m in data["models"]} >= {"qwen2.5-coder-1.5b-instruct-q4_k_m"}
+    assert any(p["default"] for p in data["pairs"])
+
+
+def test_pull_path_rm_round_trip(capsys, hub_model):
+    code, out, err = run(capsys, "path", "tiny")
+    assert code == 1 and "not downloaded yet" in err and "edgespec pull tiny" in err
+
+    code, out, err = run(capsys, "pull", "tiny")
+    assert code == 0
+    path = Path(out.split(": ", 1)[1].strip())
+    assert path.read_bytes() == CONTENT
+
+    code, out, _ = run(capsys, "path", "tiny")
+    assert code == 0 and Path(out.strip()) == path
+
+    code, out, _ = run(capsys, "models")
+    assert "ready" in next(l for l in out.splitlines() if l.startswith("tiny "))
+
+    code, out, _ = run(capsys, "rm", "tiny")
+    assert code == 0 and "removed" in out and not path.exists()
+    code, out, _ = run(capsys, "rm", "tiny")
+    assert "nothing to remove" in out
+
+
+def test_pull_offline_explains_how_to_get_the_file(capsys, hub_model, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run(capsys, "pull", "tiny")
+    assert code == 1 and "tiny.gguf" in err and "HF_ENDPOINT" in err and DEFAULT_PAIR in err
+
+
+def test_unknown_names_suggest_and_fail(capsys):
+    code, _, err = run(capsys, "pull", "qwen2.5-coder-7b-instruct")
+    assert code == 1 and "did you mean" in err.lower() and "qwen2.5-coder-7b-instruct-q4_k_m" in err
+
+
+def test_paths_prints_the_directories(capsys, home):
+    code, out, _ = run(capsys, "paths")
+    assert code == 0
+    assert str(home / "config" / "models.yaml") in out and str(home / "models") in out
+    assert "EDGESPEC_HOME" in out
+
+
+def test_check_refuses_a_file_that_is_not_gguf(capsys, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"nope")
+    code, _, err = run(capsys, "check", str(bad), str(bad))
+    assert code == 1 and "not a GGUF model file" in err
+
+
+def test_check_on_synthetic_files(capsys, synth_target, synth_near_draft, synth_other_vocab):
+    code, out, _ = run(capsys, "check", str(synth_target), str(synth_near_draft))
+    assert code == 0 and out.strip().endswith(f"can draft for {synth_target}")
+    code, _, err = run(capsys, "check", str(synth_target), str(synth_other_vocab))
+    assert code == 1 and "cannot draft for" in err
+
+
+@pytest.mark.qwen
+def test_check_the_bundled_pair_by_name(capsys, qwen_pair, monkeypatch):
+    home, target, draft = qwen_pair
+    monkeypatch.setenv("EDGESPEC_HOME", str(home))
+    code, out, _ = run(capsys, "check", "qwen2.5-coder-1.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct-q4_k_m")
+    assert code == 0 and "151936 tokens" in out and "ok:" in out
+    code, out, _ = run(capsys, "path", DEFAULT_PAIR)
+    assert out.split() == [str(target), str(draft)]
+
+
+@pytest.mark.qwen
+def test_check_smollm2_against_qwen_says_why(capsys, qwen_pair, smollm2):
+    _, target, _ = qwen_pair
+    code, _, err = run(capsys, "check", str(target), str(smollm2))
+    assert code == 1 and "draft vocab has 49152 tokens, target 151936" in err
