@@ -20,8 +20,8 @@ from edgespec.errors import RegistryError
 DEFAULT_PAIR = "qwen2.5-coder-1.5b"
 """The bundled offline pair: Qwen2.5-Coder 1.5B Instruct with the 0.5B draft."""
 
-MODES = ("auto", "draft", "lookup", "none")
-"""Speculation modes a pair may recommend."""
+MODES = ("auto", "draft", "lookup", "plain")
+"""Speculation modes a pair may recommend (the engine's GenerationParams.mode values)."""
 
 ROLES = ("target", "draft")
 
@@ -272,7 +272,7 @@ def _source(raw: Any, where: _Where) -> Source:
         raise where.error("source", "must be a mapping with a 'kind'")
     kind = raw.get("kind")
     fields = {k: v for k, v in raw.items() if k != "kind"}
-    sub = _Where(where.path, where.kind, where.name)
+    sub = where
 
     def need(key: str, typ: type = str) -> Any:
         value = fields.get(key)
