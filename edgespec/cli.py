@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--draft", metavar="PATH_OR_NAME", help="draft model: a .gguf path or a registry name")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_generate(sub)
+    _add_bench(sub)
     _add_model_commands(sub)
     _add_chat_commands(sub)
     return parser
@@ -167,6 +168,54 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     else:
         print(file=sys.stdout)
         print(format_stats(stats), file=sys.stderr)
+    return 0
+
+
+# -- bench -------------------------------------------------------------------
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="measure speculation against plain decoding on a prompt suite",
+                       description="Runs a prompt suite in several modes, interleaved, and prints tokens/s, "
+                                   "acceptance and the speedup over plain decoding; writes JSON and a PNG chart.")
+    add_model_options(p)
+    p.add_argument("--prompts", metavar="FILE", help="a prompt suite YAML (default: the shipped one)")
+    p.add_argument("--category", action="append", help="only these categories (repeatable)")
+    p.add_argument("--modes", default="plain,draft,lookup,auto", help="comma-separated (default: all)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--out", default="bench-out", metavar="DIR", help="where results.json and speedup.png go")
+    p.set_defaults(handler=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from edgespec import bench
+
+    prompts = bench.load_prompts(args.prompts, categories=args.category)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if "plain" not in modes:
+        modes.insert(0, "plain")  # speedups are ratios to plain, measured in the same run
+    params = GenerationParams(max_tokens=args.max_tokens, k=args.k)
+    with load_engine(args, progress=_stderr_progress()) as engine:
+        info = engine.describe()
+        print(f"backend {info['backend']}; " + "; ".join(
+            f"{role} {Path(m['path']).name} ({m['n_gpu_layers']}/{m['n_layer'] + 1} layers on GPU)"
+            for role, m in info["models"].items()))
+        results = bench.run_suite(
+            engine, prompts, modes=modes, repeats=args.repeats, params=params,
+            encode=lambda text: _prompt_tokens(engine, text, raw=False, system=None)[0],
+            on_result=lambda table: print(table, flush=True),
+        )
+    print()
+    print(bench.summarize(results))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bench.write_json(results, out / "results.json", meta={"models": info, "repeats": args.repeats,
+                                                          "max_tokens": args.max_tokens, "k": args.k})
+    bench.write_chart(results, out / "speedup.png")
+    print(f"\nwrote {out / 'results.json'} and {out / 'speedup.png'}")
     return 0
 
 

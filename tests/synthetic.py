@@ -14,11 +14,13 @@ import gguf
 import numpy as np
 
 SPECIALS = ["<unk>", "<s>", "</s>"]
-EURO_BYTES = ["<0xE2>", "<0x82>", "<0xAC>"]  # "€" split over three byte tokens
+BYTES = [f"<0x{b:02X}>" for b in range(256)]  # byte fallback: any text can be tokenized
+FIRST_WORD = len(SPECIALS) + len(BYTES)
 
 
-def vocabulary(n_words: int) -> list[str]:
-    return SPECIALS + EURO_BYTES + [f"\u2581w{i}" for i in range(n_words)]
+def vocabulary(n_words: int, *, byte_tokens: bool = True) -> list[str]:
+    """Specials, the 256 byte tokens (optional), then words "▁w0", "▁w1", ..."""
+    return SPECIALS + (BYTES if byte_tokens else []) + [f"\u2581w{i}" for i in range(n_words)]
 
 
 def write_model(
@@ -35,14 +37,15 @@ def write_model(
     logit_scale: float = 1.0,
     base_seed: int | None = None,
     noise: float = 0.0,
-    tokens: list[str] | None = None,
-    eos: int = 2,
+    byte_tokens: bool = True,
 ) -> Path:
-    """Write a random model; with base_seed, the weights of that model plus `noise`."""
-    tokens = tokens or vocabulary(n_words)
+    """Write a random model; with base_seed, the weights of that model plus `noise`.
+    Without byte tokens the vocabulary is tiny, but only token ids can be fed."""
+    tokens = vocabulary(n_words, byte_tokens=byte_tokens)
     n_vocab = len(tokens)
+    n_quiet = len(SPECIALS) + (len(BYTES) if byte_tokens else 0)
     weights = _weights(base_seed if base_seed is not None else seed, n_vocab, n_embd, n_layer,
-                       n_head, n_head_kv, n_ff, logit_scale)
+                       n_head, n_head_kv, n_ff, logit_scale, n_quiet)
     if base_seed is not None and noise:
         rng = np.random.default_rng(seed)
         weights = {k: (v + noise * v.std() * rng.standard_normal(v.shape).astype(np.float32)
@@ -64,12 +67,12 @@ def write_model(
     w.add_token_list(tokens)
     w.add_token_scores([0.0] * n_vocab)
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    types += [gguf.TokenType.BYTE] * len(EURO_BYTES)
+    types += [gguf.TokenType.BYTE] * (len(BYTES) if byte_tokens else 0)
     types += [gguf.TokenType.NORMAL] * (n_vocab - len(types))
     w.add_token_types(types)
     w.add_unk_token_id(0)
     w.add_bos_token_id(1)
-    w.add_eos_token_id(eos)
+    w.add_eos_token_id(2)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     for name, tensor in weights.items():
@@ -81,7 +84,7 @@ def write_model(
     return path
 
 
-def _weights(seed, n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, logit_scale):
+def _weights(seed, n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, logit_scale, n_quiet):
     rng = np.random.default_rng(seed)
 
     def mat(rows, cols, scale=1.0):
@@ -93,7 +96,7 @@ def _weights(seed, n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, logit_scal
         "output_norm.weight": np.ones(n_embd, dtype=np.float32),
         "output.weight": mat(n_vocab, n_embd, 4.0 * logit_scale),
     }
-    out["output.weight"][:6] *= 0.1  # specials and byte tokens: rarely generated, so runs are long
+    out["output.weight"][:n_quiet] *= 0.1  # specials and bytes: rarely generated, so runs are long
     for i in range(n_layer):
         out.update({
             f"blk.{i}.attn_norm.weight": np.ones(n_embd, dtype=np.float32),

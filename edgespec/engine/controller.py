@@ -11,7 +11,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Sequence
 
-from edgespec.engine.drafters import Drafter
+import time
+
+from edgespec.engine.cache import KVSequence
+from edgespec.engine.drafters import Drafter, PromptLookup
 
 
 @dataclass
@@ -53,3 +56,162 @@ class FixedPolicy(Policy):
 
     def plan(self, history):
         return self._plan
+
+
+# -- auto mode -----------------------------------------------------------------
+
+EMA = 0.2
+"""Weight of a new timing in the running cost estimates."""
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens one cycle yields when each of k drafts is accepted with probability
+    `acceptance` until the first rejection, plus the target's own token
+    (Leviathan et al. 2023): (1 - a^(k+1)) / (1 - a)."""
+    if acceptance >= 1.0:
+        return k + 1.0
+    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+class Costs:
+    """Seconds per target pass by batch size, and per drafted token by drafter,
+    measured on this machine and updated from every cycle."""
+
+    def __init__(self, target: dict[int, float], per_draft_token: dict[str, float]):
+        self.target = dict(target)
+        self.per_draft_token = dict(per_draft_token)
+
+    def target_pass(self, n: int) -> float:
+        """Time of a target pass over n tokens, interpolated between measured sizes."""
+        sizes = sorted(self.target)
+        if n in self.target:
+            return self.target[n]
+        lower = max((s for s in sizes if s < n), default=sizes[0])
+        upper = min((s for s in sizes if s > n), default=None)
+        if upper is None:  # beyond the largest measured size: extend the last slope
+            upper, lower = lower, max((s for s in sizes if s < lower), default=lower)
+            if upper == lower:
+                return self.target[upper] * n / upper
+        t_lo, t_hi = self.target[lower], self.target[upper]
+        return t_lo + (t_hi - t_lo) * (n - lower) / (upper - lower)
+
+    def draft(self, name: str, k: int) -> float:
+        return self.per_draft_token.get(name, 0.0) * k
+
+    def observe(self, report: CycleReport) -> None:
+        n = report.drafted + 1
+        old = self.target.get(n)
+        self.target[n] = report.verify_s if old is None else old + EMA * (report.verify_s - old)
+        if report.drafted and report.plan.drafter is not None:
+            name = report.plan.drafter.name
+            per_token = report.draft_s / report.drafted
+            old = self.per_draft_token.get(name)
+            self.per_draft_token[name] = per_token if old is None else old + EMA * (per_token - old)
+
+
+class Acceptance:
+    """One drafter's per-token acceptance rate over recent cycles: accepted
+    tokens over accepted tokens plus rejections, exponentially forgotten."""
+
+    def __init__(self, prior: float, *, weight: float = 2.0, decay: float = 0.9):
+        self.accepted = prior * weight
+        self.rejected = (1.0 - prior) * weight
+        self.decay = decay
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        self.accepted = self.decay * self.accepted + accepted
+        self.rejected = self.decay * self.rejected + (1.0 if accepted < drafted else 0.0)
+
+
+class AutoPolicy(Policy):
+    """Before each cycle, the drafter and k that maximise expected tokens per
+    second, plain decoding (k = 0) included; now and then a short probe of a
+    drafter that is not paying, so that a change in acceptance is noticed."""
+
+    PROBE_EVERY = 24
+    """Cycles between probes of a drafter that auto has stopped using."""
+
+    def __init__(self, costs: Costs, drafters: Sequence[Drafter], *, k_max: int, lookup_k_max: int = 16,
+                 priors: dict[str, float] | None = None):
+        self.costs = costs
+        self.drafters = list(drafters)
+        self.k_max = k_max
+        self.lookup_k_max = max(lookup_k_max, k_max)
+        priors = priors or {}
+        self.acceptance = {d.name: Acceptance(priors.get(d.name, 0.5)) for d in self.drafters}
+        self._idle = {d.name: 0 for d in self.drafters}
+
+    def plan(self, history: Sequence[int]) -> Plan:
+        plain_rate = 1.0 / self.costs.target_pass(1)
+        best, best_rate = Plan(None, 0), plain_rate
+        runner_up = None
+        for drafter in self.drafters:
+            k_cap = self._k_cap(drafter, history)
+            a = self.acceptance[drafter.name].rate
+            for k in range(1, k_cap + 1):
+                rate = expected_tokens(a, k) / (self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k))
+                if rate > best_rate:
+                    best, best_rate = Plan(drafter, k), rate
+                if runner_up is None or rate > runner_up[1]:
+                    runner_up = (Plan(drafter, k), rate)
+        for drafter in self.drafters:
+            self._idle[drafter.name] = 0 if best.drafter is drafter else self._idle[drafter.name] + 1
+        if best.drafter is None:
+            probe = next((d for d in self.drafters
+                          if self._idle[d.name] >= self.PROBE_EVERY and self._k_cap(d, history) > 0), None)
+            if probe is not None:
+                self._idle[probe.name] = 0
+                return Plan(probe, min(2, self._k_cap(probe, history)),
+                            f"probing {probe.name}: acceptance {self.acceptance[probe.name].rate:.0%} may have changed")
+            if runner_up is None:
+                best.reason = "plain: nothing to draft"
+            else:
+                plan, rate = runner_up
+                best.reason = (f"plain: drafting would not pay (best {plan.drafter.name} k={plan.k}: "
+                               f"{rate / plain_rate:.2f}x)")
+            return best
+        a = self.acceptance[best.drafter.name].rate
+        best.reason = f"{best.drafter.name} k={best.k}: {best_rate / plain_rate:.2f}x plain expected, acceptance {a:.0%}"
+        return best
+
+    def _k_cap(self, drafter: Drafter, history: Sequence[int]) -> int:
+        """The longest draft worth considering: for lookup, what it can propose now."""
+        if isinstance(drafter, PromptLookup):
+            return len(drafter.lookup(history, self.lookup_k_max))
+        return self.k_max
+
+    def observe(self, report: CycleReport) -> None:
+        self.costs.observe(report)
+        if report.plan.drafter is not None:
+            self.acceptance[report.plan.drafter.name].observe(report.drafted, report.accepted)
+
+
+def measure_pass(seq: KVSequence, n: int, *, repeats: int = 2) -> float:
+    """Seconds for one pass over n tokens after what `seq` holds (the fastest of
+    `repeats`); the cache is left as it was."""
+    base = len(seq.tokens)
+    filler = (seq.tokens[-1:] or [0]) * n
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        seq.extend(filler, all_logits=True)
+        best = min(best, time.perf_counter() - start)
+        seq.truncate(base)
+    return best
+
+
+def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int) -> Costs:
+    """Quick cost measurement at load: target passes of 1 and k_max + 1 tokens,
+    and one draft-model token (about a dozen small passes in all)."""
+    sizes = [1, 2, k_max + 1] if k_max > 1 else [1, 2]
+    target_costs = {n: measure_pass(target, n) for n in sizes if n <= target.room}
+    draft_costs = {"lookup": 0.0}
+    if draft is not None and draft.room > 1:
+        draft_costs["draft"] = measure_pass(draft, 1)
+    return Costs(target_costs, draft_costs)

@@ -14,12 +14,17 @@ from typing import Iterator, Sequence
 from edgespec.engine import decoder
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.compat import VocabInfo, ensure_compatible
-from edgespec.engine.controller import FixedPolicy, Policy
+from edgespec.engine.controller import AutoPolicy, FixedPolicy, Policy, calibrate
 from edgespec.engine.drafters import DraftModel, PromptLookup
 from edgespec.engine.events import MODES, Chunk, GenerationParams
 from edgespec.llama import system_info
 from edgespec.llama.context import LlamaContext
 from edgespec.llama.model import LlamaModel
+
+
+ACCEPTANCE_PRIORS = {"draft": 0.7, "lookup": 0.5}
+"""What auto mode assumes before it has seen a drafter at work: a same-family
+draft model agrees with its target most of the time; a lookup match is a coin toss."""
 
 
 @dataclass
@@ -73,6 +78,7 @@ class Engine:
         self._draft = draft
         self.lookup = PromptLookup()
         self.draft_model = DraftModel(draft.seq) if draft else None
+        self._auto: AutoPolicy | None = None
 
     @classmethod
     def load(cls, target: ModelSettings, draft: ModelSettings | None = None) -> "Engine":
@@ -141,9 +147,13 @@ class Engine:
         return self.auto_policy(params)
 
     def auto_policy(self, params: GenerationParams) -> Policy:
-        from edgespec.engine.auto import AutoPolicy
-
-        return AutoPolicy.for_engine(self, params)
+        """One AutoPolicy per engine: costs and acceptance carry over between replies."""
+        if self._auto is None:
+            costs = calibrate(self._target.seq, self._draft.seq if self._draft else None, max(params.k, 1))
+            drafters = [self.lookup] + ([self.draft_model] if self.draft_model else [])
+            self._auto = AutoPolicy(costs, drafters, k_max=params.k, priors=ACCEPTANCE_PRIORS)
+        self._auto.k_max = params.k
+        return self._auto
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
         """Stream a completion; reuses both KV caches up to the longest common prefix."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import llama_cpp
 import numpy as np
@@ -35,13 +36,17 @@ class LlamaContext:
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_batch = n_batch
         self.n_vocab = model.n_vocab
+        self.decode_s = 0.0
+        """Seconds spent inside llama_decode (to tell llama.cpp's time from ours)."""
 
     def n_ctx(self) -> int:
         return llama_cpp.llama_n_ctx(self._ctx)
 
     def decode(self, batch: LlamaBatch) -> None:
         """llama_decode; raises when llama.cpp refuses the batch."""
+        start = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, batch.struct)
+        self.decode_s += time.perf_counter() - start
         if rc == 1:
             raise ContextFullError(f"no room in the {self.n_ctx()}-token context for {batch.struct.n_tokens} more tokens")
         if rc != 0:

@@ -1,0 +1,93 @@
+"""Auto mode's choices, with made-up costs and drafters (no model)."""
+
+import pytest
+
+from edgespec.engine.controller import Acceptance, AutoPolicy, Costs, CycleReport, Plan, expected_tokens
+from edgespec.engine.drafters import Draft, Drafter, PromptLookup
+
+
+class FakeDraftModel(Drafter):
+    name = "draft"
+
+    def propose(self, history, k, params, rng):
+        return Draft([0] * k)
+
+
+# A GPU-like machine: checking 5 tokens costs about as much as 1.
+GPU = {1: 0.020, 2: 0.021, 5: 0.024}
+# This CPU: a pass over 5 tokens costs 2.7x a single one.
+CPU = {1: 0.028, 2: 0.040, 5: 0.076}
+
+
+def policy(target_costs, draft_token_s, *, prior, k_max=4):
+    costs = Costs(target_costs, {"draft": draft_token_s, "lookup": 0.0})
+    return AutoPolicy(costs, [PromptLookup(), FakeDraftModel()], k_max=k_max, priors={"draft": prior, "lookup": prior})
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_cost_interpolation_and_extrapolation():
+    costs = Costs({1: 1.0, 5: 3.0}, {})
+    assert costs.target_pass(3) == pytest.approx(2.0)
+    assert costs.target_pass(9) == pytest.approx(5.0)  # the last slope, extended
+    assert Costs({1: 2.0}, {}).target_pass(3) == pytest.approx(6.0)
+
+
+def test_plain_when_drafting_cannot_pay():
+    """A 0.5B draft on this CPU: a draft token costs a third of a target token and
+    batches are expensive; at 60% acceptance nothing beats plain decoding."""
+    p = policy(CPU, 0.010, prior=0.6)
+    plan = p.plan([1, 2, 3, 4, 5, 6])  # no repeated n-gram: lookup has nothing
+    assert plan.drafter is None and plan.k == 0
+    assert "would not pay" in plan.reason
+
+
+def test_long_drafts_when_acceptance_is_high_and_passes_are_cheap():
+    p = policy(GPU, 0.002, prior=0.9)
+    plan = p.plan([1, 2, 3, 4, 5, 6])
+    assert plan.drafter.name == "draft" and plan.k == 4
+    assert "x plain expected" in plan.reason
+
+
+def test_lookup_with_a_long_match_can_pay_even_on_this_cpu():
+    p = policy(CPU, 0.010, prior=0.9)
+    history = [9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8, 7]
+    plan = p.plan(history)
+    assert plan.drafter.name == "lookup" and plan.k >= 2
+
+
+def test_adapts_when_acceptance_falls():
+    p = policy(GPU, 0.002, prior=0.9)
+    draft = p.drafters[1]
+    assert p.plan([1, 2, 3]).drafter is draft
+    for _ in range(30):  # every cycle: the first draft token rejected
+        p.observe(CycleReport(Plan(draft, 4), drafted=4, accepted=0, draft_s=0.008, verify_s=0.024))
+    plan = p.plan([1, 2, 3])
+    assert plan.drafter is None
+
+
+def test_probes_a_drafter_it_stopped_using():
+    p = policy(CPU, 0.010, prior=0.6)
+    plans = [p.plan([1, 2, 3, 4, 5, 6]) for _ in range(AutoPolicy.PROBE_EVERY)]
+    assert plans[-1].drafter is not None and plans[-1].reason.startswith("probing")
+    assert all(pl.drafter is None for pl in plans[:-1])
+
+
+def test_costs_follow_measured_cycles():
+    costs = Costs({1: 0.03, 5: 0.08}, {"draft": 0.01})
+    d = FakeDraftModel()
+    for _ in range(50):
+        costs.observe(CycleReport(Plan(d, 4), drafted=4, accepted=2, draft_s=0.004, verify_s=0.05))
+    assert costs.target_pass(5) == pytest.approx(0.05, rel=1e-3)
+    assert costs.draft("draft", 1) == pytest.approx(0.001, rel=1e-3)
+
+
+def test_acceptance_estimate():
+    a = Acceptance(0.5, weight=0.0001)
+    for _ in range(100):
+        a.observe(4, 3)  # three accepted, then a rejection: a = 3 / 4
+    assert a.rate == pytest.approx(0.75, abs=0.01)
