@@ -263,6 +263,8 @@ def test_real_model_greedy_speculative_replies_equal_plain_replies(smol):
             _run(chat.send(question))
         replies[mode] = [m.content for m in chat.messages if m.role == "assistant"]
         assert all(replies[mode])
+        if mode == "draft":  # the model drafting for itself: every draft is accepted
+            assert all(m.stats["accepted"] == m.stats["drafted"] > 0 for m in chat.messages if m.role == "assistant")
     assert replies["lookup"] == replies["plain"]
     assert replies["draft"] == replies["plain"]
 
@@ -281,3 +283,23 @@ def test_real_model_context_overflow_drops_oldest_messages_and_still_replies(smo
         assert dropped[0] == 0 and dropped[-1] > 0
         with pytest.raises(ContextFullError):
             next(chat.send("word " * 300))
+
+
+@pytest.mark.slow
+def test_cli_chat_once_continues_the_latest_conversation(smollm2, tmp_path, monkeypatch, capsys):
+    from edgespec.cli import main
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    common = ["--target", str(smollm2), "--mode", "plain", "--max-tokens", "16", "--ctx", "1024"]
+    assert main(["chat", "--once", "What is the capital of France?", "--system", "You are brief.", *common]) == 0
+    first = capsys.readouterr()
+    assert first.out.strip() and "[conversation 1]" in first.err
+    assert main(["chat", "--once", "And of Italy?", "--mode", "plain", "--max-tokens", "16", "--stats"]) == 0
+    second = capsys.readouterr()
+    assert "[conversation 1]" in second.err and "tokens" in second.err
+    assert main(["chat", "--new", "--once", "Hello", *common]) == 0
+    assert "[conversation 2]" in capsys.readouterr().err
+    with ConversationStore(tmp_path / "data" / "conversations.db") as store:
+        messages = store.messages(1)
+    assert [m.role for m in messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert messages[2].content == first.out.strip() and messages[4].status == "done"

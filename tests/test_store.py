@@ -194,3 +194,30 @@ def test_killed_writer_keeps_every_message_and_the_partial_reply(tmp_path):
     assert messages[2].content == "Hi!"
     partial = messages[4].content
     assert 0 < len(partial) < len("word " * 100) and ("word " * 100).startswith(partial)
+
+
+# -- the command line: chats, export, import ----------------------------------------------
+
+def test_cli_chats_export_import(tmp_path, monkeypatch, capsys):
+    from edgespec.chat.store import default_path
+    from edgespec.cli import main
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    with ConversationStore() as s:
+        assert s.path == default_path() and str(s.path).startswith(str(tmp_path / "home"))
+        cid = _conversation(s)
+    assert main(["chats"]) == 0
+    assert "Trip" in capsys.readouterr().out
+    assert main(["export", str(cid), "--format", "md"]) == 0
+    assert "## Assistant\n\nIn France." in capsys.readouterr().out
+    exported = tmp_path / "trip.json"
+    assert main(["export", str(cid), "--format", "json", "-o", str(exported)]) == 0
+    assert main(["import", str(exported)]) == 0
+    assert "imported as conversation" in capsys.readouterr().out
+    assert main(["chats", "--search", "Lyon"]) == 0
+    assert capsys.readouterr().out.count("Trip") == 2
+    assert main(["export", "999"]) == 1
+    assert "no conversation 999" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(["import", str(tmp_path / "bad.json")]) == 1
+    assert "cannot read" in capsys.readouterr().err
