@@ -303,3 +303,16 @@ def test_cli_chat_once_continues_the_latest_conversation(smollm2, tmp_path, monk
         messages = store.messages(1)
     assert [m.role for m in messages] == ["system", "user", "assistant", "user", "assistant"]
     assert messages[2].content == first.out.strip() and messages[4].status == "done"
+
+
+@pytest.mark.slow
+def test_real_model_edit_and_regenerate_reuse_the_cache_up_to_the_change(smol):
+    smol.reset()
+    chat = ChatSession(smol, system_prompt="You are brief.", params=GenerationParams(mode="plain", max_tokens=12))
+    _, first = _run(chat.send("Name a fruit."))
+    _run(chat.send("Name a colour."))
+    _, stats = _run(chat.regenerate())
+    assert stats.prompt_evaluated == 1  # only the last prompt token, for its logits
+    _, stats = _run(chat.edit(3, "Name a vegetable."))
+    assert stats.prompt_evaluated <= stats.prompt_tokens - first.prompt_tokens
+    assert [m.content for m in chat.messages if m.role == "user"] == ["Name a fruit.", "Name a vegetable."]
