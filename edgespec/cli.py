@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Chat with local GGUF models, made faster by lossless speculative decoding. "
         "With no command, opens the chat app.",
     )
-    parser.add_argument("--version", action="version", version=_version_text())
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="show versions and llama.cpp's backend, then exit")
     app = parser.add_argument_group("chat app (no command)")
     app.add_argument("--pair", metavar="NAME", help="a target + draft pair from the registry (default: the bundled pair)")
     app.add_argument("--target", metavar="PATH_OR_NAME", help="target model: a .gguf path or a registry name")
@@ -53,8 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _version_text() -> str:
-    return f"edgespec {__version__}"
+class _VersionAction(argparse.Action):
+    """--version: edgespec's version and what llama.cpp was built with (CPU, Metal, CUDA)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from edgespec.llama import system_info
+
+        info = system_info()
+        gpu = "GPU offload available" if info["gpu_offload"] else "no GPU offload"
+        print(f"edgespec {__version__}\nllama-cpp-python {info['llama_cpp_python']}, "
+              f"backend {info['backend']} ({gpu})\n{info['system_info']}")
+        parser.exit()
 
 
 def _cmd_app(args: argparse.Namespace) -> int:

@@ -91,3 +91,10 @@ def test_acceptance_estimate():
     for _ in range(100):
         a.observe(4, 3)  # three accepted, then a rejection: a = 3 / 4
     assert a.rate == pytest.approx(0.75, abs=0.01)
+
+
+def test_probes_back_off_while_they_do_not_pay():
+    p = policy(CPU, 0.010, prior=0.6)
+    probes = [i for i in range(200) if p.plan([1, 2, 3, 4, 5, 6]).reason.startswith("probing")]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] >= 2 * gaps[0]

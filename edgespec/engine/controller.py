@@ -135,7 +135,9 @@ class AutoPolicy(Policy):
     drafter that is not paying, so that a change in acceptance is noticed."""
 
     PROBE_EVERY = 24
-    """Cycles between probes of a drafter that auto has stopped using."""
+    """Cycles before the first probe of a drafter that auto has stopped using;
+    each probe that does not win it back doubles the wait (up to PROBE_MAX)."""
+    PROBE_MAX = 384
 
     def __init__(self, costs: Costs, drafters: Sequence[Drafter], *, k_max: int, lookup_k_max: int = 16,
                  priors: dict[str, float] | None = None):
@@ -146,6 +148,7 @@ class AutoPolicy(Policy):
         priors = priors or {}
         self.acceptance = {d.name: Acceptance(priors.get(d.name, 0.5)) for d in self.drafters}
         self._idle = {d.name: 0 for d in self.drafters}
+        self._probe_wait = {d.name: self.PROBE_EVERY for d in self.drafters}
 
     def plan(self, history: Sequence[int]) -> Plan:
         plain_rate = 1.0 / self.costs.target_pass(1)
@@ -161,12 +164,17 @@ class AutoPolicy(Policy):
                 if runner_up is None or rate > runner_up[1]:
                     runner_up = (Plan(drafter, k), rate)
         for drafter in self.drafters:
-            self._idle[drafter.name] = 0 if best.drafter is drafter else self._idle[drafter.name] + 1
+            if best.drafter is drafter:
+                self._idle[drafter.name] = 0
+                self._probe_wait[drafter.name] = self.PROBE_EVERY
+            else:
+                self._idle[drafter.name] += 1
         if best.drafter is None:
             probe = next((d for d in self.drafters
-                          if self._idle[d.name] >= self.PROBE_EVERY and self._k_cap(d, history) > 0), None)
+                          if self._idle[d.name] >= self._probe_wait[d.name] and self._k_cap(d, history) > 0), None)
             if probe is not None:
                 self._idle[probe.name] = 0
+                self._probe_wait[probe.name] = min(2 * self._probe_wait[probe.name], self.PROBE_MAX)
                 return Plan(probe, min(2, self._k_cap(probe, history)),
                             f"probing {probe.name}: acceptance {self.acceptance[probe.name].rate:.0%} may have changed")
             if runner_up is None:

@@ -61,7 +61,7 @@ def system_info() -> dict:
     info = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
     gpu = bool(llama_cpp.llama_supports_gpu_offload())
     upper = info.upper()
-    if "METAL" in upper:
+    if "METAL" in upper or "MTL" in upper:
         backend = "metal"
     elif "CUDA" in upper:
         backend = "cuda"
