@@ -31,6 +31,8 @@ class Step:
     from_draft: list[bool]
     plan: Plan
     drafted: int = 0
+    accepted: int = 0
+    """Draft tokens the target agreed with (an end-of-generation token among them is not emitted)."""
     finish_reason: str | None = None
     timings: tuple[float, float] = field(default=(0.0, 0.0))
     """Seconds spent drafting and verifying."""
@@ -82,7 +84,7 @@ def speculative_steps(
             plan.drafter.rewind(history)  # and from the drafter's
         policy.observe(CycleReport(plan, len(draft.tokens), n, t1 - t0, t2 - t1))
         yield Step(new, [True] * min(n, len(new)) + [False] * (len(new) - n), plan,
-                   len(draft.tokens), finish, (t1 - t0, t2 - t1))
+                   len(draft.tokens), n, finish, (t1 - t0, t2 - t1))
         if finish:
             return
 
@@ -133,7 +135,7 @@ def generate(
             stats.generated_tokens += len(step.tokens)
             stats.target_passes += 1
             stats.drafted += step.drafted
-            stats.accepted += sum(step.from_draft)
+            stats.accepted += step.accepted
             stats.k, stats.drafter, stats.reason = step.plan.k, step.plan.name, step.plan.reason
             text, stopped = stops.feed(detok.add(step.tokens))
             finish = "stop" if stopped else step.finish_reason

@@ -38,6 +38,12 @@ class ModelSettings:
     n_threads: int | None = None
     """CPU threads; None for all cores."""
     n_batch: int = 512
+    fast_kernels: bool = False
+    """Use llama.cpp's repacked CPU weight layouts. Faster (about 1.4x on an
+    AVX-512 CPU), but a pass over k tokens then rounds differently from k
+    single-token passes, so a near-tie can flip and greedy speculation is no
+    longer token-exact. A draft model always runs with them: it only guesses,
+    so its rounding cannot change the output."""
 
 
 def vocab_info(model: LlamaModel) -> VocabInfo:
@@ -53,9 +59,11 @@ def vocab_info(model: LlamaModel) -> VocabInfo:
 class _Loaded:
     """One model with its context and KV sequence."""
 
-    def __init__(self, settings: ModelSettings):
+    def __init__(self, settings: ModelSettings, *, is_draft: bool = False):
         self.settings = settings
-        self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers)
+        self.fast_kernels = settings.fast_kernels or is_draft
+        self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers,
+                                extra_bufts=self.fast_kernels)
         try:
             self.ctx = LlamaContext(self.model, n_ctx=settings.n_ctx, n_batch=settings.n_batch,
                                     n_threads=settings.n_threads)
@@ -87,7 +95,7 @@ class Engine:
         d = None
         try:
             if draft is not None:
-                d = _Loaded(draft)
+                d = _Loaded(draft, is_draft=True)
                 ensure_compatible(vocab_info(t.model), vocab_info(d.model),
                                   target_name=Path(target.path).name, draft_name=Path(draft.path).name)
         except BaseException:
@@ -187,6 +195,7 @@ class Engine:
                     "n_gpu_layers": min(m.settings.n_gpu_layers, m.model.n_layer() + 1)
                     if m.settings.n_gpu_layers >= 0 else m.model.n_layer() + 1,
                     "n_ctx": m.seq.n_ctx,
+                    "fast_kernels": m.fast_kernels,
                 }
                 for role, m in models.items()
             },

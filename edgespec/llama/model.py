@@ -33,13 +33,18 @@ def check_gguf_file(path: Path) -> None:
 class LlamaModel:
     """A loaded GGUF model: llama_model_load_from_file ... llama_model_free."""
 
-    def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, vocab_only: bool = False):
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, vocab_only: bool = False,
+                 extra_bufts: bool = True):
+        """extra_bufts=False keeps the weights in plain layouts (no CPU repacking):
+        slower, but each token's logits then come out bit-identical whatever
+        the batch size, which token-exact speculation on the CPU relies on."""
         self.path = Path(path)
         check_gguf_file(self.path)
         backend_init()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 2**31 - 1 if n_gpu_layers < 0 else n_gpu_layers
         params.vocab_only = vocab_only
+        params.use_extra_bufts = extra_bufts
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
             why = recent_errors() or "llama.cpp gave no reason"
