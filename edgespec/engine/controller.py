@@ -22,6 +22,9 @@ class Plan:
     drafter: Drafter | None
     k: int
     reason: str = ""
+    bucket: str = ""
+    """Whose acceptance this cycle measures (auto mode): the drafter, or for
+    prompt lookup the drafter and the length of the n-gram it matched."""
 
     @property
     def name(self) -> str:
@@ -145,8 +148,8 @@ class AutoPolicy(Policy):
         self.drafters = list(drafters)
         self.k_max = k_max
         self.lookup_k_max = max(lookup_k_max, k_max)
-        priors = priors or {}
-        self.acceptance = {d.name: Acceptance(priors.get(d.name, 0.5)) for d in self.drafters}
+        self._priors = priors or {}
+        self.acceptance: dict[str, Acceptance] = {}
         self._idle = {d.name: 0 for d in self.drafters}
         self._probe_wait = {d.name: self.PROBE_EVERY for d in self.drafters}
 
@@ -154,15 +157,15 @@ class AutoPolicy(Policy):
         plain_rate = 1.0 / self.costs.target_pass(1)
         best, best_rate = Plan(None, 0), plain_rate
         runner_up = None
-        for drafter in self.drafters:
-            k_cap = self._k_cap(drafter, history)
-            a = self.acceptance[drafter.name].rate
+        options = [(d, *self._options(d, history)) for d in self.drafters]
+        for drafter, k_cap, bucket in options:
+            a = self._acceptance(bucket).rate
             for k in range(1, k_cap + 1):
                 rate = expected_tokens(a, k) / (self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k))
                 if rate > best_rate:
-                    best, best_rate = Plan(drafter, k), rate
+                    best, best_rate = Plan(drafter, k, bucket=bucket), rate
                 if runner_up is None or rate > runner_up[1]:
-                    runner_up = (Plan(drafter, k), rate)
+                    runner_up = (Plan(drafter, k, bucket=bucket), rate)
         for drafter in self.drafters:
             if best.drafter is drafter:
                 self._idle[drafter.name] = 0
@@ -170,13 +173,14 @@ class AutoPolicy(Policy):
             else:
                 self._idle[drafter.name] += 1
         if best.drafter is None:
-            probe = next((d for d in self.drafters
-                          if self._idle[d.name] >= self._probe_wait[d.name] and self._k_cap(d, history) > 0), None)
+            probe = next(((d, k_cap, bucket) for d, k_cap, bucket in options
+                          if self._idle[d.name] >= self._probe_wait[d.name] and k_cap > 0), None)
             if probe is not None:
-                self._idle[probe.name] = 0
-                self._probe_wait[probe.name] = min(2 * self._probe_wait[probe.name], self.PROBE_MAX)
-                return Plan(probe, min(2, self._k_cap(probe, history)),
-                            f"probing {probe.name}: acceptance {self.acceptance[probe.name].rate:.0%} may have changed")
+                drafter, k_cap, bucket = probe
+                self._idle[drafter.name] = 0
+                self._probe_wait[drafter.name] = min(2 * self._probe_wait[drafter.name], self.PROBE_MAX)
+                return Plan(drafter, min(2, k_cap), f"probing {bucket}: acceptance "
+                            f"{self._acceptance(bucket).rate:.0%} may have changed", bucket)
             if runner_up is None:
                 best.reason = "plain: nothing to draft"
             else:
@@ -184,20 +188,27 @@ class AutoPolicy(Policy):
                 best.reason = (f"plain: drafting would not pay (best {plan.drafter.name} k={plan.k}: "
                                f"{rate / plain_rate:.2f}x)")
             return best
-        a = self.acceptance[best.drafter.name].rate
-        best.reason = f"{best.drafter.name} k={best.k}: {best_rate / plain_rate:.2f}x plain expected, acceptance {a:.0%}"
+        a = self._acceptance(best.bucket).rate
+        best.reason = f"{best.bucket} k={best.k}: {best_rate / plain_rate:.2f}x plain expected, acceptance {a:.0%}"
         return best
 
-    def _k_cap(self, drafter: Drafter, history: Sequence[int]) -> int:
-        """The longest draft worth considering: for lookup, what it can propose now."""
+    def _options(self, drafter: Drafter, history: Sequence[int]) -> tuple[int, str]:
+        """The longest draft worth considering and the acceptance bucket: for
+        lookup, what it can propose now and the length of its n-gram match."""
         if isinstance(drafter, PromptLookup):
-            return len(drafter.lookup(history, self.lookup_k_max))
-        return self.k_max
+            tokens, n = drafter.match(history, self.lookup_k_max)
+            return len(tokens), f"{drafter.name}/{n}-gram"
+        return self.k_max, drafter.name
+
+    def _acceptance(self, bucket: str) -> Acceptance:
+        if bucket not in self.acceptance:
+            self.acceptance[bucket] = Acceptance(self._priors.get(bucket.split("/")[0], 0.5))
+        return self.acceptance[bucket]
 
     def observe(self, report: CycleReport) -> None:
         self.costs.observe(report)
         if report.plan.drafter is not None:
-            self.acceptance[report.plan.drafter.name].observe(report.drafted, report.accepted)
+            self._acceptance(report.plan.bucket or report.plan.drafter.name).observe(report.drafted, report.accepted)
 
 
 def measure_pass(seq: KVSequence, n: int, *, repeats: int = 2) -> float:

@@ -91,8 +91,13 @@ class PromptLookup(Drafter):
         return Draft(self.lookup(history, k))
 
     def lookup(self, history: Sequence[int], k: int) -> list[int]:
+        return self.match(history, k)[0]
+
+    def match(self, history: Sequence[int], k: int) -> tuple[list[int], int]:
+        """The proposal and the length n of the n-gram it was found by (0: none).
+        Longer matches predict better; auto mode tracks acceptance per n."""
         if k <= 0:
-            return []
+            return [], 0
         arr = np.asarray(history, dtype=np.int64)
         for n in range(min(self.ngram_max, len(arr) - 1), self.ngram_min - 1, -1):
             tail = arr[-n:]
@@ -102,5 +107,5 @@ class PromptLookup(Drafter):
                 starts = starts[arr[starts + j] == tail[j]]
             if starts.size:
                 begin = int(starts[-1]) + n
-                return arr[begin : begin + k].tolist()
-        return []
+                return arr[begin : begin + k].tolist(), n
+        return [], 0
