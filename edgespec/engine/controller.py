@@ -54,8 +54,8 @@ class Policy(ABC):
 class FixedPolicy(Policy):
     """Always the same drafter and k (None or k = 0: plain decoding)."""
 
-    def __init__(self, drafter: Drafter | None, k: int):
-        self._plan = Plan(drafter, k if drafter else 0, "fixed")
+    def __init__(self, drafter: Drafter | None, k: int, reason: str = "fixed"):
+        self._plan = Plan(drafter, k if drafter else 0, reason)
 
     def plan(self, history):
         return self._plan
@@ -225,11 +225,14 @@ def measure_pass(seq: KVSequence, n: int, *, repeats: int = 2) -> float:
     return best
 
 
-def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int) -> Costs:
-    """Quick cost measurement at load: target passes of 1 and k_max + 1 tokens,
-    and one draft-model token (about a dozen small passes in all)."""
-    sizes = [1, 2, k_max + 1] if k_max > 1 else [1, 2]
-    target_costs = {n: measure_pass(target, n) for n in sizes if n <= target.room}
+def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
+              measured: dict[int, float] | None = None) -> Costs:
+    """Quick cost measurement at load: target passes of 1, 2 and k_max + 1
+    tokens (those not `measured` already), and one draft-model token."""
+    target_costs = dict(measured or {})
+    for n in {1, 2, k_max + 1}:
+        if n not in target_costs and n <= target.room:
+            target_costs[n] = measure_pass(target, n)
     draft_costs = {"lookup": 0.0}
     if draft is not None and draft.room > 1:
         draft_costs["draft"] = measure_pass(draft, 1)

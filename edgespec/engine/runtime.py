@@ -17,10 +17,15 @@ from edgespec.engine.compat import VocabInfo, ensure_compatible
 from edgespec.engine.controller import AutoPolicy, FixedPolicy, Policy, calibrate
 from edgespec.engine.drafters import DraftModel, PromptLookup
 from edgespec.engine.events import MODES, Chunk, GenerationParams
+from edgespec.engine.exact import largest_exact_batch
+from edgespec.errors import ModelLoadError
 from edgespec.llama import system_info
 from edgespec.llama.context import LlamaContext
 from edgespec.llama.model import LlamaModel
 
+
+FAST_MAX_BATCH = 17
+"""With fast kernels: the longest verify pass (prompt lookup may draft 16)."""
 
 ACCEPTANCE_PRIORS = {"draft": 0.7, "lookup": 0.5}
 """What auto mode assumes before it has seen a drafter at work: a same-family
@@ -39,11 +44,15 @@ class ModelSettings:
     """CPU threads; None for all cores."""
     n_batch: int = 512
     fast_kernels: bool = False
-    """Use llama.cpp's repacked CPU weight layouts. Faster (about 1.4x on an
-    AVX-512 CPU), but a pass over k tokens then rounds differently from k
-    single-token passes, so a near-tie can flip and greedy speculation is no
-    longer token-exact. A draft model always runs with them: it only guesses,
-    so its rounding cannot change the output."""
+    """Let llama.cpp pick its fastest kernels for each batch size (repacked CPU
+    weights, F16 KV cache, tiled and thread-split attention). A pass over k
+    tokens then rounds differently from k single-token passes, so a near-tie
+    can flip and greedy speculation is no longer token-exact. Off (the
+    default), the target uses kernels that give bit-identical logits whatever
+    the batch size (plain weight layouts, a Q8_0 KV cache, untiled attention)
+    and speculation is capped at the largest batch measured to be exact.
+    A draft model always runs fast: it only guesses, so its rounding cannot
+    change the output."""
 
 
 def vocab_info(model: LlamaModel) -> VocabInfo:
@@ -65,12 +74,25 @@ class _Loaded:
         self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers,
                                 extra_bufts=self.fast_kernels)
         try:
-            self.ctx = LlamaContext(self.model, n_ctx=settings.n_ctx, n_batch=settings.n_batch,
-                                    n_threads=settings.n_threads)
+            self.ctx = self._context()
         except BaseException:
             self.model.close()
             raise
         self.seq = KVSequence(self.ctx)
+
+    def _context(self) -> LlamaContext:
+        s = self.settings
+        common = dict(n_ctx=s.n_ctx, n_batch=s.n_batch, n_threads=s.n_threads)
+        if self.fast_kernels:
+            return LlamaContext(self.model, **common)
+        # A Q8_0 cache keeps llama.cpp's single-token attention from splitting
+        # the cache across threads (summing in another order than a batch does).
+        # Heads whose size is not a multiple of 32 cannot have one: fall back to
+        # F16, and the exactness probe caps what that costs.
+        try:
+            return LlamaContext(self.model, kv_type="q8_0", flash_attn=True, **common)
+        except ModelLoadError:
+            return LlamaContext(self.model, kv_type="f16", flash_attn=True, **common)
 
     def close(self) -> None:
         self.seq.close()
@@ -87,6 +109,8 @@ class Engine:
         self.lookup = PromptLookup()
         self.draft_model = DraftModel(draft.seq) if draft else None
         self._auto: AutoPolicy | None = None
+        self._exact_batch: int | None = None
+        self._probe_timings: dict[int, float] = {}
 
     @classmethod
     def load(cls, target: ModelSettings, draft: ModelSettings | None = None) -> "Engine":
@@ -144,23 +168,38 @@ class Engine:
         """The policy for params.mode: which drafter (if any) and how many tokens."""
         if params.mode not in MODES:
             raise ValueError(f"unknown mode {params.mode!r}: choose one of {', '.join(MODES)}")
+        if params.mode == "draft" and self.draft_model is None:
+            raise ValueError("mode 'draft' needs a draft model: pass one, or use mode 'lookup' or 'auto'")
         if params.mode == "plain" or params.k == 0:
             return FixedPolicy(None, 0)
+        k_cap = self.max_verify_batch() - 1
+        if k_cap < 1:
+            return FixedPolicy(None, 0, "plain: no batch gives exact logits on this backend "
+                                        "(--fast-kernels speculates anyway)")
         if params.mode == "lookup":
-            return FixedPolicy(self.lookup, params.k)
+            return FixedPolicy(self.lookup, min(params.k, k_cap))
         if params.mode == "draft":
-            if self.draft_model is None:
-                raise ValueError("mode 'draft' needs a draft model: pass one, or use mode 'lookup' or 'auto'")
-            return FixedPolicy(self.draft_model, params.k)
-        return self.auto_policy(params)
+            return FixedPolicy(self.draft_model, min(params.k, k_cap))
+        return self.auto_policy(params, k_cap)
 
-    def auto_policy(self, params: GenerationParams) -> Policy:
+    def max_verify_batch(self) -> int:
+        """The most tokens one verify pass may hold: any number with fast kernels,
+        else the largest batch whose logits were measured to be exact."""
+        if self._target.fast_kernels:
+            return FAST_MAX_BATCH
+        if self._exact_batch is None:
+            self._exact_batch, self._probe_timings = largest_exact_batch(self._target.seq)
+        return self._exact_batch
+
+    def auto_policy(self, params: GenerationParams, k_cap: int) -> Policy:
         """One AutoPolicy per engine: costs and acceptance carry over between replies."""
+        k_max = min(params.k, k_cap)
         if self._auto is None:
-            costs = calibrate(self._target.seq, self._draft.seq if self._draft else None, max(params.k, 1))
+            costs = calibrate(self._target.seq, self._draft.seq if self._draft else None, k_max,
+                              measured=self._probe_timings)
             drafters = [self.lookup] + ([self.draft_model] if self.draft_model else [])
-            self._auto = AutoPolicy(costs, drafters, k_max=params.k, priors=ACCEPTANCE_PRIORS)
-        self._auto.k_max = params.k
+            self._auto = AutoPolicy(costs, drafters, k_max=k_max, lookup_k_max=k_cap, priors=ACCEPTANCE_PRIORS)
+        self._auto.k_max = k_max
         return self._auto
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
@@ -187,6 +226,8 @@ class Engine:
         return {
             "backend": info["backend"],
             "gpu_offload": info["gpu_offload"],
+            "exact": not self._target.fast_kernels,
+            "max_verify_batch": self._exact_batch if not self._target.fast_kernels else FAST_MAX_BATCH,
             "models": {
                 role: {
                     "path": str(m.settings.path),

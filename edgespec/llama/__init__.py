@@ -14,7 +14,8 @@ from collections import deque
 
 import llama_cpp
 
-_LOG_ERROR = 3
+_LOG_WARN = 3  # ggml_log_level: NONE, DEBUG, INFO, WARN, ERROR, CONT
+_LOG_ERROR = 4
 _LOG_CONT = 5
 
 _init_lock = threading.Lock()
@@ -27,12 +28,13 @@ _verbose = bool(os.environ.get("EDGESPEC_DEBUG"))
 @llama_cpp.llama_log_callback
 def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     """Keep llama.cpp quiet (its load logs would scribble over the chat app);
-    remember recent errors so that failures can say why. EDGESPEC_DEBUG=1 shows all."""
+    remember recent warnings and errors so that failures can say why.
+    EDGESPEC_DEBUG=1 shows all."""
     global _last_level
     level = _last_level if level == _LOG_CONT else level
     _last_level = level
     line = text.decode("utf-8", errors="replace")
-    if level == _LOG_ERROR:
+    if level in (_LOG_WARN, _LOG_ERROR) and any(c.isalpha() for c in line):
         _recent_errors.append(line.strip())
     if _verbose:
         os.write(2, text)

@@ -17,8 +17,12 @@ from edgespec.llama.model import LlamaModel
 class LlamaContext:
     """llama_init_from_model ... llama_free. Sequence 0 only."""
 
+    KV_TYPES = {"f16": 1, "q8_0": 8}
+    """ggml types for the KV cache (llama.cpp's --cache-type-k/-v)."""
+
     def __init__(self, model: LlamaModel, *, n_ctx: int = 4096, n_batch: int = 512,
-                 n_threads: int | None = None):
+                 n_threads: int | None = None, kv_type: str = "f16", flash_attn: bool | None = None):
+        """flash_attn None lets llama.cpp decide; a quantized KV cache needs it on."""
         self.model = model
         threads = n_threads or os.cpu_count() or 1
         params = llama_cpp.llama_context_default_params()
@@ -29,6 +33,9 @@ class LlamaContext:
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
+        params.type_k = params.type_v = self.KV_TYPES[kv_type]
+        if flash_attn is not None:
+            params.flash_attn_type = 1 if flash_attn else 0
         self._ctx = llama_cpp.llama_init_from_model(model.ptr, params)
         if not self._ctx:
             why = recent_errors() or "llama.cpp gave no reason"
