@@ -43,8 +43,9 @@ class DraftModel(Drafter):
 
     name = "draft"
 
-    def __init__(self, seq: KVSequence):
+    def __init__(self, seq: KVSequence, *, is_eog=lambda token: False):
         self.seq = seq
+        self.is_eog = is_eog
 
     def propose(self, history, k, params, rng):
         tokens: list[int] = []
@@ -63,6 +64,8 @@ class DraftModel(Drafter):
                 token = sample(q, rng)
                 rows.append(q)
             tokens.append(token)
+            if self.is_eog(token):
+                break  # nothing follows the end of the reply
             if i + 1 < k and self.seq.room > 1:
                 self.seq.extend([token])
                 logits = self.seq.logits(-1)
