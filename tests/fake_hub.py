@@ -1,6 +1,6 @@
-"""A tiny stand-in for the Hugging Face hub on 127.0.0.1, enough for
-huggingface_hub's real `hf_hub_download` (HEAD for metadata, GET with Range to
-resume), so download tests exercise the real code path without a network."""
+"""A tiny stand-in for the Hugging Face hub on 127.0.0.1, enough for edgespec's
+downloader and huggingface_hub's real `hf_hub_download` (HEAD for metadata, GET
+with Range to resume), so download tests exercise real HTTP without a network."""
 
 from __future__ import annotations
 
@@ -26,6 +26,12 @@ class FakeHub:
     """Seconds to sleep after each chunk of a GET body (to make downloads take time)."""
     drop_after: int | None = None
     """Close the connection after sending this many body bytes, once (a dropped connection)."""
+    gated: set[str] = field(default_factory=set)
+    """Repos that answer 403 GatedRepo (the licence is not accepted)."""
+    authorizations: list[str | None] = field(default_factory=list)
+    """The Authorization header of every GET."""
+    ignore_range: bool = False
+    """Answer every GET with the whole file (200), as a server without Range support does."""
 
     def add(self, repo: str, filename: str, content: bytes) -> str:
         self.files[(repo, filename)] = content
@@ -46,7 +52,15 @@ class FakeHub:
 
             def _serve(self, body: bool):
                 hub.requests.append((self.command, self.path, self.headers.get("Range")))
+                if self.command == "GET":
+                    hub.authorizations.append(self.headers.get("Authorization"))
                 m = _RESOLVE.match(self.path.split("?")[0])
+                if m and m["repo"] in hub.gated:
+                    self.send_response(403)
+                    self.send_header("X-Error-Code", "GatedRepo")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 content = hub.files.get((m["repo"], m["file"])) if m else None
                 if content is None:
                     self.send_response(404)
@@ -57,7 +71,7 @@ class FakeHub:
                     return
                 start = 0
                 rng = self.headers.get("Range")
-                if body and rng:
+                if body and rng and not hub.ignore_range:
                     start = int(re.match(r"bytes=(\d+)-", rng).group(1))
                     self.send_response(206)
                     self.send_header("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}")

@@ -1,5 +1,5 @@
 """Getting model files: local paths, hub downloads (against a fake hub on
-127.0.0.1 through huggingface_hub's real code), verification, resume, offline."""
+127.0.0.1 over real HTTP), verification, resume across calls, offline."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from edgespec.models import fetch as fetch_mod
 from edgespec.models.fetch import fetch, installed_path, remove, resolve_model, resolve_pair
 from edgespec.models.progress import Progress
 from edgespec.models.registry import DEFAULT_PAIR, HubSource, ModelEntry, PairEntry, Registry
+from edgespec.models.verify import file_sha256
 from tests.fake_hub import FakeHub
 
 REPO = "someone/Tiny-GGUF"
@@ -38,6 +39,15 @@ def hub(monkeypatch):
 def hub_entry(name="tiny-q4", file="tiny-q4.gguf", *, size=len(CONTENT), sha256=None) -> ModelEntry:
     return ModelEntry(name=name, source=HubSource(repo=REPO, file=file), size=size,
                       sha256=sha256 or hashlib.sha256(CONTENT).hexdigest())
+
+
+def part_file(home: Path, file="tiny-q4.gguf") -> Path:
+    """Where an unfinished download of REPO's `file` waits to be resumed."""
+    return home / "models" / REPO.replace("/", "--") / (file + ".part")
+
+
+def files_named(home: Path, name: str) -> list[Path]:
+    return [p for p in home.rglob(name) if p.is_file()]
 
 
 def registry(*entries: ModelEntry, pairs: tuple[PairEntry, ...] = ()) -> Registry:
@@ -107,18 +117,32 @@ def test_download_false_never_downloads(hub):
     assert hub.gets() == []
 
 
-def test_a_hash_mismatch_names_the_file_and_the_fix(hub):
+def test_a_corrupted_download_is_deleted_and_the_message_says_what_to_do(hub, home):
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     entry = hub_entry(sha256="0" * 64)
-    with pytest.raises(DownloadError, match=r"tiny-q4.gguf has sha256 .*edgespec rm tiny-q4"):
+    with pytest.raises(DownloadError, match=r"tiny-q4.gguf.part has sha256 .*download was deleted"
+                                            r".*edgespec pull tiny-q4.*models.yaml may be outdated"):
         fetch(entry)
+    assert installed_path(entry) is None
+    assert not files_named(home, "tiny-q4.gguf") and not files_named(home, "tiny-q4.gguf.part")
 
 
-def test_a_size_mismatch_is_caught_before_hashing(hub):
+def test_a_size_mismatch_is_caught_before_hashing(hub, home, monkeypatch):
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     entry = hub_entry(size=len(CONTENT) + 1)
+    monkeypatch.setattr("edgespec.models.verify.file_sha256", lambda *a, **k: pytest.fail("hashed"))
     with pytest.raises(DownloadError, match=r"is \d+ bytes but tiny-q4 should be"):
         fetch(entry)
+    assert not files_named(home, "tiny-q4.gguf") and not files_named(home, "tiny-q4.gguf.part")
+
+
+def test_a_fresh_download_is_hashed_once(hub, monkeypatch):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hashed = []
+    monkeypatch.setattr("edgespec.models.verify.file_sha256",
+                        lambda *a, **k: hashed.append(1) or file_sha256(*a, **k))
+    fetch(hub_entry())
+    assert len(hashed) == 1
 
 
 def test_a_verified_file_is_not_hashed_again(hub, monkeypatch):
@@ -147,21 +171,33 @@ def test_a_missing_file_on_the_hub_points_at_the_registry_entry(hub):
         fetch(hub_entry())
 
 
-def test_a_dropped_connection_resumes_where_it_stopped(hub, monkeypatch):
-    """huggingface_hub retries a broken transfer asking only for the missing bytes."""
-    monkeypatch.setattr("huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE", 32 << 10)
+def test_a_gated_repo_says_how_to_get_access(hub, home):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.gated.add(REPO)
+    with pytest.raises(DownloadError, match=r"is gated: accept its licence.*HF_TOKEN"):
+        fetch(hub_entry())
+    assert not files_named(home, "tiny-q4.gguf")
+
+
+def test_the_token_goes_to_the_hub(hub, monkeypatch):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    fetch(hub_entry())
+    assert hub.authorizations == ["Bearer hf_secret"]
+
+
+def test_a_dropped_connection_resumes_where_it_stopped(hub):
+    """A broken transfer is retried within the same call, asking only for the missing bytes."""
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     hub.drop_after = len(CONTENT) // 3
     path = fetch(hub_entry())
     assert path.read_bytes() == CONTENT
-    ranges = [r for _, _, r in hub.gets() if r]
-    assert ranges and ranges[0] != "bytes=0-"
+    assert [r for _, _, r in hub.gets()] == [None, f"bytes={len(CONTENT) // 3}-"]
 
 
-def test_an_interrupted_download_leaves_no_file_under_the_final_name(hub, home, monkeypatch):
+def test_an_interrupted_download_resumes_on_the_next_call(hub, home):
     """Ctrl+C in the middle of a download: nothing half-written is ever taken for
-    the model, and the next call completes it."""
-    monkeypatch.setattr("huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE", 32 << 10)
+    the model, and the next call asks only for the missing bytes."""
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     hub.chunk, hub.delay = 32 << 10, 0.004
     entry = hub_entry()
@@ -173,10 +209,60 @@ def test_an_interrupted_download_leaves_no_file_under_the_final_name(hub, home, 
     with pytest.raises(KeyboardInterrupt):
         fetch(entry, progress=interrupt)
     assert installed_path(entry) is None
-    assert not [p for p in (home / "hub").rglob("*") if p.is_file() and p.name == "tiny-q4.gguf"]
+    assert not files_named(home, "tiny-q4.gguf")
+    have = part_file(home).stat().st_size
+    assert 0 < have < len(CONTENT)
+    assert part_file(home).read_bytes() == CONTENT[:have]
 
     hub.delay = 0
-    assert fetch(entry).read_bytes() == CONTENT
+    n = len(hub.gets())
+    events: list[Progress] = []
+    path = fetch(entry, progress=events.append)
+    assert path.read_bytes() == CONTENT and not part_file(home).exists()
+    assert [r for _, _, r in hub.gets()[n:]] == [f"bytes={have}-"]
+    downloads = [e for e in events if e.stage == "download"]
+    assert downloads[0].done == have and downloads[-1].done == len(CONTENT)
+
+
+def test_a_partial_file_restarts_cleanly_when_the_server_ignores_range(hub, home):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.ignore_range = True
+    part_file(home).parent.mkdir(parents=True)
+    part_file(home).write_bytes(b"junk" * 1000)
+    path = fetch(hub_entry())
+    assert path.read_bytes() == CONTENT and not part_file(home).exists()
+    assert [r for _, _, r in hub.gets()] == ["bytes=4000-"]
+
+
+def test_a_complete_partial_file_is_checked_without_downloading(hub, home):
+    """Interrupted while hashing: the bytes are all there, so only the check runs again."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    part_file(home).parent.mkdir(parents=True)
+    part_file(home).write_bytes(CONTENT)
+    assert fetch(hub_entry()).read_bytes() == CONTENT
+    assert hub.gets() == []
+
+
+def test_a_partial_file_longer_than_the_model_starts_over(hub, home):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    part_file(home).parent.mkdir(parents=True)
+    part_file(home).write_bytes(CONTENT + b"extra")
+    assert fetch(hub_entry()).read_bytes() == CONTENT
+    assert [r for _, _, r in hub.gets()] == [None]
+
+
+def test_a_file_in_the_hugging_face_cache_is_used_as_is(hub, home, monkeypatch):
+    from huggingface_hub import hf_hub_download
+
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    cached = Path(hf_hub_download(REPO, "tiny-q4.gguf", cache_dir=home / "hub",
+                                  endpoint=os.environ["HF_ENDPOINT"]))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    entry = hub_entry()
+    assert fetch(entry) == cached == installed_path(entry)
+    blob = cached.resolve()
+    removed = remove(entry)
+    assert cached in removed and blob in removed and not cached.exists() and not blob.exists()
 
 
 # --- offline -------------------------------------------------------------------------------
@@ -215,13 +301,13 @@ def test_offline_mode_still_finds_a_cached_file(hub, monkeypatch):
 
 # --- removing, pairs ------------------------------------------------------------------------
 
-def test_remove_deletes_the_snapshot_link_and_the_blob(hub):
+def test_remove_deletes_the_file_and_an_unfinished_download(hub, home):
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     entry = hub_entry()
     path = fetch(entry)
-    blob = path.resolve()
-    removed = remove(entry)
-    assert path in removed and not path.exists() and not blob.exists()
+    part_file(home).write_bytes(CONTENT[:100])
+    assert remove(entry) == [part_file(home), path]
+    assert not path.exists() and not part_file(home).exists()
     assert installed_path(entry) is None
     assert remove(entry) == []
 

@@ -4,28 +4,32 @@
     resolve_model("~/models/my.gguf")                   # any local GGUF file works as is
     resolve_pair()                                      # the bundled offline default pair
 
-Hub files go through huggingface_hub (its cache, resumed transfers, HF_TOKEN,
-HF_ENDPOINT, HF_HUB_OFFLINE); bundled ones are assembled from installed packages.
-Either way the size and sha256 from the registry are checked before a path is
-returned.
+Hub files already in huggingface_hub's cache are used as they are; others are
+downloaded by edgespec.models.download into the models directory, through a
+.part file that an interrupted download (Ctrl+C included) leaves behind and the
+next call resumes (HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE are honoured).
+Bundled files are assembled from installed packages. Either way the size and
+sha256 from the registry are checked before a path is returned.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import socket
 from pathlib import Path
+from urllib.error import HTTPError
 from urllib.parse import urlsplit
 
 from edgespec.config import dirs
 from edgespec.errors import DownloadError, ModelFileError, RegistryError
 from edgespec.models import bundled
+from edgespec.models.download import download as download_file
+from edgespec.models.download import part_path
 from edgespec.models.gguf_header import check_magic
-from edgespec.models.progress import Meter, ProgressCallback, human_bytes
+from edgespec.models.progress import ProgressCallback, human_bytes
 from edgespec.models.registry import (DEFAULT_PAIR, HubSource, ModelEntry, PackageFileSource, PairEntry,
                                       PartsSource, Registry, load_registry)
-from edgespec.models.verify import forget_verified, verify_file
+from edgespec.models.verify import forget_verified, record_verified, verify_file
 
 __all__ = ["resolve_model", "resolve_pair", "fetch", "pull", "installed_path", "available_offline", "remove",
            "is_path_like"]
@@ -83,7 +87,7 @@ def installed_path(entry: ModelEntry) -> Path | None:
         return path if path.exists() else None
     if isinstance(source, PackageFileSource):
         return bundled.package_file_path(entry)
-    return _hub_cached(source)
+    return _hub_cached(source) or _hub_downloaded(source)
 
 
 def available_offline(entry: ModelEntry) -> bool:
@@ -106,9 +110,12 @@ def remove(entry: ModelEntry) -> list[Path]:
         raise RegistryError(f"{entry.name} lives inside the Python package {source.pip.split()[-1]!r}; "
                             f"remove it with: pip uninstall {source.pip.split()[-1]}")
     path = installed_path(entry)
-    if path is None:
-        return []
     removed = []
+    if isinstance(source, HubSource) and part_path(_hub_dest(source)).exists():
+        part_path(_hub_dest(source)).unlink()
+        removed.append(part_path(_hub_dest(source)))
+    if path is None:
+        return removed
     if isinstance(source, HubSource) and path.is_symlink():
         blob = path.resolve()
         forget_verified(path)
@@ -136,41 +143,34 @@ def is_path_like(name_or_path: str) -> bool:
 
 def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
                progress: ProgressCallback | None) -> Path:
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub import errors as hf_errors
-
-    cached = _hub_cached(source)  # a file already here is used without asking the network
-    if cached is not None:
-        return cached
+    found = installed_path(entry)  # a file already here is used without asking the network
+    if found is not None:
+        return found
     offline = _env_true("HF_HUB_OFFLINE")
-    kwargs = dict(repo_id=source.repo, filename=source.file, revision=source.revision,
-                  cache_dir=dirs().hub_cache, endpoint=os.environ.get("HF_ENDPOINT") or None,
-                  local_files_only=offline or not download)
-    if not kwargs["local_files_only"] and not _reachable(kwargs["endpoint"] or "https://huggingface.co"):
+    if offline or not download:
+        raise _not_here(entry, source, offline=offline, download=download)
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    if not _reachable(endpoint):
         raise _not_here(entry, source, offline=False, download=True)  # fail now, not after minutes of retries
-    if progress is not None and "tqdm_class" in inspect.signature(hf_hub_download).parameters:
-        kwargs["tqdm_class"] = _tqdm_reporting_to(progress, source.file, entry.display_size)
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    url = hf_hub_url(source.repo, source.file, revision=source.revision, endpoint=endpoint)
+    again = f"Run `edgespec pull {entry.name}` again to download it afresh"
+
+    def check(part: Path) -> None:
+        verify_file(part, name=entry.name, size=entry.size, sha256=entry.sha256, progress=progress,
+                    fix=f"The download was deleted. {again}; if it fails the same way, the entry "
+                        f"{entry.name!r} in models.yaml may be outdated (or pass a local .gguf path instead).")
+        forget_verified(part)
+
     try:
-        return Path(hf_hub_download(**kwargs))
-    except hf_errors.GatedRepoError as e:
-        raise DownloadError(
-            f"{source.repo} is gated: accept its licence on https://huggingface.co/{source.repo} "
-            f"with your account, then set HF_TOKEN to an access token (or run `hf auth login`).") from e
-    except hf_errors.RepositoryNotFoundError as e:
-        raise DownloadError(
-            f"the hub has no repository {source.repo!r} (or it is private: set HF_TOKEN). The entry "
-            f"{entry.name!r} in models.yaml may be outdated; pass a local .gguf path instead.") from e
-    except (hf_errors.RevisionNotFoundError, hf_errors.EntryNotFoundError) as e:
-        if isinstance(e, hf_errors.LocalEntryNotFoundError):
-            raise _not_here(entry, source, offline=offline, download=download) from e
-        raise DownloadError(
-            f"{source.repo} has no file {source.file!r} at revision {source.revision!r}: the entry "
-            f"{entry.name!r} in models.yaml may be outdated; pass a local .gguf path instead.") from e
-    except hf_errors.LocalEntryNotFoundError as e:
-        raise _not_here(entry, source, offline=offline, download=download) from e
-    except hf_errors.HfHubHTTPError as e:
-        raise DownloadError(f"downloading {source.file} from {source.repo} failed: {e}. "
-                            f"Run the same command again to resume.") from e
+        path = download_file(url, _hub_dest(source), headers=build_hf_headers(), size=entry.size,
+                             progress=progress, check=check)
+    except HTTPError as e:
+        raise _http_error(entry, source, e) from e
+    except BlockingIOError as e:
+        raise DownloadError(f"{e}: wait for it to finish (or stop it), then run the same command again.") from e
     except OSError as e:  # the connection dropped past the retries, the disk filled up, ...
         if getattr(e, "errno", None) == 28:
             raise DownloadError(f"the disk filled up while downloading {source.file} "
@@ -184,6 +184,28 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
                                 f"dropped ({type(e).__name__}). Run the same command again: the download "
                                 f"resumes where it stopped.") from e
         raise
+    if entry.sha256:
+        record_verified(path, entry.sha256)  # checked as the .part just now: fetch() need not hash it again
+    return path
+
+
+def _http_error(entry: ModelEntry, source: HubSource, e: HTTPError) -> DownloadError:
+    """The hub's answer (its X-Error-Code header, else the status) as a message saying what to do."""
+    code = e.headers.get("X-Error-Code") if e.headers is not None else None
+    if code == "GatedRepo":
+        return DownloadError(
+            f"{source.repo} is gated: accept its licence on https://huggingface.co/{source.repo} "
+            f"with your account, then set HF_TOKEN to an access token (or run `hf auth login`).")
+    if code == "RepoNotFound" or e.code == 401:
+        return DownloadError(
+            f"the hub has no repository {source.repo!r} (or it is private: set HF_TOKEN). The entry "
+            f"{entry.name!r} in models.yaml may be outdated; pass a local .gguf path instead.")
+    if code in ("EntryNotFound", "RevisionNotFound") or e.code == 404:
+        return DownloadError(
+            f"{source.repo} has no file {source.file!r} at revision {source.revision!r}: the entry "
+            f"{entry.name!r} in models.yaml may be outdated; pass a local .gguf path instead.")
+    return DownloadError(f"downloading {source.file} from {source.repo} failed: HTTP {e.code} {e.reason}. "
+                         f"Run the same command again: the download resumes where it stopped.")
 
 
 def _not_here(entry: ModelEntry, source: HubSource, *, offline: bool, download: bool) -> DownloadError:
@@ -212,26 +234,14 @@ def _hub_cached(source: HubSource) -> Path | None:
     return Path(found) if isinstance(found, str) else None
 
 
-def _tqdm_reporting_to(progress: ProgressCallback, file: str, approx_total: int | None) -> type:
-    """A tqdm class for hf_hub_download that draws nothing and feeds `progress` instead."""
-    from tqdm.auto import tqdm
+def _hub_dest(source: HubSource) -> Path:
+    """Where edgespec downloads a hub file itself: <models dir>/<owner>--<name>/<file>."""
+    return dirs().models / source.repo.replace("/", "--") / source.file
 
-    class _Reporting(tqdm):
-        def __init__(self, *args, **kwargs):
-            total, initial = kwargs.get("total"), kwargs.get("initial") or 0
-            kwargs.pop("name", None)
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-            self._meter = Meter(progress, file, total or approx_total, initial=initial)
 
-        def update(self, n=1):
-            self._meter.update(n or 0)
-
-        def close(self):
-            self._meter.close()
-            super().close()
-
-    return _Reporting
+def _hub_downloaded(source: HubSource) -> Path | None:
+    path = _hub_dest(source)
+    return path if path.is_file() else None
 
 
 def _is_network_error(e: BaseException) -> bool:
