@@ -419,7 +419,7 @@ def _cmd_paths(args: argparse.Namespace) -> int:
 
         hub = constants.HF_HUB_CACHE
     rows = [["config", d.config], ["user models.yaml", d.user_registry], ["data", d.data],
-            ["models (assembled)", d.models], ["cache", d.cache], ["hub downloads", hub]]
+            ["models", d.models], ["cache", d.cache], ["HF cache (read)", hub]]
     for label, path in rows:
         print(f"{label + ':':20s} {path}")
     home = os.environ.get(HOME_ENV)

@@ -27,11 +27,11 @@ class Dirs:
     data: Path
     """Chat history and other state worth keeping."""
     models: Path
-    """Model files edgespec assembles itself (the bundled pair)."""
+    """Model files: the bundled pair, assembled here, and hub downloads (resumable .part files)."""
     cache: Path
     """Things that can be rebuilt (verification markers)."""
     hub_cache: Path | None
-    """Hugging Face download cache; None means huggingface_hub's own default."""
+    """Hugging Face cache, where files fetched before are found; None means huggingface_hub's own default."""
 
     @property
     def user_registry(self) -> Path:

@@ -53,6 +53,7 @@ class LlamaContext:
         """llama_decode; raises when llama.cpp refuses the batch."""
         start = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, batch.struct)
+        llama_cpp.llama_synchronize(self._ctx)  # the work may finish after llama_decode returns
         self.decode_s += time.perf_counter() - start
         if rc == 1:
             raise ContextFullError(f"no room in the {self.n_ctx()}-token context for {batch.struct.n_tokens} more tokens")
