@@ -157,7 +157,8 @@ async def test_send_streams_the_reply_and_stores_it(store):
         reply = boxes(app)[1]
         assert app.generating and reply.streaming, (reply.status, reply.content)
         assert 0 < len(reply.content) < len(REPLY)  # seen mid-stream
-        assert "tok/pass" in app.query_one(StatusLine).detail
+        # The status line follows the stream (updated from the worker thread, so it may lag a chunk).
+        await wait_for(pilot, lambda: "tok/pass" in app.query_one(StatusLine).detail, timeout=5)
         await wait_for(pilot, lambda: not app.generating)
         assert reply.content == REPLY and reply.status == "done"
         assert "accepted" in format_stats(reply.stats)
