@@ -13,7 +13,7 @@ import sys
 from typing import Callable
 
 from edgespec import __version__
-from edgespec.engine.events import MODES, GenerationParams
+from edgespec.engine.events import MODES, GenerationParams, stats_line
 from edgespec.errors import EdgespecError
 
 EXIT_ERROR = 1
@@ -245,17 +245,14 @@ def _prompt_tokens(engine, prompt: str, *, raw: bool, system: str | None) -> tup
 
 
 def format_stats(stats) -> str:
-    """One line of statistics, as `generate` prints to stderr."""
-    parts = [f"{stats.generated_tokens} tokens", f"{stats.tokens_per_s:.1f} tok/s"]
-    if stats.drafted:
-        parts += [f"acceptance {stats.acceptance_rate:.0%}", f"{stats.tokens_per_pass:.2f} tokens/pass"]
+    """The statistics line `generate` prints to stderr: the reply's line, time to
+    first token, and in auto mode what was chosen last and why."""
+    parts = [stats_line(stats.to_dict())]
     if stats.ttft_s is not None:
         parts.append(f"first token {stats.ttft_s * 1000:.0f} ms")
-    parts.append(f"mode {stats.mode}")
     if stats.reason and stats.mode == "auto":
-        parts.append(f"({stats.drafter}: {stats.reason})")
-    parts.append(f"stop: {stats.stop_reason}")
-    return "[" + ", ".join(parts) + "]"
+        parts.append(f"last choice: {stats.reason}")
+    return "[" + " · ".join(parts) + "]"
 
 
 def _stderr_progress():

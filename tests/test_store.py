@@ -29,7 +29,7 @@ def _conversation(store, title="Trip"):
     store.append(cid, Message("system", "Be brief."))
     store.append(cid, Message("user", "Where is Lyon?"))
     store.append(cid, Message("assistant", "In France.", stats={"generated_tokens": 3, "tokens_per_s": 41.5,
-                                                                "drafted": 4, "acceptance_rate": 0.75},
+                                                                "drafted": 4, "accepted": 3, "acceptance_rate": 0.75},
                               from_draft=[False, True, True]))
     return cid
 
@@ -155,7 +155,7 @@ def test_export_markdown(store):
     assert md.startswith("# Trip\n")
     assert "qwen.gguf" in md
     assert "## User\n\nWhere is Lyon?" in md
-    assert "## Assistant\n\nIn France.\n\n*3 tokens, 41.5 tok/s, 75% of drafts accepted*" in md
+    assert "## Assistant\n\nIn France.\n\n*3 tokens · 41.5 tok/s · accepted 3/4 (75%) · plain*" in md
 
 
 CRASHING_WRITER = textwrap.dedent("""

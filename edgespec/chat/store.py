@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
+from edgespec.engine.events import stats_line
 from edgespec.errors import EdgespecError
 
 ROLES = ("system", "user", "assistant")
@@ -216,7 +217,7 @@ class ConversationStore:
             lines += ["", f"## {m['role'].capitalize()}", "", m["content"]]
             notes = [] if m["status"] == "done" else [m["status"]]
             if m["stats"]:
-                notes.append(_stats_line(m["stats"]))
+                notes.append(stats_line(m["stats"]))
             if notes:
                 lines += ["", "*" + " · ".join(notes) + "*"]
         return "\n".join(lines) + "\n"
@@ -298,16 +299,6 @@ def _message_extras(m: Message) -> tuple[str | None, str | None]:
     origins = "".join("1" if d else "0" for d in m.from_draft) if m.from_draft is not None else None
     return stats, origins
 
-
-def _stats_line(stats: dict) -> str:
-    parts = [f"{stats.get('generated_tokens', 0)} tokens"]
-    if stats.get("tokens_per_s"):
-        parts.append(f"{stats['tokens_per_s']:.1f} tok/s")
-    if stats.get("drafted"):
-        parts.append(f"{100 * stats.get('acceptance_rate', 0):.0f}% of drafts accepted")
-    if stats.get("dropped_messages"):
-        parts.append(f"{stats['dropped_messages']} oldest messages left out")
-    return ", ".join(parts)
 
 
 def _validated_messages(data) -> list[Message]:

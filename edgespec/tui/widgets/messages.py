@@ -10,6 +10,7 @@ from __future__ import annotations
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 
+from edgespec.engine.events import stats_line
 from edgespec.tui import origin
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -18,19 +19,7 @@ STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "error": "er
 
 def format_stats(stats: dict | None) -> str:
     """One line about a finished reply: tokens, speed, and how speculation did."""
-    if not stats:
-        return ""
-    parts = [f"{stats.get('generated_tokens', 0)} tokens"]
-    if stats.get("tokens_per_s"):
-        parts.append(f"{stats['tokens_per_s']:.1f} tok/s")
-    if stats.get("drafted"):
-        parts.append(f"accepted {stats.get('accepted', 0)}/{stats['drafted']} ({stats.get('acceptance_rate', 0):.0%})")
-    if stats.get("tokens_per_pass"):
-        parts.append(f"{stats['tokens_per_pass']:.2f} tok/pass")
-    parts.append(stats.get("mode", "plain"))
-    if stats.get("stop_reason") and stats["stop_reason"] != "eog":
-        parts.append(f"ended: {stats['stop_reason']}")
-    return " · ".join(parts)
+    return stats_line(stats)
 
 
 def code_blocks(markdown: str) -> list[str]:
