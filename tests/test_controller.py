@@ -98,12 +98,3 @@ def test_probes_back_off_while_they_do_not_pay():
     probes = [i for i in range(200) if p.plan([1, 2, 3, 4, 5, 6]).reason.startswith("probing")]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps == sorted(gaps) and gaps[-1] >= 2 * gaps[0]
-
-
-def test_a_new_request_probes_idle_drafters_early():
-    p = policy(CPU, 0.010, prior=0.6)
-    for _ in range(200):  # long idle: the probe wait has backed off
-        p.plan([1, 2, 3, 4, 5, 6])
-    p.start()
-    first = [p.plan([1, 2, 3, 4, 5, 6]) for _ in range(AutoPolicy.PROBE_AT_START)]
-    assert first[-1].reason.startswith("probing") and first[-1].drafter.name == "draft"

@@ -141,9 +141,6 @@ class AutoPolicy(Policy):
     """Cycles before the first probe of a drafter that auto has stopped using;
     each probe that does not win it back doubles the wait (up to PROBE_MAX)."""
     PROBE_MAX = 384
-    PROBE_AT_START = 4
-    """A new request may differ (code after chat, an edit after a question):
-    probe each idle drafter this many cycles into it."""
 
     def __init__(self, costs: Costs, drafters: Sequence[Drafter], *, k_max: int, lookup_k_max: int = 16,
                  priors: dict[str, float] | None = None):
@@ -155,12 +152,6 @@ class AutoPolicy(Policy):
         self.acceptance: dict[str, Acceptance] = {}
         self._idle = {d.name: 0 for d in self.drafters}
         self._probe_wait = {d.name: self.PROBE_EVERY for d in self.drafters}
-
-    def start(self) -> None:
-        """A new request begins: what was learned stays, idle drafters get probed soon."""
-        for name in self._probe_wait:
-            self._idle[name] = 0
-            self._probe_wait[name] = self.PROBE_AT_START
 
     def plan(self, history: Sequence[int]) -> Plan:
         plain_rate = 1.0 / self.costs.target_pass(1)

@@ -200,7 +200,6 @@ class Engine:
             drafters = [self.lookup] + ([self.draft_model] if self.draft_model else [])
             self._auto = AutoPolicy(costs, drafters, k_max=k_max, lookup_k_max=k_cap, priors=ACCEPTANCE_PRIORS)
         self._auto.k_max = k_max
-        self._auto.start()
         return self._auto
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
