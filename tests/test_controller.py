@@ -98,3 +98,27 @@ def test_probes_back_off_while_they_do_not_pay():
     probes = [i for i in range(200) if p.plan([1, 2, 3, 4, 5, 6]).reason.startswith("probing")]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps == sorted(gaps) and gaps[-1] >= 2 * gaps[0]
+
+
+def test_unused_lookup_proposals_are_scored_against_what_was_generated():
+    """Plain cycles still tell how lookup would have done: when the reply starts
+    copying, auto switches to lookup without paying for a probe."""
+    p = policy(CPU, 0.010, prior=0.3)
+    history = [9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8, 7]  # lookup proposes 6, 5, 4, ...
+    plans = []
+    for _ in range(12):
+        plans.append(p.plan(history))
+        history.append(history[len(history) - 9])  # the model does copy
+    assert plans[0].drafter is None  # at 30% assumed acceptance lookup does not pay
+    assert plans[-1].drafter is not None and plans[-1].drafter.name == "lookup"
+
+
+def test_lookup_is_not_probed_but_a_draft_model_is():
+    p = policy(CPU, 0.010, prior=0.3)
+    history = [9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8, 7]
+    reasons = []
+    for i in range(3 * AutoPolicy.PROBE_EVERY):
+        reasons.append(p.plan(history).reason)
+        history.append(100 + i)  # never what lookup proposes
+    assert not any(r.startswith("probing lookup") for r in reasons)
+    assert any(r.startswith("probing draft") for r in reasons)

@@ -134,8 +134,13 @@ class Acceptance:
 
 class AutoPolicy(Policy):
     """Before each cycle, the drafter and k that maximise expected tokens per
-    second, plain decoding (k = 0) included; now and then a short probe of a
-    drafter that is not paying, so that a change in acceptance is noticed."""
+    second, plain decoding (k = 0) included.
+
+    Prompt lookup's proposals cost nothing to make, so they are scored even in
+    cycles that do not use them ("shadow" proposals, checked against the tokens
+    the cycle produced): its acceptance is always current, and auto switches to
+    it as soon as the reply starts copying. A draft model is probed now and then
+    instead, so that a change in its acceptance is noticed."""
 
     PROBE_EVERY = 24
     """Cycles before the first probe of a drafter that auto has stopped using;
@@ -152,13 +157,15 @@ class AutoPolicy(Policy):
         self.acceptance: dict[str, Acceptance] = {}
         self._idle = {d.name: 0 for d in self.drafters}
         self._probe_wait = {d.name: self.PROBE_EVERY for d in self.drafters}
+        self._shadow: tuple[int, list[int], str] | None = None
 
     def plan(self, history: Sequence[int]) -> Plan:
+        self._score_shadow(history)
         plain_rate = 1.0 / self.costs.target_pass(1)
         best, best_rate = Plan(None, 0), plain_rate
         runner_up = None
         options = [(d, *self._options(d, history)) for d in self.drafters]
-        for drafter, k_cap, bucket in options:
+        for drafter, k_cap, bucket, _ in options:
             a = self._acceptance(bucket).rate
             for k in range(1, k_cap + 1):
                 rate = expected_tokens(a, k) / (self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k))
@@ -172,9 +179,12 @@ class AutoPolicy(Policy):
                 self._probe_wait[drafter.name] = self.PROBE_EVERY
             else:
                 self._idle[drafter.name] += 1
+        self._shadow = next(((len(history), proposal, bucket) for d, _, bucket, proposal in options
+                             if proposal and d is not best.drafter), None)
         if best.drafter is None:
-            probe = next(((d, k_cap, bucket) for d, k_cap, bucket in options
-                          if self._idle[d.name] >= self._probe_wait[d.name] and k_cap > 0), None)
+            probe = next(((d, k_cap, bucket) for d, k_cap, bucket, proposal in options
+                          if proposal is None and self._idle[d.name] >= self._probe_wait[d.name] and k_cap > 0),
+                         None)
             if probe is not None:
                 drafter, k_cap, bucket = probe
                 self._idle[drafter.name] = 0
@@ -192,13 +202,25 @@ class AutoPolicy(Policy):
         best.reason = f"{best.bucket} k={best.k}: {best_rate / plain_rate:.2f}x plain expected, acceptance {a:.0%}"
         return best
 
-    def _options(self, drafter: Drafter, history: Sequence[int]) -> tuple[int, str]:
-        """The longest draft worth considering and the acceptance bucket: for
-        lookup, what it can propose now and the length of its n-gram match."""
+    def _options(self, drafter: Drafter, history: Sequence[int]) -> tuple[int, str, list[int] | None]:
+        """The longest draft worth considering, the acceptance bucket, and for
+        lookup its proposal (bucketed by the length of its n-gram match)."""
         if isinstance(drafter, PromptLookup):
             tokens, n = drafter.match(history, self.lookup_k_max)
-            return len(tokens), f"{drafter.name}/{n}-gram"
-        return self.k_max, drafter.name
+            return len(tokens), f"{drafter.name}/{n}-gram", tokens
+        return self.k_max, drafter.name, None
+
+    def _score_shadow(self, history: Sequence[int]) -> None:
+        """Score last cycle's unused lookup proposal against what was generated."""
+        if self._shadow is None:
+            return
+        start, proposal, bucket = self._shadow
+        self._shadow = None
+        generated = history[start:]
+        n = min(len(proposal), len(generated))
+        agreed = next((i for i in range(n) if proposal[i] != generated[i]), n)
+        if n:
+            self._acceptance(bucket).observe(agreed + 1 if agreed < n else n, agreed)
 
     def _acceptance(self, bucket: str) -> Acceptance:
         if bucket not in self.acceptance:
