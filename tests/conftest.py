@@ -10,6 +10,14 @@ import pytest
 from tests.synthetic import write_model
 
 
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """An empty EDGESPEC_HOME of the test's own (config, data, models, caches), online."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return tmp_path / "home"
+
+
 @pytest.fixture(scope="session")
 def synth_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("synthetic-gguf")

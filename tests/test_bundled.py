@@ -24,10 +24,7 @@ PART = 100_000
 N_PARTS = 3
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")  # each test gets its own EDGESPEC_HOME
 
 
 @pytest.fixture

@@ -16,11 +16,7 @@ from tests.fake_hub import FakeHub
 CONTENT = b"GGUF" + b"x" * 200_000
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")  # each test gets its own EDGESPEC_HOME
 
 
 @pytest.fixture

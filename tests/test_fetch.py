@@ -21,11 +21,7 @@ REPO = "someone/Tiny-GGUF"
 CONTENT = b"GGUF" + bytes(range(256)) * 12_000  # about 3 MB
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")  # each test gets its own EDGESPEC_HOME
 
 
 @pytest.fixture

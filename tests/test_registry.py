@@ -18,10 +18,7 @@ SHIPPED = Path(__file__).resolve().parents[1] / "models.yaml"
 GOOD_MODEL = {"source": {"kind": "hub", "repo": "me/tiny-GGUF", "file": "tiny.gguf"}, "size": 10}
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")  # each test gets its own EDGESPEC_HOME
 
 
 def write(path: Path, doc) -> Path:

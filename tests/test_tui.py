@@ -94,10 +94,7 @@ class FakeCatalog:
         return ("tiny-target", "tiny-draft")
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")  # each test gets its own EDGESPEC_HOME
 
 
 @pytest.fixture
