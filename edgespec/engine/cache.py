@@ -19,10 +19,9 @@ from edgespec.llama.context import LlamaContext
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    if list(a[:n]) == list(b[:n]):  # the usual case in a decode loop, compared in C
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
 
 
 class KVSequence:
