@@ -8,7 +8,7 @@ decoding is the same loop with no drafter, so callers never branch on mode.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -34,8 +34,6 @@ class Step:
     accepted: int = 0
     """Draft tokens the target agreed with (an end-of-generation token among them is not emitted)."""
     finish_reason: str | None = None
-    timings: tuple[float, float] = field(default=(0.0, 0.0))
-    """Seconds spent drafting and verifying."""
 
 
 def speculative_steps(
@@ -84,7 +82,7 @@ def speculative_steps(
             plan.drafter.rewind(history)  # and from the drafter's
         policy.observe(CycleReport(plan, len(draft.tokens), n, t1 - t0, t2 - t1))
         yield Step(new, [True] * min(n, len(new)) + [False] * (len(new) - n), plan,
-                   len(draft.tokens), n, finish, (t1 - t0, t2 - t1))
+                   len(draft.tokens), n, finish)
         if finish:
             return
 

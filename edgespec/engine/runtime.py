@@ -233,8 +233,9 @@ class Engine:
                     "path": str(m.settings.path),
                     "desc": m.model.desc(),
                     "n_layer": m.model.n_layer(),
-                    "n_gpu_layers": min(m.settings.n_gpu_layers, m.model.n_layer() + 1)
-                    if m.settings.n_gpu_layers >= 0 else m.model.n_layer() + 1,
+                    # -1 asks for all: the layers and the output layer
+                    "n_gpu_layers": m.model.n_layer() + 1 if m.settings.n_gpu_layers < 0
+                    else min(m.settings.n_gpu_layers, m.model.n_layer() + 1),
                     "n_ctx": m.seq.n_ctx,
                     "fast_kernels": m.fast_kernels,
                 }
