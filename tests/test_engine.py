@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -143,6 +145,25 @@ def test_max_tokens_and_stop_reasons(engines):
     tokens, _, last = run(engines["same"], PROMPTS[1], mode="draft", k=8, max_tokens=7)
     assert len(tokens) == 7 and last.finish_reason == "max_tokens"
     assert last.stats.stop_reason == "max_tokens"
+
+
+def test_decode_speed_pays_for_every_token_including_the_first_cycle(engines, monkeypatch):
+    # A speculative first cycle yields several tokens at once; a speed measured
+    # from the first token on would get those for free and flatter speculation.
+    engine = engines["same"]
+    slow_cycle = 0.05
+    propose = engine.draft_model.propose
+
+    def slow_propose(*args, **kw):
+        time.sleep(slow_cycle)
+        return propose(*args, **kw)
+
+    monkeypatch.setattr(engine.draft_model, "propose", slow_propose)
+    tokens, _, last = run(engine, PROMPTS[1], mode="draft", k=4, max_tokens=5, p_min=0.0)
+    stats = last.stats
+    assert stats.target_passes == 1 and len(tokens) == 5  # the draft is the target: one cycle
+    assert stats.decode_s >= slow_cycle * stats.target_passes
+    assert stats.tokens_per_s == pytest.approx(len(tokens) / stats.decode_s)
 
 
 def test_stop_string_ends_generation_and_is_not_shown(engines):

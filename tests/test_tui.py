@@ -435,7 +435,7 @@ def test_origin_spans_and_helpers():
     assert origin.stored_spans(engine, "ab", [True, False]) == [("a", True), ("b", False)]
     assert origin.stored_spans(engine, "ab", [True]) == [("ab", False)]
     assert code_blocks("x\n```py\na = 1\n```\ntext\n~~~\nb\n~~~") == ["a = 1", "b"]
-    stats = Stats(mode="draft", k=4, generated_tokens=11, drafted=8, accepted=6, target_passes=4, decode_s=1.0,
+    stats = Stats(mode="draft", k=4, generated_tokens=11, drafted=8, accepted=6, target_passes=4, decode_s=1.1,
                   drafter="draft", reason="high acceptance")
     line = format_live(stats, plain_tps=5.0)
     assert "10.0 tok/s" in line and "×2.00" in line and "accept 75%" in line and "2.75 tok/pass" in line

@@ -120,16 +120,14 @@ def generate(
     rng = np.random.default_rng(params.seed)
     start = time.perf_counter()
     stats.prompt_evaluated = target.sync(prompt[:-1]) + 1
-    first_at = None
+    decode_start = time.perf_counter()
     steps = speculative_steps(target, list(prompt), params, policy, is_eog, rng)
     try:
         for step in steps:
             now = time.perf_counter()
-            if first_at is None and step.tokens:
-                first_at = now
+            if stats.ttft_s is None and step.tokens:
                 stats.ttft_s = now - start
-            elif first_at is not None:
-                stats.decode_s = now - first_at
+            stats.decode_s = now - decode_start
             stats.generated_tokens += len(step.tokens)
             stats.target_passes += 1
             stats.drafted += step.drafted

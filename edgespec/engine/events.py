@@ -53,7 +53,9 @@ class Stats:
     ttft_s: float | None = None
     """Seconds from the call to the first generated token (includes prompt evaluation)."""
     decode_s: float = 0.0
-    """Seconds spent after the first token (decode only)."""
+    """Seconds from the end of prompt evaluation to the latest token. The first
+    cycle evaluates the prompt's last token along with the first drafts, as
+    llama.cpp's own loops do, so every generated token is paid for in here."""
     k: int = 0
     """Draft length of the latest cycle."""
     drafter: str = "none"
@@ -74,8 +76,10 @@ class Stats:
 
     @property
     def tokens_per_s(self) -> float:
-        """Decode speed: tokens after the first, over the time after the first."""
-        n = self.generated_tokens - 1
+        """Decode speed: generated tokens over decode time. (Counting from the
+        first token instead would give a speculative first cycle's extra tokens
+        for free and flatter speculation.)"""
+        n = self.generated_tokens
         return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
 
     def to_dict(self) -> dict:
