@@ -43,16 +43,16 @@ class ModelSettings:
     n_threads: int | None = None
     """CPU threads; None for all cores."""
     n_batch: int = 512
-    fast_kernels: bool = False
-    """Let llama.cpp pick its fastest kernels for each batch size (repacked CPU
+    fast_kernels: bool | None = None
+    """None: off for a target, on for a draft model (see below). True: let llama.cpp pick its fastest kernels for each batch size (repacked CPU
     weights, F16 KV cache, tiled and thread-split attention). A pass over k
     tokens then rounds differently from k single-token passes, so a near-tie
     can flip and greedy speculation is no longer token-exact. Off (the
     default), the target uses kernels that give bit-identical logits whatever
     the batch size (plain weight layouts, a Q8_0 KV cache, untiled attention)
     and speculation is capped at the largest batch measured to be exact.
-    A draft model always runs fast: it only guesses, so its rounding cannot
-    change the output."""
+    A draft model runs fast unless told otherwise: it only guesses, so its
+    rounding cannot change the output."""
 
 
 def vocab_info(model: LlamaModel) -> VocabInfo:
@@ -70,7 +70,7 @@ class _Loaded:
 
     def __init__(self, settings: ModelSettings, *, is_draft: bool = False):
         self.settings = settings
-        self.fast_kernels = settings.fast_kernels or is_draft
+        self.fast_kernels = is_draft if settings.fast_kernels is None else settings.fast_kernels
         self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers,
                                 extra_bufts=self.fast_kernels)
         try:
