@@ -21,7 +21,7 @@ from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
 from edgespec.tui.widgets.prompt import PromptInput
 from edgespec.tui.widgets.messages import MessageBox, code_blocks, format_stats
 from edgespec.tui.widgets.sidebar import ConversationList
-from edgespec.tui.widgets.status import StatusLine, format_live
+from edgespec.tui.widgets.status import StatusLine, format_live, hardware_label
 from tests.fakes import FakeEngine
 
 REPLY = "Here is one:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\nIt **adds** two numbers."
@@ -442,3 +442,16 @@ def test_origin_spans_and_helpers():
     assert "high acceptance" in line
     assert describe_progress(PullProgress(412_000_000, 1_100_000_000, 23.5e6, 29.6, "m")) == \
         "m · 412.0 MB / 1.1 GB · 23.5 MB/s · 30 s left"
+
+
+def test_status_line_says_where_each_model_runs():
+    def info(gpu_offload, target_layers, draft_layers):
+        return {"backend": "cuda" if gpu_offload else "cpu", "gpu_offload": gpu_offload, "models": {
+            "target": {"n_layer": 28, "n_gpu_layers": target_layers},
+            "draft": {"n_layer": 24, "n_gpu_layers": draft_layers}}}
+
+    assert hardware_label(info(False, 0, 0)) == "cpu"
+    assert hardware_label(info(True, 29, 25)) == "cuda · target 29/29, draft 25/25 layers on GPU"
+    assert hardware_label(info(True, 29, 0)) == "cuda · target 29/29 layers on GPU"  # the draft left on the CPU shows
+    assert "no GPU backend" in hardware_label(info(False, 29, 0))
+    assert hardware_label({"backend": "fake"}) == "fake"

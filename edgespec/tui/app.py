@@ -31,7 +31,7 @@ from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
 from edgespec.tui.widgets.messages import MessageBox, code_blocks
 from edgespec.tui.widgets.prompt import PromptInput
 from edgespec.tui.widgets.sidebar import ConversationList
-from edgespec.tui.widgets.status import StatusLine, format_live
+from edgespec.tui.widgets.status import StatusLine, format_live, hardware_label
 
 EngineLoader = Callable[[ModelChoice, ChatSettings], object]
 """(choice, settings) -> a loaded Engine; raises EdgespecError with a message for the user."""
@@ -198,8 +198,8 @@ class EdgespecApp(App):
             info = engine.describe() or {}
         except Exception:
             pass
-        backend = info.get("backend")
-        self.status.model_label = f"{self.choice.label}" + (f" ({backend})" if backend else "")
+        where = hardware_label(info)
+        self.status.model_label = f"{self.choice.label}" + (f" ({where})" if where else "")
         self.session = self._make_session(self.conversation_id)
 
     def _models_failed(self, reason: str) -> None:

@@ -10,6 +10,23 @@ from edgespec.engine.events import Stats
 from edgespec.tui.origin import DRAFT_STYLE
 
 
+def hardware_label(info: dict) -> str:
+    """Where the models run, from `Engine.describe()`: the backend, and for each
+    model with layers on a GPU how many ("cuda · target 29/29, draft 25/25 layers
+    on GPU"), so that a model left on the CPU by mistake shows."""
+    backend = info.get("backend") or ""
+    offloaded = [
+        f"{role} {m['n_gpu_layers']}/{m['n_layer'] + 1}"
+        for role, m in info.get("models", {}).items()
+        if m.get("n_gpu_layers") and m.get("n_layer")
+    ]
+    if not offloaded:
+        return backend
+    if info.get("gpu_offload") is False:
+        return f"{backend} · GPU layers asked for, but this llama.cpp build has no GPU backend"
+    return f"{backend} · {', '.join(offloaded)} layers on GPU"
+
+
 def format_live(stats: Stats, *, plain_tps: float | None = None) -> str:
     """Mode, k, speed, acceptance, tokens per target pass, drafter and why."""
     parts = [f"mode {stats.mode}", f"k {stats.k}"]
