@@ -57,7 +57,7 @@ class SpecFakeEngine(FakeEngine):
         stats.target_passes += 1
         stats.drafted += 3
         stats.accepted += n - 1
-        stats.decode_s = 0.01 * (stats.generated_tokens - 1)
+        stats.decode_s = 0.01 * stats.generated_tokens
         return Chunk(text="".join(c.text for c in chunks), tokens=[t for c in chunks for t in c.tokens],
                      from_draft=[True] * (n - 1) + [False], stats=stats)
 
