@@ -86,6 +86,17 @@ def test_costs_follow_measured_cycles():
     assert costs.draft("draft", 1) == pytest.approx(0.001, rel=1e-3)
 
 
+def test_a_catch_up_after_idle_cycles_is_not_charged_as_drafting_cost():
+    costs = Costs({1: 0.03, 5: 0.08}, {"draft": 0.01})
+    d = FakeDraftModel()
+    # After 80 idle cycles the draft model first reads 80 tokens, then drafts 2.
+    costs.observe(CycleReport(Plan(d, 2), drafted=2, accepted=2, draft_s=0.4, verify_s=0.05, caught_up=80))
+    assert costs.draft("draft", 1) == pytest.approx(0.01)
+    # In steady use it reads the last draft token and the target's token each cycle.
+    costs.observe(CycleReport(Plan(d, 4), drafted=4, accepted=4, draft_s=0.048, verify_s=0.08, caught_up=2))
+    assert costs.draft("draft", 1) == pytest.approx(0.01 + 0.2 * (0.012 - 0.01))
+
+
 def test_acceptance_estimate():
     a = Acceptance(0.5, weight=0.0001)
     for _ in range(100):

@@ -73,6 +73,18 @@ def test_acceptance_pattern_follows_the_draft(engines):
     assert far.stats.acceptance_rate < near.stats.acceptance_rate < 1.0
 
 
+def test_draft_model_reports_how_far_it_had_to_catch_up(engines):
+    engine = engines["same"]
+    drafter, params = engine.draft_model, GenerationParams(k=4, p_min=0.0)
+    engine.reset()
+    history = list(PROMPTS[4])
+    first = drafter.propose(history, 4, params, None)
+    assert first.caught_up == len(history)  # a cold cache reads everything
+    history += first.tokens + [W]  # all accepted, and the target's own token
+    drafter.rewind(history)
+    assert drafter.propose(history, 4, params, None).caught_up == 2  # the last draft token and the target's
+
+
 def test_prompt_lookup_greedy_equals_plain(engines):
     engine = engines["far"]
     for prompt in PROMPTS:

@@ -40,6 +40,8 @@ class CycleReport:
     accepted: int
     draft_s: float
     verify_s: float
+    caught_up: int = 0
+    """Tokens the drafter evaluated before drafting (see Draft.caught_up)."""
 
 
 class Policy(ABC):
@@ -65,6 +67,13 @@ class FixedPolicy(Policy):
 
 EMA = 0.2
 """Weight of a new timing in the running cost estimates."""
+
+STEADY_CATCH_UP = 2
+"""Tokens a draft model in use every cycle evaluates before drafting: the last
+draft token (drafted, never fed to it) and the target's own token. Part of
+the cost of drafting. A catch-up over more tokens, after auto left the draft
+model idle, is the one-off price of switching back; charged per drafted
+token it would make drafting look several times dearer than it is."""
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -105,7 +114,7 @@ class Costs:
         n = report.drafted + 1
         old = self.target.get(n)
         self.target[n] = report.verify_s if old is None else old + EMA * (report.verify_s - old)
-        if report.drafted and report.plan.drafter is not None:
+        if report.drafted and report.plan.drafter is not None and report.caught_up <= STEADY_CATCH_UP:
             name = report.plan.drafter.name
             per_token = report.draft_s / report.drafted
             old = self.per_draft_token.get(name)

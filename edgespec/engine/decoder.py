@@ -80,7 +80,7 @@ def speculative_steps(
             finish = "max_tokens"
         if plan.drafter is not None:
             plan.drafter.rewind(history)  # and from the drafter's
-        policy.observe(CycleReport(plan, len(draft.tokens), n, t1 - t0, t2 - t1))
+        policy.observe(CycleReport(plan, len(draft.tokens), n, t1 - t0, t2 - t1, draft.caught_up))
         yield Step(new, [True] * min(n, len(new)) + [False] * (len(new) - n), plan,
                    len(draft.tokens), n, finish)
         if finish:

@@ -24,6 +24,9 @@ class Draft:
     probs: np.ndarray | None = None
     """q: one row per token, the distribution it was drawn from (sampling with a
     draft model); None for a deterministic proposal (greedy, prompt lookup)."""
+    caught_up: int = 0
+    """Tokens the drafter evaluated to catch up with the history before drafting:
+    1 or 2 when it drafted last cycle too, many after it sat idle."""
 
 
 class Drafter(ABC):
@@ -50,7 +53,9 @@ class DraftModel(Drafter):
     def propose(self, history, k, params, rng):
         tokens: list[int] = []
         rows: list[np.ndarray] = []
+        before = self.seq.evaluated
         logits = self.seq.next_logits(history)
+        caught_up = self.seq.evaluated - before
         for i in range(k):
             if params.temperature == 0:
                 # Stop when the draft itself is unsure: a likely rejection costs a target column.
@@ -71,7 +76,7 @@ class DraftModel(Drafter):
                 logits = self.seq.logits(-1)
             else:
                 break
-        return Draft(tokens, np.stack(rows) if rows else None)
+        return Draft(tokens, np.stack(rows) if rows else None, caught_up)
 
     def rewind(self, history):
         self.seq.truncate(common_prefix_length(self.seq.tokens, history))
