@@ -8,9 +8,13 @@ from edgespec.engine.drafters import Draft, Drafter, PromptLookup
 
 class FakeDraftModel(Drafter):
     name = "draft"
+    missed = 2  # tokens it has not read: a steady cycle's catch-up
 
     def propose(self, history, k, params, rng):
         return Draft([0] * k)
+
+    def behind(self, history):
+        return self.missed
 
 
 # A GPU-like machine: checking 5 tokens costs about as much as 1.
@@ -86,12 +90,15 @@ def test_costs_follow_measured_cycles():
     assert costs.draft("draft", 1) == pytest.approx(0.001, rel=1e-3)
 
 
-def test_a_catch_up_after_idle_cycles_is_not_charged_as_drafting_cost():
-    costs = Costs({1: 0.03, 5: 0.08}, {"draft": 0.01})
+def test_a_catch_up_after_idle_cycles_is_measured_apart_from_drafting():
+    costs = Costs({1: 0.03, 5: 0.08}, {"draft": 0.01}, {"draft": 0.001})
     d = FakeDraftModel()
-    # After 80 idle cycles the draft model first reads 80 tokens, then drafts 2.
-    costs.observe(CycleReport(Plan(d, 2), drafted=2, accepted=2, draft_s=0.4, verify_s=0.05, caught_up=80))
+    # After 80 idle cycles the draft model first reads 80 tokens (0.4 s), then drafts 2.
+    costs.observe(CycleReport(Plan(d, 2), drafted=2, accepted=2, draft_s=0.42, verify_s=0.05,
+                              caught_up=80, catch_up_s=0.4))
     assert costs.draft("draft", 1) == pytest.approx(0.01)
+    assert costs.catch_up("draft", 102) == pytest.approx(100 * (0.001 + 0.2 * (0.005 - 0.001)))
+    assert costs.catch_up("draft", 2) == 0.0  # a steady cycle's catch-up is part of drafting
     # In steady use it reads the last draft token and the target's token each cycle.
     costs.observe(CycleReport(Plan(d, 4), drafted=4, accepted=4, draft_s=0.048, verify_s=0.08, caught_up=2))
     assert costs.draft("draft", 1) == pytest.approx(0.01 + 0.2 * (0.012 - 0.01))
@@ -133,3 +140,15 @@ def test_lookup_is_not_probed_but_a_draft_model_is():
         history.append(100 + i)  # never what lookup proposes
     assert not any(r.startswith("probing lookup") for r in reasons)
     assert any(r.startswith("probing draft") for r in reasons)
+
+
+def test_a_draft_model_far_behind_must_pay_for_reading_what_it_missed():
+    # A GPU-like machine where drafting pays, but the draft model has not read
+    # the last 300 tokens (auto used prompt lookup meanwhile): one cycle's gain
+    # does not cover reading them, so auto stays off it until a probe.
+    costs = Costs(GPU, {"draft": 0.002, "lookup": 0.0}, {"draft": 0.0015})
+    draft = FakeDraftModel()
+    p = AutoPolicy(costs, [PromptLookup(), draft], k_max=4, priors={"draft": 0.9, "lookup": 0.5})
+    assert p.plan([1, 2, 3, 4, 5, 6]).drafter is draft
+    draft.missed = 300
+    assert p.plan([1, 2, 3, 4, 5, 6]).drafter is None

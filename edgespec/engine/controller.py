@@ -42,6 +42,7 @@ class CycleReport:
     verify_s: float
     caught_up: int = 0
     """Tokens the drafter evaluated before drafting (see Draft.caught_up)."""
+    catch_up_s: float = 0.0
 
 
 class Policy(ABC):
@@ -72,8 +73,9 @@ STEADY_CATCH_UP = 2
 """Tokens a draft model in use every cycle evaluates before drafting: the last
 draft token (drafted, never fed to it) and the target's own token. Part of
 the cost of drafting. A catch-up over more tokens, after auto left the draft
-model idle, is the one-off price of switching back; charged per drafted
-token it would make drafting look several times dearer than it is."""
+model idle, is the price of switching back to it: measured and charged apart
+(charged per drafted token it made drafting look 2.5x dearer than it is;
+ignored, auto switched back at the price of reading a whole prompt)."""
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -89,9 +91,12 @@ class Costs:
     """Seconds per target pass by batch size, and per drafted token by drafter,
     measured on this machine and updated from every cycle."""
 
-    def __init__(self, target: dict[int, float], per_draft_token: dict[str, float]):
+    def __init__(self, target: dict[int, float], per_draft_token: dict[str, float],
+                 per_catch_up_token: dict[str, float] | None = None):
         self.target = dict(target)
         self.per_draft_token = dict(per_draft_token)
+        self.per_catch_up_token = dict(per_catch_up_token or {})
+        """Seconds per token a drafter takes to read the history it missed (in a batch)."""
 
     def target_pass(self, n: int) -> float:
         """Time of a target pass over n tokens, interpolated between measured sizes."""
@@ -110,15 +115,26 @@ class Costs:
     def draft(self, name: str, k: int) -> float:
         return self.per_draft_token.get(name, 0.0) * k
 
+    def catch_up(self, name: str, behind: int) -> float:
+        """What reading `behind` missed tokens costs a drafter beyond a steady cycle's catch-up."""
+        return self.per_catch_up_token.get(name, 0.0) * max(0, behind - STEADY_CATCH_UP)
+
     def observe(self, report: CycleReport) -> None:
         n = report.drafted + 1
         old = self.target.get(n)
         self.target[n] = report.verify_s if old is None else old + EMA * (report.verify_s - old)
-        if report.drafted and report.plan.drafter is not None and report.caught_up <= STEADY_CATCH_UP:
-            name = report.plan.drafter.name
-            per_token = report.draft_s / report.drafted
-            old = self.per_draft_token.get(name)
-            self.per_draft_token[name] = per_token if old is None else old + EMA * (per_token - old)
+        if report.plan.drafter is None:
+            return
+        name = report.plan.drafter.name
+        if report.caught_up > STEADY_CATCH_UP:
+            _ema(self.per_catch_up_token, name, report.catch_up_s / report.caught_up)
+        elif report.drafted:
+            _ema(self.per_draft_token, name, report.draft_s / report.drafted)
+
+
+def _ema(estimates: dict[str, float], name: str, value: float) -> None:
+    old = estimates.get(name)
+    estimates[name] = value if old is None else old + EMA * (value - old)
 
 
 class Acceptance:
@@ -176,8 +192,9 @@ class AutoPolicy(Policy):
         options = [(d, *self._options(d, history)) for d in self.drafters]
         for drafter, k_cap, bucket, _ in options:
             a = self._acceptance(bucket).rate
+            switch = self.costs.catch_up(drafter.name, drafter.behind(history)) if k_cap > 0 else 0.0
             for k in range(1, k_cap + 1):
-                rate = expected_tokens(a, k) / (self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k))
+                rate = expected_tokens(a, k) / (self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k) + switch)
                 if rate > best_rate:
                     best, best_rate = Plan(drafter, k, bucket=bucket), rate
                 if runner_up is None or rate > runner_up[1]:
@@ -259,12 +276,18 @@ def measure_pass(seq: KVSequence, n: int, *, repeats: int = 2) -> float:
 def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
               measured: dict[int, float] | None = None) -> Costs:
     """Quick cost measurement at load: target passes of 1, 2 and k_max + 1
-    tokens (those not `measured` already), and one draft-model token."""
+    tokens (those not `measured` already), one draft-model token and a draft
+    batch (catching up on missed tokens)."""
     target_costs = dict(measured or {})
     for n in {1, 2, k_max + 1}:
         if n not in target_costs and n <= target.room:
             target_costs[n] = measure_pass(target, n)
-    draft_costs = {"lookup": 0.0}
-    if draft is not None and draft.room > 1:
+    draft_costs, catch_up_costs = {"lookup": 0.0}, {}
+    if draft is not None and draft.room > CATCH_UP_PROBE:
         draft_costs["draft"] = measure_pass(draft, 1)
-    return Costs(target_costs, draft_costs)
+        catch_up_costs["draft"] = measure_pass(draft, CATCH_UP_PROBE) / CATCH_UP_PROBE
+    return Costs(target_costs, draft_costs, catch_up_costs)
+
+
+CATCH_UP_PROBE = 16
+"""Tokens of the draft model's calibration batch, the price of reading missed history."""

@@ -80,7 +80,7 @@ def speculative_steps(
             finish = "max_tokens"
         if plan.drafter is not None:
             plan.drafter.rewind(history)  # and from the drafter's
-        policy.observe(CycleReport(plan, len(draft.tokens), n, t1 - t0, t2 - t1, draft.caught_up))
+        policy.observe(CycleReport(plan, len(draft.tokens), n, t1 - t0, t2 - t1, draft.caught_up, draft.catch_up_s))
         yield Step(new, [True] * min(n, len(new)) + [False] * (len(new) - n), plan,
                    len(draft.tokens), n, finish)
         if finish:

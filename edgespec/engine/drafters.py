@@ -7,6 +7,7 @@ called after each cycle with the accepted tokens.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Sequence
@@ -27,6 +28,8 @@ class Draft:
     caught_up: int = 0
     """Tokens the drafter evaluated to catch up with the history before drafting:
     1 or 2 when it drafted last cycle too, many after it sat idle."""
+    catch_up_s: float = 0.0
+    """Seconds that catch-up took."""
 
 
 class Drafter(ABC):
@@ -39,6 +42,10 @@ class Drafter(ABC):
 
     def rewind(self, history: Sequence[int]) -> None:
         """The cycle is over and `history` is what was accepted: drop the rest."""
+
+    def behind(self, history: Sequence[int]) -> int:
+        """Tokens of `history` the drafter would have to read before drafting."""
+        return 0
 
 
 class DraftModel(Drafter):
@@ -53,9 +60,9 @@ class DraftModel(Drafter):
     def propose(self, history, k, params, rng):
         tokens: list[int] = []
         rows: list[np.ndarray] = []
-        before = self.seq.evaluated
+        before, start = self.seq.evaluated, time.perf_counter()
         logits = self.seq.next_logits(history)
-        caught_up = self.seq.evaluated - before
+        caught_up, catch_up_s = self.seq.evaluated - before, time.perf_counter() - start
         for i in range(k):
             if params.temperature == 0:
                 # Stop when the draft itself is unsure: a likely rejection costs a target column.
@@ -76,10 +83,13 @@ class DraftModel(Drafter):
                 logits = self.seq.logits(-1)
             else:
                 break
-        return Draft(tokens, np.stack(rows) if rows else None, caught_up)
+        return Draft(tokens, np.stack(rows) if rows else None, caught_up, catch_up_s)
 
     def rewind(self, history):
         self.seq.truncate(common_prefix_length(self.seq.tokens, history))
+
+    def behind(self, history):
+        return len(history) - common_prefix_length(self.seq.tokens, history)
 
 
 class PromptLookup(Drafter):
