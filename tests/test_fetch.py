@@ -106,6 +106,23 @@ def test_a_downloaded_file_is_used_without_the_network_next_time(hub, monkeypatc
     assert installed_path(reg.model("tiny-q4")) == first
 
 
+def test_any_hub_file_can_be_named_without_a_registry_entry(hub):
+    hub.add(REPO, "sub/tiny-q8.gguf", CONTENT)
+    name = f"hf:{REPO}/sub/tiny-q8.gguf"
+    events: list[Progress] = []
+    path = resolve_model(name, progress=events.append, registry=registry())
+    assert path.read_bytes() == CONTENT and events[-1].done == len(CONTENT)
+    assert resolve_model(name, download=False, registry=registry()) == path  # found again, offline
+    assert [e.name for e, _ in fetch_mod.pull(name, registry=registry())] == [name]
+    assert remove(registry().model(name)) and installed_path(registry().model(name)) is None
+
+
+def test_a_malformed_hub_name_shows_the_form():
+    for bad in ("hf:someone/Tiny-GGUF", "hf:someone/Tiny-GGUF/readme.md", "hf://x.gguf"):
+        with pytest.raises(RegistryError, match="hf:OWNER/REPO/FILE.gguf"):
+            resolve_model(bad, registry=registry())
+
+
 def test_download_false_never_downloads(hub):
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     with pytest.raises(DownloadError, match="not downloaded yet.*edgespec pull tiny-q4"):

@@ -27,7 +27,7 @@ from edgespec.models.download import download as download_file
 from edgespec.models.download import part_path
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import ProgressCallback, human_bytes
-from edgespec.models.registry import (DEFAULT_PAIR, HubSource, ModelEntry, PackageFileSource, PairEntry,
+from edgespec.models.registry import (DEFAULT_PAIR, HUB_PREFIX, HubSource, ModelEntry, PackageFileSource, PairEntry,
                                       PartsSource, Registry, load_registry)
 from edgespec.models.verify import forget_verified, record_verified, verify_file
 
@@ -135,6 +135,8 @@ def is_path_like(name_or_path: str) -> bool:
     """True for things that can only be paths: *.gguf, or containing a directory separator
     or ~ (registry names contain neither; hub repos are written owner/name only inside models.yaml)."""
     s = str(name_or_path)
+    if s.startswith(HUB_PREFIX):
+        return False
     return (s.lower().endswith(".gguf") or os.sep in s or (os.altsep is not None and os.altsep in s)
             or s.startswith(("~", ".")))
 

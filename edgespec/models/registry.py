@@ -39,6 +39,25 @@ class HubSource:
         return f"hf.co/{self.repo}/{self.file}"
 
 
+HUB_PREFIX = "hf:"
+
+
+def hub_model(spec: str) -> ModelEntry:
+    """Any GGUF file on the Hugging Face hub, without a registry entry, written as
+    hf:OWNER/REPO/FILE.gguf (FILE may sit in a folder of the repo), optionally
+    followed by @REVISION. No size or checksum is known: the file is checked to
+    be GGUF and what the hub sends is trusted."""
+    body, _, revision = spec[len(HUB_PREFIX):].partition("@")
+    parts = body.split("/")
+    if len(parts) < 3 or not all(parts) or not parts[-1].lower().endswith(".gguf"):
+        raise RegistryError(
+            f"{spec!r}: write a file on the Hugging Face hub as hf:OWNER/REPO/FILE.gguf, e.g. "
+            "hf:Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+    return ModelEntry(name=spec, source=HubSource(repo="/".join(parts[:2]), file="/".join(parts[2:]),
+                                                  revision=revision or "main"),
+                      description="a hub file named on the command line")
+
+
 @dataclass(frozen=True)
 class PartsSource:
     """A GGUF file split across installed Python packages, concatenated in order."""
@@ -136,9 +155,12 @@ class Registry:
     """The files it was read from, shipped first."""
 
     def model(self, name: str) -> ModelEntry:
-        """The model called `name`; RegistryError with suggestions if there is none."""
+        """The model called `name` (or a hub file named as hf:OWNER/REPO/FILE.gguf);
+        RegistryError with suggestions if there is none."""
         if name in self.models:
             return self.models[name]
+        if name.startswith(HUB_PREFIX):
+            return hub_model(name)
         if name in self.pairs:
             raise RegistryError(f"{name!r} is a pair, not a model; its target is {self.pairs[name].target!r}")
         raise RegistryError(self._unknown("model", name, self.models))
