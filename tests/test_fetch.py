@@ -117,6 +117,13 @@ def test_any_hub_file_can_be_named_without_a_registry_entry(hub):
     assert remove(registry().model(name)) and installed_path(registry().model(name)) is None
 
 
+def test_a_hub_file_that_is_not_gguf_is_deleted(hub, home):
+    hub.add(REPO, "page.gguf", b"<!doctype html><p>Sign in</p>")
+    with pytest.raises(ModelFileError, match="GGUF"):
+        resolve_model(f"hf:{REPO}/page.gguf", registry=registry())
+    assert files_named(home, "page.gguf") == [] and files_named(home, "page.gguf.part") == []
+
+
 def test_a_malformed_hub_name_shows_the_form():
     for bad in ("hf:someone/Tiny-GGUF", "hf:someone/Tiny-GGUF/readme.md", "hf://x.gguf"):
         with pytest.raises(RegistryError, match="hf:OWNER/REPO/FILE.gguf"):

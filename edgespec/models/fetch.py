@@ -164,6 +164,7 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
         verify_file(part, name=entry.name, size=entry.size, sha256=entry.sha256, progress=progress,
                     fix=f"The download was deleted. {again}; if it fails the same way, the entry "
                         f"{entry.name!r} in models.yaml may be outdated (or pass a local .gguf path instead).")
+        check_magic(part)  # all there is to check for a hub file without a registry entry
         forget_verified(part)
 
     try:
