@@ -41,7 +41,9 @@ class LlamaContext:
             why = recent_errors() or "llama.cpp gave no reason"
             raise ModelLoadError(f"could not create a {n_ctx}-token context for {model.path.name}: {why}")
         self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self.n_batch = n_batch
+        self.n_batch = llama_cpp.llama_n_batch(self._ctx)
+        """Most tokens one llama_decode takes: llama.cpp lowers the n_batch asked for
+        to the n_ctx asked for, and then may round n_ctx itself up."""
         self.n_vocab = model.n_vocab
         self.decode_s = 0.0
         """Seconds spent inside llama_decode (to tell llama.cpp's time from ours)."""
