@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from edgespec.engine.controller import calibrate
 from edgespec.engine.detok import Detokenizer
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.runtime import Engine, ModelSettings
@@ -83,6 +84,25 @@ def test_draft_model_reports_how_far_it_had_to_catch_up(engines):
     history += first.tokens + [W]  # all accepted, and the target's own token
     drafter.rewind(history)
     assert drafter.propose(history, 4, params, None).caught_up == 2  # the last draft token and the target's
+
+
+def test_calibration_measures_costs_and_leaves_the_caches_as_they_were(engines, synth_target):
+    engine = engines["same"]
+    engine.reset()
+    run(engine, PROMPTS[2], mode="draft", k=4, max_tokens=5)
+    target, draft = engine._target.seq, engine._draft.seq
+    before = (list(target.tokens), list(draft.tokens))
+    costs = calibrate(target, draft, 4)
+    assert set(costs.target) == {1, 2, 5} and all(s > 0 for s in costs.target.values())
+    assert costs.per_draft_token["draft"] > 0 and costs.per_catch_up_token["draft"] > 0
+    assert (target.tokens, draft.tokens) == before
+    # A nearly full context: only what fits is measured.
+    with Engine.load(settings(synth_target, n_ctx=32), settings(synth_target, n_ctx=32)) as small:
+        t, d = small._target.seq, small._draft.seq
+        t.sync(list(range(1, t.n_ctx - 3)))
+        d.sync(list(range(1, d.n_ctx - 3)))
+        costs = calibrate(t, d, 6)
+        assert set(costs.target) == {1, 2} and costs.per_catch_up_token["draft"] > 0
 
 
 def test_prompt_lookup_greedy_equals_plain(engines):
@@ -176,6 +196,16 @@ def test_decode_speed_pays_for_every_token_including_the_first_cycle(engines, mo
     assert stats.target_passes == 1 and len(tokens) == 5  # the draft is the target: one cycle
     assert stats.decode_s >= slow_cycle * stats.target_passes
     assert stats.tokens_per_s == pytest.approx(len(tokens) / stats.decode_s)
+
+
+def test_a_context_smaller_than_the_batch_size_still_takes_long_prompts(synth_target):
+    # Asked for 100 positions, llama.cpp lowers n_batch (512) to 100 and rounds
+    # the context up to 256: a 150-token prompt must go in batches it accepts
+    # (it used to abort the whole process in a GGML_ASSERT).
+    with Engine.load(ModelSettings(synth_target, n_ctx=100, n_threads=1)) as engine:
+        prompt = [1] + [W + i % 50 for i in range(149)]
+        tokens, _, last = run(engine, prompt, mode="plain", max_tokens=3)
+        assert len(tokens) == 3 and last.stats.prompt_evaluated == len(prompt)
 
 
 def test_stop_string_ends_generation_and_is_not_shown(engines):

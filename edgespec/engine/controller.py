@@ -283,9 +283,10 @@ def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
         if n not in target_costs and n <= target.room:
             target_costs[n] = measure_pass(target, n)
     draft_costs, catch_up_costs = {"lookup": 0.0}, {}
-    if draft is not None and draft.room > CATCH_UP_PROBE:
+    if draft is not None and draft.room > 1:
         draft_costs["draft"] = measure_pass(draft, 1)
-        catch_up_costs["draft"] = measure_pass(draft, CATCH_UP_PROBE) / CATCH_UP_PROBE
+        n = min(CATCH_UP_PROBE, draft.room - 1)
+        catch_up_costs["draft"] = measure_pass(draft, n) / n
     return Costs(target_costs, draft_costs, catch_up_costs)
 
 
