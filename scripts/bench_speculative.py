@@ -29,7 +29,7 @@ PROMPT_IDS = ("explain", "write-function", "add-docstrings", "reformat-json")
 
 def run(engine, tokens, params):
     """One generation: its tokens, stats, wall seconds, and seconds inside llama_decode."""
-    contexts = [engine._target.ctx] + ([engine._draft.ctx] if engine._draft else [])
+    contexts = [seq.ctx for seq in (engine.target_seq, engine.draft_seq) if seq is not None]
     in_llama = sum(c.decode_s for c in contexts)
     start = time.perf_counter()
     out, last = [], None

@@ -81,7 +81,7 @@ def record(engine, prompt: list[int], max_tokens: int) -> Recorded:
     reply: list[int] = []
     for chunk in engine.generate(prompt, GenerationParams(mode="plain", max_tokens=max_tokens)):
         reply += chunk.tokens
-    seq = engine._draft.seq
+    seq = engine.draft_seq
     seq.sync(prompt[:-1])
     seq.extend([prompt[-1], *reply[:-1]], all_logits=True)
     guess, confidence = [], []
@@ -95,10 +95,10 @@ def record(engine, prompt: list[int], max_tokens: int) -> Recorded:
 
 
 def measure_costs(engine, prompt: list[int], k_max: int) -> Costs:
-    target = engine._target.seq
+    target = engine.target_seq
     target.sync(prompt[:-1])
     passes = {n: measure_pass(target, n, repeats=3) for n in range(1, k_max + 2)}
-    draft = engine._draft.seq
+    draft = engine.draft_seq
     draft.sync(prompt[:-1])
     return Costs(passes, {"lookup": 0.0, "draft": measure_pass(draft, 1, repeats=3)})
 

@@ -90,7 +90,7 @@ def test_calibration_measures_costs_and_leaves_the_caches_as_they_were(engines, 
     engine = engines["same"]
     engine.reset()
     run(engine, PROMPTS[2], mode="draft", k=4, max_tokens=5)
-    target, draft = engine._target.seq, engine._draft.seq
+    target, draft = engine.target_seq, engine.draft_seq
     before = (list(target.tokens), list(draft.tokens))
     costs = calibrate(target, draft, 4)
     assert set(costs.target) == {1, 2, 5} and all(s > 0 for s in costs.target.values())
@@ -98,7 +98,7 @@ def test_calibration_measures_costs_and_leaves_the_caches_as_they_were(engines, 
     assert (target.tokens, draft.tokens) == before
     # A nearly full context: only what fits is measured.
     with Engine.load(settings(synth_target, n_ctx=32), settings(synth_target, n_ctx=32)) as small:
-        t, d = small._target.seq, small._draft.seq
+        t, d = small.target_seq, small.draft_seq
         t.sync(list(range(1, t.n_ctx - 3)))
         d.sync(list(range(1, d.n_ctx - 3)))
         costs = calibrate(t, d, 6)
@@ -120,7 +120,7 @@ def test_prompt_lookup_greedy_equals_plain(engines):
 def fresh_logits(path, tokens, *, fast_kernels):
     """Logits after `tokens` from a new context (same kernels and KV type as the engine's)."""
     with Engine.load(settings(path, fast_kernels=fast_kernels)) as engine:
-        return engine._target.seq.next_logits(tokens).copy()
+        return engine.target_seq.next_logits(tokens).copy()
 
 
 def test_kv_truncation_leaves_both_caches_as_if_fed_only_the_accepted_tokens(
@@ -135,7 +135,7 @@ def test_kv_truncation_leaves_both_caches_as_if_fed_only_the_accepted_tokens(
             if not all(chunk.from_draft):  # a rejection happened in this cycle
                 break
         chunks.close()
-        target_seq, draft_seq = engine._target.seq, engine._draft.seq
+        target_seq, draft_seq = engine.target_seq, engine.draft_seq
         # The target holds everything but the newest token; the draft a prefix of the history.
         assert target_seq.tokens == history[:-1]
         assert draft_seq.tokens == history[: len(draft_seq.tokens)]

@@ -44,7 +44,7 @@ def models(tmp_path_factory):
 def exact_distribution(path, params):
     """P(t1, t2) and P(t3) of the target, with END standing for a stop."""
     with Engine.load(ModelSettings(path, n_ctx=64, n_threads=1, n_batch=64)) as engine:
-        seq, model = engine._target.seq, engine._target.model
+        seq, model = engine.target_seq, engine._target.model
 
         def p(history):
             return distribution(seq.next_logits(history), params)

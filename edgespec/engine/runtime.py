@@ -139,6 +139,16 @@ class Engine:
         return self._draft is not None
 
     @property
+    def target_seq(self) -> KVSequence:
+        """The target's KV cache and the tokens it holds (for tools that measure it)."""
+        return self._target.seq
+
+    @property
+    def draft_seq(self) -> KVSequence | None:
+        """The draft model's, if there is one."""
+        return self._draft.seq if self._draft else None
+
+    @property
     def chat_template(self) -> str | None:
         return self._target.model.chat_template()
 
