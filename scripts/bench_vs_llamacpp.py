@@ -136,7 +136,8 @@ def main() -> int:
                     ours.append(run_edgespec(engine, tokens, params))
                     cpp.append(run_cpp(cmd))
             if cpp[0]["prompt_tokens"] != len(tokens):
-                sys.exit(f"{prompt.id}: C++ tokenized the prompt to {cpp[0]['prompt_tokens']} tokens, ours to {len(tokens)}")
+                sys.exit(f"{prompt.id}: C++ tokenized the prompt to {cpp[0]['prompt_tokens']} tokens, "
+                         f"edgespec to {len(tokens)}")
             ratio = statistics.median(o["tokens_per_s"] / c["tokens_per_s"] for o, c in zip(ours, cpp))
             ratios.append(ratio)
 

@@ -194,7 +194,8 @@ class AutoPolicy(Policy):
             a = self._acceptance(bucket).rate
             switch = self.costs.catch_up(drafter.name, drafter.behind(history)) if k_cap > 0 else 0.0
             for k in range(1, k_cap + 1):
-                rate = expected_tokens(a, k) / (self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k) + switch)
+                cycle_s = self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k) + switch
+                rate = expected_tokens(a, k) / cycle_s
                 if rate > best_rate:
                     best, best_rate = Plan(drafter, k, bucket=bucket), rate
                 if runner_up is None or rate > runner_up[1]:

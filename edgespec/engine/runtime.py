@@ -44,11 +44,12 @@ class ModelSettings:
     """CPU threads; None for all cores."""
     n_batch: int = 512
     fast_kernels: bool | None = None
-    """None: off for a target, on for a draft model (see below). True: let llama.cpp pick its fastest kernels for each batch size (repacked CPU
+    """None: off for a target, on for a draft model (see below). True: let
+    llama.cpp pick its fastest kernels for each batch size (repacked CPU
     weights, F16 KV cache, tiled and thread-split attention). A pass over k
     tokens then rounds differently from k single-token passes, so a near-tie
-    can flip and greedy speculation is no longer token-exact. Off (the
-    default), the target uses kernels that give bit-identical logits whatever
+    can flip and greedy speculation is no longer token-exact. Off (a target's
+    default), the model uses kernels that give bit-identical logits whatever
     the batch size (plain weight layouts, a Q8_0 KV cache, untiled attention)
     and speculation is capped at the largest batch measured to be exact.
     A draft model runs fast unless told otherwise: it only guesses, so its
