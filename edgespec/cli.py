@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+MODEL_NAMES = "a .gguf path, a registry name or hf:OWNER/REPO/FILE.gguf"
+"""How a model may be named wherever the CLI takes one."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgespec",
@@ -43,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="show versions and llama.cpp's backend, then exit")
     app = parser.add_argument_group("chat app (no command)")
     app.add_argument("--pair", metavar="NAME", help="a target + draft pair from the registry (default: the bundled pair)")
-    app.add_argument("--target", metavar="PATH_OR_NAME", help="target model: a .gguf path, a registry name or hf:OWNER/REPO/FILE.gguf")
-    app.add_argument("--draft", metavar="PATH_OR_NAME", help="draft model: a .gguf path, a registry name or hf:OWNER/REPO/FILE.gguf")
+    app.add_argument("--target", metavar="PATH_OR_NAME", help=f"target model: {MODEL_NAMES}")
+    app.add_argument("--draft", metavar="PATH_OR_NAME", help=f"draft model: {MODEL_NAMES}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_generate(sub)
     _add_bench(sub)
@@ -80,8 +84,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     """--target/--draft/--pair and how to run them (GPU layers, threads, context)."""
     g = p.add_argument_group("models")
     g.add_argument("--pair", metavar="NAME", help="a target + draft pair from the registry (default: the bundled pair)")
-    g.add_argument("--target", metavar="PATH_OR_NAME", help="target model: a .gguf path, a registry name or hf:OWNER/REPO/FILE.gguf")
-    g.add_argument("--draft", metavar="PATH_OR_NAME", help="draft model: a .gguf path, a registry name or hf:OWNER/REPO/FILE.gguf")
+    g.add_argument("--target", metavar="PATH_OR_NAME", help=f"target model: {MODEL_NAMES}")
+    g.add_argument("--draft", metavar="PATH_OR_NAME", help=f"draft model: {MODEL_NAMES}")
     g.add_argument("--no-draft", action="store_true", help="load no draft model (plain or lookup only)")
     g.add_argument("--n-gpu-layers", type=int, default=0, metavar="N", help="target layers on the GPU (-1: all)")
     g.add_argument("--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU (-1: all)")
@@ -276,7 +280,8 @@ def _add_model_commands(sub) -> None:
     p = sub.add_parser("pull", help="download (or assemble) a model or both models of a pair",
                        description="Get a model's file, or a pair's two files, with progress. "
                                    "Downloads resume; files are checked against their size and sha256.")
-    p.add_argument("names", nargs="+", metavar="NAME", help="a model or pair name (see `edgespec models`), or hf:OWNER/REPO/FILE.gguf")
+    p.add_argument("names", nargs="+", metavar="NAME",
+                   help="a model or pair name (see `edgespec models`), or hf:OWNER/REPO/FILE.gguf")
     p.set_defaults(handler=_cmd_pull)
 
     p = sub.add_parser("rm", help="delete a downloaded or assembled model file",

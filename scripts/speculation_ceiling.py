@@ -30,8 +30,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench import load_prompts  # noqa: E402
@@ -40,6 +38,7 @@ from edgespec.engine.controller import AutoPolicy, Costs, CycleReport, FixedPoli
 from edgespec.engine.drafters import Draft, Drafter, PromptLookup  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 from edgespec.engine.runtime import ACCEPTANCE_PRIORS  # noqa: E402
+from edgespec.engine.sampling import greedy, top_probability  # noqa: E402
 
 
 class Recorded:
@@ -84,12 +83,8 @@ def record(engine, prompt: list[int], max_tokens: int) -> Recorded:
     seq = engine.draft_seq
     seq.sync(prompt[:-1])
     seq.extend([prompt[-1], *reply[:-1]], all_logits=True)
-    guess, confidence = [], []
-    for i in range(len(reply)):
-        logits = np.asarray(seq.logits(i), dtype=np.float32)
-        top = float(logits.max())
-        guess.append(int(logits.argmax()))
-        confidence.append(float(1.0 / np.exp(logits - top).sum()))
+    rows = [seq.logits(i) for i in range(len(reply))]
+    guess, confidence = [greedy(r) for r in rows], [top_probability(r) for r in rows]
     seq.truncate(len(prompt) - 1)
     return Recorded(prompt, reply, guess, confidence)
 

@@ -111,9 +111,10 @@ def remove(entry: ModelEntry) -> list[Path]:
                             f"remove it with: pip uninstall {source.pip.split()[-1]}")
     path = installed_path(entry)
     removed = []
-    if isinstance(source, HubSource) and part_path(_hub_dest(source)).exists():
-        part_path(_hub_dest(source)).unlink()
-        removed.append(part_path(_hub_dest(source)))
+    part = part_path(_hub_dest(source)) if isinstance(source, HubSource) else None
+    if part is not None and part.exists():
+        part.unlink()
+        removed.append(part)
     if path is None:
         return removed
     if isinstance(source, HubSource) and path.is_symlink():
