@@ -105,7 +105,12 @@ def replay(policy, rec: Recorded, costs: Costs, params: GenerationParams, draft:
     while i < len(reply):
         plan = policy.plan(history)
         k = min(plan.k, len(reply) - i - 1) if plan.drafter else 0
-        guesses = plan.drafter.propose(history, k, params, None).tokens if k > 0 else []
+        if k <= 0:
+            guesses = []
+        elif plan.proposal is not None:
+            guesses = plan.proposal[:k]
+        else:
+            guesses = plan.drafter.propose(history, k, params, None).tokens
         n = 0
         while n < len(guesses) and guesses[n] == reply[i + n]:
             n += 1
@@ -124,7 +129,7 @@ def ceiling(rec: Recorded, costs: Costs, k_max: int, lookup: PromptLookup) -> fl
     best = [0.0] * (n_reply + 1)
     for i in range(n_reply - 1, -1, -1):
         options = [costs.target_pass(1) + best[i + 1]]
-        proposal, _ = lookup.match(rec.prompt + reply[:i], k_max)
+        proposal, _ = lookup.match(rec.prompt + reply[:i], k_max, skip=True)
         agreed = 0
         for k in range(1, len(proposal) + 1):
             if agreed == k - 1 and i + agreed < n_reply and proposal[k - 1] == reply[i + agreed]:

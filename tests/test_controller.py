@@ -10,6 +10,12 @@ class FakeDraftModel(Drafter):
     name = "draft"
     missed = 2  # tokens it has not read: a steady cycle's catch-up
 
+    def __init__(self):
+        self.prefilled: list[int] = []
+
+    def prefill(self, prompt):
+        self.prefilled.append(len(prompt))
+
     def propose(self, history, k, params, rng):
         return Draft([0] * k)
 
@@ -144,11 +150,44 @@ def test_lookup_is_not_probed_but_a_draft_model_is():
 
 def test_a_draft_model_far_behind_must_pay_for_reading_what_it_missed():
     # A GPU-like machine where drafting pays, but the draft model has not read
-    # the last 300 tokens (auto used prompt lookup meanwhile): one cycle's gain
-    # does not cover reading them, so auto stays off it until a probe.
+    # the last 300 tokens (auto used prompt lookup meanwhile): even spread over
+    # the cycles it would serve, reading them costs more than drafting wins, so
+    # auto stays off it until a probe.
     costs = Costs(GPU, {"draft": 0.002, "lookup": 0.0}, {"draft": 0.0015})
     draft = FakeDraftModel()
     p = AutoPolicy(costs, [PromptLookup(), draft], k_max=4, priors={"draft": 0.9, "lookup": 0.5})
     assert p.plan([1, 2, 3, 4, 5, 6]).drafter is draft
     draft.missed = 300
     assert p.plan([1, 2, 3, 4, 5, 6]).drafter is None
+
+
+def test_switching_back_to_a_draft_model_spreads_its_catch_up_over_the_cycles_it_serves():
+    # This CPU, a draft model right 99% of the time that sat out a 20-token
+    # lookup run: reading those 20 tokens (0.18 s) charged to one cycle would
+    # keep it idle for good (it only falls further behind); spread over the
+    # cycles it is expected to serve, switching back pays.
+    costs = Costs({1: 0.10, 5: 0.23}, {"draft": 0.03, "lookup": 0.0}, {"draft": 0.01})
+    draft = FakeDraftModel()
+    p = AutoPolicy(costs, [PromptLookup(), draft], k_max=4, priors={"draft": 0.99, "lookup": 0.5})
+    draft.missed = 20
+    assert p.plan([1, 2, 3, 4, 5, 6]).drafter is draft
+    one_cycle = expected_tokens(0.99, 4) / (0.23 + 4 * 0.03 + costs.catch_up("draft", 20))
+    assert one_cycle < 1 / 0.10  # what the old rule compared: plain would have won
+
+
+def test_a_new_reply_warms_a_draft_model_that_can_pay_and_probes_it_early():
+    p = policy(CPU, 0.010, prior=0.3)  # at 30% the draft model is never chosen outright
+    history = [1, 2, 3, 4, 5, 6]
+    for _ in range(200):  # a long reply: the wait between probes has grown
+        p.plan(history)
+    draft = p.drafters[1]
+    p.prefill(history)  # the next reply's prompt
+    assert draft.prefilled == [len(history)]
+    plans = [p.plan(history) for _ in range(AutoPolicy.PROBE_FIRST)]
+    assert plans[-1].drafter is draft and plans[-1].reason.startswith("probing draft")
+
+
+def test_a_draft_model_that_cannot_pay_even_when_right_is_left_cold():
+    p = policy(CPU, CPU[1], prior=0.9)  # a draft token costs as much as a target token
+    p.prefill([1, 2, 3, 4, 5, 6])
+    assert p.drafters[1].prefilled == []

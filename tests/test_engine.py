@@ -86,6 +86,24 @@ def test_draft_model_reports_how_far_it_had_to_catch_up(engines):
     assert drafter.propose(history, 4, params, None).caught_up == 2  # the last draft token and the target's
 
 
+def test_the_draft_model_reads_the_prompt_with_the_target(engines, monkeypatch):
+    """As in llama.cpp's loops, so that decoding starts with a warm draft model
+    (its first cycle reads only the prompt's last token, as the target's does)."""
+    engine = engines["same"]
+    engine.reset()
+    caught_up = []
+    propose = type(engine.draft_model).propose
+
+    def spy(self, *args, **kwargs):
+        draft = propose(self, *args, **kwargs)
+        caught_up.append(draft.caught_up)
+        return draft
+
+    monkeypatch.setattr(type(engine.draft_model), "propose", spy)
+    run(engine, PROMPTS[4], mode="draft", k=4, max_tokens=10)
+    assert len(PROMPTS[4]) > 2 and caught_up[0] == 1
+
+
 def test_calibration_measures_costs_and_leaves_the_caches_as_they_were(engines, synth_target):
     engine = engines["same"]
     engine.reset()

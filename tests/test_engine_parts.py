@@ -17,8 +17,24 @@ def test_lookup_proposes_the_continuation_of_the_latest_match():
 def test_lookup_prefers_longer_ngrams():
     # "2 3" last followed by 4, but the 3-gram "1 2 3" only ever by 7.
     history = [1, 2, 3, 7, 2, 3, 4, 1, 2, 3]
-    assert PromptLookup(ngram_max=3).lookup(history, 1) == [7]
-    assert PromptLookup(ngram_max=2).lookup(history, 1) == [4]
+    assert PromptLookup(ngram_max=3).match(history, 1) == ([7], "3-gram")
+    # Matching only "2 3", the earlier occurrence still wins: its context agrees one token further.
+    assert PromptLookup(ngram_max=2).match(history, 1) == ([7], "3-gram")
+
+
+def test_lookup_prefers_the_occurrence_whose_context_agrees_longest():
+    """In code the same line often occurs twice; the reply copies the one whose
+    preceding tokens it has just written, not necessarily the latest."""
+    history = [1, 2, 3, 4, 5, 9, 3, 4, 6, 1, 2, 3, 4]
+    assert PromptLookup(ngram_max=2).match(history, 2) == ([5, 9], "4-gram")  # "3 4" agrees back to "1 2"
+    assert PromptLookup(ngram_max=2).match([8, 3, 4, 5, 9, 3, 4, 6, 7, 3, 4], 1) == ([6], "2-gram")  # a tie: latest
+
+
+def test_lookup_can_skip_the_token_an_edit_replaced():
+    # Copying "1 2 3 4 5 6" with 4 renamed to 99: no n-gram ending in 99 occurs before.
+    history = [7, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 99]
+    assert PromptLookup().match(history, 3) == ([], "")
+    assert PromptLookup().match(history, 3, skip=True) == ([5, 6, 8], "skip")
 
 
 def test_lookup_without_a_match_or_budget_proposes_nothing():

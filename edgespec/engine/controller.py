@@ -24,7 +24,9 @@ class Plan:
     reason: str = ""
     bucket: str = ""
     """Whose acceptance this cycle measures (auto mode): the drafter, or for
-    prompt lookup the drafter and the length of the n-gram it matched."""
+    prompt lookup the drafter and the kind of match (see PromptLookup.match)."""
+    proposal: list[int] | None = None
+    """The draft, when the policy already made it to choose k (prompt lookup in auto mode)."""
 
     @property
     def name(self) -> str:
@@ -53,6 +55,10 @@ class Policy(ABC):
     def observe(self, report: CycleReport) -> None:
         """Learn from a finished cycle (fixed policies ignore it)."""
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Let the drafters this policy expects to use read the prompt now, as
+        part of prompt processing (llama.cpp's loops do the same)."""
+
 
 class FixedPolicy(Policy):
     """Always the same drafter and k (None or k = 0: plain decoding)."""
@@ -62,6 +68,10 @@ class FixedPolicy(Policy):
 
     def plan(self, history):
         return self._plan
+
+    def prefill(self, prompt):
+        if self._plan.drafter is not None:
+            self._plan.drafter.prefill(prompt)
 
 
 # -- auto mode -----------------------------------------------------------------
@@ -171,6 +181,16 @@ class AutoPolicy(Policy):
     """Cycles before the first probe of a drafter that auto has stopped using;
     each probe that does not win it back doubles the wait (up to PROBE_MAX)."""
     PROBE_MAX = 384
+    SWITCH_CYCLES = 4
+    """Cycles a drafter switched to is expected to stay in use: the price of
+    switching (a draft model reading what it missed) is spread over them. Charged
+    to one cycle, it kept an idle draft model idle: the longer it sat out, the
+    dearer the switch, on prompts where it was right 98% of the time."""
+    PROBE_FIRST = 2
+    """The cycle of a reply that probes a warm draft model first."""
+    OPTIMISTIC = 0.9
+    """The acceptance at which a draft model is worth warming for a reply: one
+    that cannot pay even then (as slow as the target) is left cold."""
 
     def __init__(self, costs: Costs, drafters: Sequence[Drafter], *, k_max: int, lookup_k_max: int = 16,
                  priors: dict[str, float] | None = None):
@@ -184,20 +204,42 @@ class AutoPolicy(Policy):
         self._probe_wait = {d.name: self.PROBE_EVERY for d in self.drafters}
         self._shadow: tuple[int, list[int], str] | None = None
 
+    def prefill(self, prompt):
+        """A new reply: warm the drafters that can pay on this machine, and
+        probe the draft model early.
+
+        Reading a whole prompt mid-reply costs more than one cycle can win back,
+        so a cold draft model would hardly ever be chosen; and its acceptance
+        depends on the prompt (high when the reply copies, lower in free text),
+        so what the last reply taught is checked early in this one."""
+        plain_rate = 1.0 / self.costs.target_pass(1)
+        for drafter in self.drafters:
+            if self._best_rate(drafter, max(self.OPTIMISTIC, self._acceptance(drafter.name).rate)) > plain_rate:
+                drafter.prefill(prompt)
+                # due for a probe PROBE_FIRST cycles in (the wait between later probes is kept)
+                self._idle[drafter.name] = max(self._idle[drafter.name],
+                                               self._probe_wait[drafter.name] - self.PROBE_FIRST)
+
+    def _best_rate(self, drafter: Drafter, acceptance: float) -> float:
+        """Tokens per second of the drafter's best k when warm."""
+        return max(expected_tokens(acceptance, k) / (self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k))
+                   for k in range(1, self.k_max + 1))
+
     def plan(self, history: Sequence[int]) -> Plan:
         self._score_shadow(history)
         plain_rate = 1.0 / self.costs.target_pass(1)
         best, best_rate = Plan(None, 0), plain_rate
         runner_up = None
         options = [(d, *self._options(d, history)) for d in self.drafters]
-        for drafter, k_cap, bucket, _ in options:
+        for drafter, k_cap, bucket, proposal in options:
             a = self._acceptance(bucket).rate
-            switch = self.costs.catch_up(drafter.name, drafter.behind(history)) if k_cap > 0 else 0.0
+            switch = (self.costs.catch_up(drafter.name, drafter.behind(history)) / self.SWITCH_CYCLES
+                      if k_cap > 0 else 0.0)
             for k in range(1, k_cap + 1):
                 cycle_s = self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k) + switch
                 rate = expected_tokens(a, k) / cycle_s
                 if rate > best_rate:
-                    best, best_rate = Plan(drafter, k, bucket=bucket), rate
+                    best, best_rate = Plan(drafter, k, bucket=bucket, proposal=proposal), rate
                 if runner_up is None or rate > runner_up[1]:
                     runner_up = (Plan(drafter, k, bucket=bucket), rate)
         for drafter in self.drafters:
@@ -231,10 +273,10 @@ class AutoPolicy(Policy):
 
     def _options(self, drafter: Drafter, history: Sequence[int]) -> tuple[int, str, list[int] | None]:
         """The longest draft worth considering, the acceptance bucket, and for
-        lookup its proposal (bucketed by the length of its n-gram match)."""
+        lookup its proposal (bucketed by the kind of match it is)."""
         if isinstance(drafter, PromptLookup):
-            tokens, n = drafter.match(history, self.lookup_k_max)
-            return len(tokens), f"{drafter.name}/{n}-gram", tokens
+            tokens, kind = drafter.match(history, self.lookup_k_max, skip=True)
+            return len(tokens), f"{drafter.name}/{kind or 'none'}", tokens
         return self.k_max, drafter.name, None
 
     def _score_shadow(self, history: Sequence[int]) -> None:

@@ -90,6 +90,8 @@ def speculative_steps(
 def _propose(plan: Plan, history, k, params, rng) -> Draft:
     if plan.drafter is None or k <= 0:
         return Draft([])
+    if plan.proposal is not None:
+        return Draft(plan.proposal[:k])
     try:
         return plan.drafter.propose(history, k, params, rng)
     except ContextFullError:  # the draft's own context is full: go on without it
@@ -120,6 +122,7 @@ def generate(
     rng = np.random.default_rng(params.seed)
     start = time.perf_counter()
     stats.prompt_evaluated = target.sync(prompt[:-1]) + 1
+    policy.prefill(prompt)
     decode_start = time.perf_counter()
     steps = speculative_steps(target, list(prompt), params, policy, is_eog, rng)
     try:

@@ -47,6 +47,9 @@ class Drafter(ABC):
         """Tokens of `history` the drafter would have to read before drafting."""
         return 0
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Read the prompt while the target reads it, so that drafting starts warm."""
+
 
 class DraftModel(Drafter):
     """A second, smaller GGUF model with the target's vocabulary."""
@@ -88,6 +91,11 @@ class DraftModel(Drafter):
     def rewind(self, history):
         self.seq.truncate(common_prefix_length(self.seq.tokens, history))
 
+    def prefill(self, prompt):
+        # All but the last token, as the target holds it: the first cycle reads that one.
+        if len(prompt) - 1 < self.seq.n_ctx:
+            self.seq.sync(prompt[:-1])
+
     def behind(self, history):
         return len(history) - common_prefix_length(self.seq.tokens, history)
 
@@ -95,11 +103,21 @@ class DraftModel(Drafter):
 class PromptLookup(Drafter):
     """n-gram lookup over the tokens already in the context: no second model.
 
-    Finds the most recent earlier occurrence of the last n tokens (n from
-    ngram_max down to ngram_min) and proposes what followed it.
+    Finds an earlier occurrence of the last n tokens (n from ngram_max down to
+    ngram_min) and proposes what followed it. Of several occurrences it takes
+    the one whose preceding tokens agree longest with the history (the place
+    the reply is copying from: in code the same line often occurs twice),
+    the most recent one on a tie.
+
+    A reply that copies with edits (rename a variable, fix a typo) writes a
+    token that occurs nowhere before, and no n-gram ending in it matches. Then
+    lookup can assume that token replaced the one the copy was at, and propose
+    what follows that one ("skip").
     """
 
     name = "lookup"
+    CONTEXT_MAX = 32
+    """How far back occurrences are compared to choose between them."""
 
     def __init__(self, *, ngram_max: int = 4, ngram_min: int = 2):
         self.ngram_max = ngram_max
@@ -111,19 +129,44 @@ class PromptLookup(Drafter):
     def lookup(self, history: Sequence[int], k: int) -> list[int]:
         return self.match(history, k)[0]
 
-    def match(self, history: Sequence[int], k: int) -> tuple[list[int], int]:
-        """The proposal and the length n of the n-gram it was found by (0: none).
-        Longer matches predict better; auto mode tracks acceptance per n."""
+    def match(self, history: Sequence[int], k: int, *, skip: bool = False) -> tuple[list[int], str]:
+        """The proposal and how it was found: "N-gram" with N the length of the
+        agreeing context (capped at 8; longer agreement predicts better, and
+        auto mode tracks acceptance per kind), "skip" (only when asked for:
+        right on renames, wrong on most other edits, so only worth it to a
+        policy that learns which), or "" for none."""
         if k <= 0:
-            return [], 0
+            return [], ""
         arr = np.asarray(history, dtype=np.int64)
-        for n in range(min(self.ngram_max, len(arr) - 1), self.ngram_min - 1, -1):
-            tail = arr[-n:]
+        found = self._find(arr, len(arr))
+        if found is not None:
+            begin, context = found
+            return arr[begin : begin + k].tolist(), f"{min(context, 8)}-gram"
+        if skip and len(arr) > 2:
+            found = self._find(arr, len(arr) - 1)  # the context before the new token
+            if found is not None and found[0] + 1 < len(arr):
+                begin = found[0] + 1  # past the token the new one replaced
+                return arr[begin : begin + k].tolist(), "skip"
+        return [], ""
+
+    def _find(self, arr: np.ndarray, end: int) -> tuple[int, int] | None:
+        """Where the continuation of arr[:end]'s last n-gram starts (at an
+        earlier occurrence), and how many tokens of context agree there."""
+        for n in range(min(self.ngram_max, end - 1), self.ngram_min - 1, -1):
+            tail = arr[end - n : end]
             # Start positions of every earlier n-gram equal to the tail (the tail itself excluded).
-            starts = np.flatnonzero(arr[: len(arr) - n] == tail[0])
+            starts = np.flatnonzero(arr[: end - n] == tail[0])
             for j in range(1, n):
                 starts = starts[arr[starts + j] == tail[j]]
             if starts.size:
-                begin = int(starts[-1]) + n
-                return arr[begin : begin + k].tolist(), n
-        return [], 0
+                agree = np.zeros(starts.size, dtype=np.int64)
+                alive = np.ones(starts.size, dtype=bool)
+                for j in range(1, min(self.CONTEXT_MAX, end - n) + 1):
+                    alive &= starts - j >= 0
+                    alive[alive] = arr[starts[alive] - j] == arr[end - n - j]
+                    if not alive.any():
+                        break
+                    agree += alive
+                best = int(np.argmax(agree * (len(arr) + 1) + starts))  # most agreement, then most recent
+                return int(starts[best]) + n, n + int(agree[best])
+        return None
