@@ -101,7 +101,8 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mode", choices=MODES, default="auto",
                    help="plain: no speculation; draft: the draft model; lookup: prompt lookup; "
                         "auto: whichever pays on this machine (default)")
-    g.add_argument("--k", type=int, default=4, metavar="N", help="most tokens drafted per cycle (default 4)")
+    g.add_argument("--k", type=int, default=8, metavar="N",
+                   help="most tokens drafted per cycle; auto chooses up to this many (default 8)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
@@ -199,7 +200,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--modes", default="plain,draft,lookup,auto", help="comma-separated (default: all)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--k", type=int, default=8, help="most tokens drafted per cycle (default 8)")
     p.add_argument("--out", default="bench-out", metavar="DIR", help="where results.json and speedup.png go")
     p.set_defaults(handler=_cmd_bench)
 

@@ -147,7 +147,7 @@ def main() -> int:
     add_model_options(parser)
     parser.add_argument("--category", action="append", help="only these categories (repeatable)")
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--k", type=int, default=4, help="k of the fixed modes and auto's draft model")
+    parser.add_argument("--k", type=int, default=8, help="k of the fixed modes and auto (as edgespec bench)")
     args = parser.parse_args()
 
     with load_engine(args) as engine:

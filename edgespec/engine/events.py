@@ -23,8 +23,10 @@ class GenerationParams:
     """How to generate. Temperature 0 means greedy (argmax)."""
 
     mode: str = "auto"
-    k: int = 4
-    """Maximum draft length per cycle (auto may choose less, lookup may use up to k_lookup)."""
+    k: int = 8
+    """Most tokens drafted per cycle, within the largest batch the target verifies
+    exactly. Auto chooses up to k for the draft model (a long draft pays where it
+    is nearly always right) and lets prompt lookup propose up to that batch limit."""
     temperature: float = 0.0
     top_k: int = 0
     """0 disables top-k."""

@@ -143,7 +143,7 @@ class PairEntry:
     target: str
     draft: str | None
     mode: str = "auto"
-    k: int = 4
+    k: int = 8
     description: str = ""
 
 
@@ -343,7 +343,7 @@ def _pair(name: str, raw: Any, where: _Where) -> PairEntry:
     mode = raw.get("mode", "auto")
     if mode not in MODES:
         raise where.error("mode", f"must be one of {list(MODES)} (got {mode!r})")
-    k = raw.get("k", 4)
+    k = raw.get("k", 8)
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 32:
         raise where.error("k", f"must be an integer from 1 to 32 (got {k!r})")
     return PairEntry(name=name, target=target, draft=draft, mode=mode, k=k,

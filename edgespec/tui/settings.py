@@ -31,7 +31,7 @@ class ChatSettings:
     max_tokens: int = 512
     mode: str = "auto"
     """Speculation mode: plain, draft, lookup or auto."""
-    k: int = 4
+    k: int = 8
     """Maximum draft length per cycle."""
     gpu_layers_target: int = 0
     """Target layers offloaded to the GPU (-1: all)."""
