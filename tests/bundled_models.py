@@ -1,6 +1,7 @@
 """The real bundled Qwen2.5-Coder pair, assembled once and shared.
 
-Assembly (1.6 GB from 28 installed packages) takes seconds, so it happens once per
+Assembly (1.6 GB from 28 installed packages, and the draft requantized to Q4_0)
+takes seconds, so it happens once per
 machine into a directory outside pytest's per-session temp dirs
 (EDGESPEC_TEST_HOME, default: next to them); later sessions only check the marker.
 Tests using these fixtures are marked `qwen` and skip when the parts are missing.
@@ -15,7 +16,8 @@ import pytest
 
 from edgespec.errors import ModelFileError
 from edgespec.models import bundled
-from edgespec.models.registry import DEFAULT_PAIR, load_registry
+from edgespec.models.fetch import fetch
+from edgespec.models.registry import DEFAULT_PAIR, PartsSource, load_registry
 
 
 def shared_home(tmp_path_factory) -> Path:
@@ -34,8 +36,9 @@ def qwen_pair(tmp_path_factory) -> tuple[Path, Path, Path]:
         paths = []
         for name in (pair.target, pair.draft):
             entry = reg.model(name)
-            try:
-                paths.append(bundled.assemble(entry))
+            try:  # assembled from the parts (the draft: then requantized to Q4_0)
+                paths.append(bundled.assemble(entry) if isinstance(entry.source, PartsSource)
+                             else fetch(entry, download=False, registry=reg))
             except ModelFileError as e:
                 pytest.skip(f"the bundled Qwen2.5-Coder pair is not installed ({e})")
     return home, paths[0], paths[1]

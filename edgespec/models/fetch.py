@@ -22,13 +22,13 @@ from urllib.parse import urlsplit
 
 from edgespec.config import dirs
 from edgespec.errors import DownloadError, ModelFileError, RegistryError
-from edgespec.models import bundled
+from edgespec.models import bundled, derived
 from edgespec.models.download import download as download_file
 from edgespec.models.download import part_path
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import ProgressCallback, human_bytes
 from edgespec.models.registry import (DEFAULT_PAIR, HUB_PREFIX, HubSource, ModelEntry, PackageFileSource, PairEntry,
-                                      PartsSource, Registry, load_registry)
+                                      PartsSource, Registry, RequantizeSource, load_registry)
 from edgespec.models.verify import forget_verified, record_verified, verify_file
 
 __all__ = ["resolve_model", "resolve_pair", "fetch", "pull", "installed_path", "available_offline", "remove",
@@ -46,7 +46,7 @@ def resolve_model(name_or_path: str, *, download: bool = True, progress: Progres
     if is_path_like(name_or_path):
         return check_magic(name_or_path)
     registry = registry or load_registry()
-    return fetch(registry.model(name_or_path), download=download, progress=progress)
+    return fetch(registry.model(name_or_path), download=download, progress=progress, registry=registry)
 
 
 def resolve_pair(name: str | None = None, *, progress: ProgressCallback | None = None,
@@ -61,14 +61,20 @@ def resolve_pair(name: str | None = None, *, progress: ProgressCallback | None =
         pair = PairEntry(name=name, target=name, draft=None, mode="lookup")
     else:
         pair = registry.pair(name)
-    target = fetch(registry.model(pair.target), download=download, progress=progress)
-    draft = fetch(registry.model(pair.draft), download=download, progress=progress) if pair.draft else None
+    target = fetch(registry.model(pair.target), download=download, progress=progress, registry=registry)
+    draft = (fetch(registry.model(pair.draft), download=download, progress=progress, registry=registry)
+             if pair.draft else None)
     return target, draft, pair
 
 
-def fetch(entry: ModelEntry, *, download: bool = True, progress: ProgressCallback | None = None) -> Path:
-    """The entry's local file: downloaded, assembled or found, then verified."""
+def fetch(entry: ModelEntry, *, download: bool = True, progress: ProgressCallback | None = None,
+          registry: Registry | None = None) -> Path:
+    """The entry's local file: downloaded, assembled, made or found, then verified."""
     source = entry.source
+    if isinstance(source, RequantizeSource):
+        reg = registry or load_registry()
+        return derived.requantized(entry, lambda: fetch(reg.model(source.model), download=download,
+                                                        progress=progress, registry=reg), progress=progress)
     if isinstance(source, PartsSource):
         return bundled.assemble(entry, progress=progress)
     if isinstance(source, PackageFileSource):
@@ -82,18 +88,22 @@ def fetch(entry: ModelEntry, *, download: bool = True, progress: ProgressCallbac
 def installed_path(entry: ModelEntry) -> Path | None:
     """The entry's local file if it is already here (no download, no assembly, no hashing)."""
     source = entry.source
-    if isinstance(source, PartsSource):
-        path = bundled.assembled_path(entry)
+    if isinstance(source, (PartsSource, RequantizeSource)):
+        path = bundled.assembled_path(entry) if isinstance(source, PartsSource) else derived.derived_path(entry)
         return path if path.exists() else None
     if isinstance(source, PackageFileSource):
         return bundled.package_file_path(entry)
     return _hub_cached(source) or _hub_downloaded(source)
 
 
-def available_offline(entry: ModelEntry) -> bool:
-    """Whether fetch() would succeed without a network: installed, or bundled parts present."""
+def available_offline(entry: ModelEntry, registry: Registry | None = None) -> bool:
+    """Whether fetch() would succeed without a network: installed, bundled parts
+    present, or made from a model that is available offline."""
     if installed_path(entry) is not None:
         return True
+    if isinstance(entry.source, RequantizeSource):
+        registry = registry or load_registry()
+        return available_offline(registry.model(entry.source.model), registry)
     if isinstance(entry.source, PartsSource):
         try:
             bundled.find_parts(entry)
@@ -283,5 +293,5 @@ def pull(name: str, *, progress: ProgressCallback | None = None,
         entries = [registry.model(pair.target)] + ([registry.model(pair.draft)] if pair.draft else [])
     else:
         entries = [registry.model(name)]
-    return [(entry, fetch(entry, progress=progress)) for entry in entries]
+    return [(entry, fetch(entry, progress=progress, registry=registry)) for entry in entries]
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, TextIO
 
-STAGES = ("download", "assemble", "verify")
+STAGES = ("download", "assemble", "quantize", "verify")
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Progress:
     eta: float | None
     """Seconds left, when the total is known and speed is positive."""
     stage: str = "download"
-    """"download", "assemble" or "verify"."""
+    """"download", "assemble", "quantize" or "verify"."""
 
     @property
     def fraction(self) -> float | None:

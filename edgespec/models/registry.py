@@ -108,7 +108,30 @@ class PackageFileSource:
         return f"PyPI {self.pip.split()[-1]}"
 
 
-Source = Union[HubSource, PartsSource, PackageFileSource]
+@dataclass(frozen=True)
+class RequantizeSource:
+    """A file made on this machine from another registry model by llama.cpp's
+    quantizer (seconds, no network): a cheaper draft for CPUs."""
+
+    model: str
+    """The registry model it is made from."""
+    type: str
+    """What it is quantized to (edgespec.llama.quantize.TYPES)."""
+    filename: str
+    """Its name in edgespec's models directory."""
+    kind: str = field(default="requantize", init=False)
+
+    def install_hint(self) -> str:
+        return f"made from {self.model} on first use"
+
+    def describe(self) -> str:
+        return f"made here from {self.model} ({self.type.upper()})"
+
+
+REQUANTIZE_TYPES = ("q4_0", "q8_0")
+
+
+Source = Union[HubSource, PartsSource, PackageFileSource, RequantizeSource]
 
 
 @dataclass(frozen=True)
@@ -331,7 +354,14 @@ def _source(raw: Any, where: _Where) -> Source:
     if kind == "package_file":
         only({"package", "path", "pip"})
         return PackageFileSource(package=need("package"), path=need("path"), pip=need("pip"))
-    raise sub.error("source.kind", f"must be one of 'hub', 'pypi_parts', 'package_file' (got {kind!r})")
+    if kind == "requantize":
+        only({"model", "type", "filename"})
+        type_name = need("type")
+        if type_name not in REQUANTIZE_TYPES:
+            raise sub.error("source.type", f"must be one of {list(REQUANTIZE_TYPES)} (got {type_name!r})")
+        return RequantizeSource(model=need("model"), type=type_name, filename=need("filename"))
+    raise sub.error("source.kind",
+                    f"must be one of 'hub', 'pypi_parts', 'package_file', 'requantize' (got {kind!r})")
 
 
 def _pair(name: str, raw: Any, where: _Where) -> PairEntry:
@@ -351,6 +381,12 @@ def _pair(name: str, raw: Any, where: _Where) -> PairEntry:
 
 
 def _check_pairs(pairs: dict[str, PairEntry], models: dict[str, ModelEntry], path: Path) -> None:
+    for model in models.values():
+        source = model.source
+        if isinstance(source, RequantizeSource) and (source.model not in models or source.model == model.name
+                                                     or isinstance(models[source.model].source, RequantizeSource)):
+            raise RegistryError(f"{path}: model {model.name!r}: field 'source.model' must name another model "
+                                f"that is not itself made by requantizing (got {source.model!r})")
     for pair in pairs.values():
         for role in ("target", "draft"):
             name = getattr(pair, role)

@@ -99,7 +99,7 @@ class RegistryCatalog:
         from edgespec.models import fetch
 
         reg = self.registry
-        installed = {name: fetch.available_offline(entry) for name, entry in reg.models.items()}
+        installed = {name: fetch.available_offline(entry, reg) for name, entry in reg.models.items()}
         rows = []
         for name, pair in reg.pairs.items():
             members = [m for m in (pair.target, pair.draft) if m]
