@@ -191,3 +191,26 @@ def test_a_draft_model_that_cannot_pay_even_when_right_is_left_cold():
     p = policy(CPU, CPU[1], prior=0.9)  # a draft token costs as much as a target token
     p.prefill([1, 2, 3, 4, 5, 6])
     assert p.drafters[1].prefilled == []
+
+
+def test_a_near_tie_with_plain_decoding_stays_plain():
+    """The best of several noisy estimates runs high: a drafter expected to be only
+    2% faster than plain is not worth the risk, one expected 10% faster is."""
+    costs = {1: 0.10, 2: 0.15}  # draft k=1: 0.15 s verify + 0.03 s drafting for 1 + a tokens
+
+    def choice(acceptance):
+        p = AutoPolicy(Costs(costs, {"draft": 0.03, "lookup": 0.0}), [PromptLookup(), FakeDraftModel()], k_max=1,
+                       priors={"draft": acceptance, "lookup": 0.0})
+        return p.plan([1, 2, 3, 4, 5, 6]).drafter
+
+    assert (1 + 0.836) / 0.18 == pytest.approx(1.02 / 0.10, rel=1e-3)
+    assert choice(0.836) is None
+    assert choice(0.98) is not None and choice(0.98).name == "draft"
+
+
+def test_a_draft_model_that_declined_to_guess_still_cost_a_step():
+    costs = Costs({1: 0.1, 5: 0.2}, {"draft": 0.03})
+    # Unsure of its first guess (below p_min), the draft model drafted nothing, after a 0.05 s step.
+    costs.observe(CycleReport(Plan(FakeDraftModel(), 4), drafted=0, accepted=0, draft_s=0.05, verify_s=0.1,
+                              caught_up=2))
+    assert costs.draft("draft", 1) == pytest.approx(0.03 + 0.2 * (0.05 - 0.03))

@@ -138,8 +138,8 @@ class Costs:
         name = report.plan.drafter.name
         if report.caught_up > STEADY_CATCH_UP:
             _ema(self.per_catch_up_token, name, report.catch_up_s / report.caught_up)
-        elif report.drafted:
-            _ema(self.per_draft_token, name, report.draft_s / report.drafted)
+        elif report.plan.k > 0:  # a draft model that declined to guess still took a step
+            _ema(self.per_draft_token, name, report.draft_s / max(1, report.drafted))
 
 
 def _ema(estimates: dict[str, float], name: str, value: float) -> None:
@@ -181,6 +181,10 @@ class AutoPolicy(Policy):
     """Cycles before the first probe of a drafter that auto has stopped using;
     each probe that does not win it back doubles the wait (up to PROBE_MAX)."""
     PROBE_MAX = 384
+    MARGIN = 0.03
+    """How much faster than plain decoding a drafter must be expected to be. The
+    estimates are noisy, and the best of several noisy estimates is too high on
+    average (the winner's curse): without a margin, near-ties cost speed."""
     SWITCH_CYCLES = 4
     """Cycles a drafter switched to is expected to stay in use: the price of
     switching (a draft model reading what it missed) is spread over them. Charged
@@ -228,7 +232,7 @@ class AutoPolicy(Policy):
     def plan(self, history: Sequence[int]) -> Plan:
         self._score_shadow(history)
         plain_rate = 1.0 / self.costs.target_pass(1)
-        best, best_rate = Plan(None, 0), plain_rate
+        best, best_rate = Plan(None, 0), plain_rate * (1.0 + self.MARGIN)
         runner_up = None
         options = [(d, *self._options(d, history)) for d in self.drafters]
         for drafter, k_cap, bucket, proposal in options:
