@@ -160,8 +160,9 @@ def main() -> int:
         costs = measure_costs(engine, encoded[0][1], k_max)
         print(f"costs: target pass " + ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in sorted(costs.target.items()))
               + f"; draft token {costs.per_draft_token['draft'] * 1000:.0f} ms; longest exact verify k = {k_max}")
-        print(f"{'prompt':<16} {'category':<10} {'draft k' + str(args.k):>9} {'lookup k' + str(args.k):>9} "
-              f"{'auto':>6} {'ceiling':>8}   (speedup over plain, replayed)")
+        print(f"{'prompt':<16} {'category':<10} {'agree':>6} {'draft k' + str(args.k):>9} {'lookup k' + str(args.k):>9} "
+              f"{'auto':>6} {'ceiling':>8}   (agree: the draft model's greedy guess is the target's; "
+              f"then speedup over plain, replayed)")
         draft, lookup = ReplayedDraft(), PromptLookup()
         auto = AutoPolicy(Costs(costs.target, costs.per_draft_token), [lookup, draft], k_max=min(args.k, k_max),
                           lookup_k_max=k_max, priors=ACCEPTANCE_PRIORS)  # one for the suite, as in the app
@@ -174,7 +175,8 @@ def main() -> int:
                 replay(auto, rec, costs, params, draft),
                 ceiling(rec, costs, k_max, lookup),
             ]
-            print(f"{prompt.id:<16} {prompt.category:<10} " + " ".join(f"{plain / s:>8.2f}x" for s in row[:2])
+            agree = sum(g == r for g, r in zip(rec.guess, rec.reply)) / len(rec.reply)
+            print(f"{prompt.id:<16} {prompt.category:<10} {agree:>6.0%} " + " ".join(f"{plain / s:>8.2f}x" for s in row[:2])
                   + f" {plain / row[2]:>5.2f}x {plain / row[3]:>7.2f}x", flush=True)
     return 0
 
