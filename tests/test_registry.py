@@ -47,6 +47,13 @@ def test_the_shipped_catalog_loads_and_holds_the_default_pair():
     assert reg.model(draft.source.model).size == 491_400_064
 
 
+def test_the_registry_knows_the_types_the_quantizer_writes():
+    from edgespec.llama.quantize import TYPES
+    from edgespec.models.registry import REQUANTIZE_TYPES
+
+    assert set(REQUANTIZE_TYPES) == set(TYPES)
+
+
 def test_the_catalog_has_the_pairs_users_run():
     reg = load_registry()
     targets = {reg.pair(p).target for p in reg.pairs}

@@ -226,8 +226,12 @@ class AutoPolicy(Policy):
 
     def _best_rate(self, drafter: Drafter, acceptance: float) -> float:
         """Tokens per second of the drafter's best k when warm."""
-        return max(expected_tokens(acceptance, k) / (self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k))
-                   for k in range(1, self.k_max + 1))
+        return max(self._rate(drafter, acceptance, k) for k in range(1, self.k_max + 1))
+
+    def _rate(self, drafter: Drafter, acceptance: float, k: int, switch_s: float = 0.0) -> float:
+        """Expected tokens per second of a cycle drafting k tokens."""
+        cycle_s = self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k) + switch_s
+        return expected_tokens(acceptance, k) / cycle_s
 
     def plan(self, history: Sequence[int]) -> Plan:
         self._score_shadow(history)
@@ -240,8 +244,7 @@ class AutoPolicy(Policy):
             switch = (self.costs.catch_up(drafter.name, drafter.behind(history)) / self.SWITCH_CYCLES
                       if k_cap > 0 else 0.0)
             for k in range(1, k_cap + 1):
-                cycle_s = self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k) + switch
-                rate = expected_tokens(a, k) / cycle_s
+                rate = self._rate(drafter, a, k, switch)
                 if rate > best_rate:
                     best, best_rate = Plan(drafter, k, bucket=bucket, proposal=proposal), rate
                 if runner_up is None or rate > runner_up[1]:

@@ -118,6 +118,8 @@ class PromptLookup(Drafter):
     name = "lookup"
     CONTEXT_MAX = 32
     """How far back occurrences are compared to choose between them."""
+    KINDS_MAX = 8
+    """Agreeing contexts longer than this are one kind ("8-gram") for auto's acceptance tracking."""
 
     def __init__(self, *, ngram_max: int = 4, ngram_min: int = 2):
         self.ngram_max = ngram_max
@@ -131,7 +133,7 @@ class PromptLookup(Drafter):
 
     def match(self, history: Sequence[int], k: int, *, skip: bool = False) -> tuple[list[int], str]:
         """The proposal and how it was found: "N-gram" with N the length of the
-        agreeing context (capped at 8; longer agreement predicts better, and
+        agreeing context (capped at KINDS_MAX; longer agreement predicts better, and
         auto mode tracks acceptance per kind), "skip" (only when asked for:
         right on renames, wrong on most other edits, so only worth it to a
         policy that learns which), or "" for none."""
@@ -141,7 +143,7 @@ class PromptLookup(Drafter):
         found = self._find(arr, len(arr))
         if found is not None:
             begin, context = found
-            return arr[begin : begin + k].tolist(), f"{min(context, 8)}-gram"
+            return arr[begin : begin + k].tolist(), f"{min(context, self.KINDS_MAX)}-gram"
         if skip and len(arr) > 2:
             found = self._find(arr, len(arr) - 1)  # the context before the new token
             if found is not None and found[0] + 1 < len(arr):

