@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -56,7 +57,7 @@ class Recorded:
 
 
 class ReplayedDraft(Drafter):
-    """The draft model, replayed from its recorded guesses (greedy, with p_min)."""
+    """The draft model, replayed from its recorded guesses (greedy, with p_min and p_draft)."""
 
     name = "draft"
 
@@ -66,8 +67,10 @@ class ReplayedDraft(Drafter):
     def propose(self, history, k, params, rng):
         i = len(history) - len(self.rec.prompt)
         out: list[int] = []
+        whole = 1.0
         for j in range(i, min(i + k, len(self.rec.reply))):
-            if self.rec.confidence[j] < params.p_min:
+            whole *= self.rec.confidence[j]
+            if self.rec.confidence[j] < params.p_min or (params.p_draft is not None and whole < params.p_draft):
                 break
             out.append(self.rec.guess[j])
             if self.rec.guess[j] != self.rec.reply[j]:
@@ -110,7 +113,7 @@ def replay(policy, rec: Recorded, costs: Costs, params: GenerationParams, draft:
         elif plan.proposal is not None:
             guesses = plan.proposal[:k]
         else:
-            guesses = plan.drafter.propose(history, k, params, None).tokens
+            guesses = plan.drafter.propose(history, k, replace(params, p_draft=plan.p_draft), None).tokens
         n = 0
         while n < len(guesses) and guesses[n] == reply[i + n]:
             n += 1

@@ -113,8 +113,54 @@ def test_a_catch_up_after_idle_cycles_is_measured_apart_from_drafting():
 def test_acceptance_estimate():
     a = Acceptance(0.5, weight=0.0001)
     for _ in range(100):
-        a.observe(4, 3)  # three accepted, then a rejection: a = 3 / 4
+        a.observe(4, 4, 3)  # three accepted, then a rejection: a = 3 / 4
     assert a.rate == pytest.approx(0.75, abs=0.01)
+    assert a.continuation == pytest.approx(1.0)
+
+
+def test_a_drafter_that_stops_itself_ends_the_run_but_is_not_rejected():
+    a = Acceptance(0.5, weight=0.0001)
+    for _ in range(100):
+        a.observe(4, 2, 2)  # asked for 4, drafted 2 (then unsure), both accepted
+    assert a.rate == pytest.approx(2 / 3, abs=0.01)  # the cycle's run ended after 2 all the same
+    assert a.continuation == pytest.approx(2 / 3, abs=0.01)
+
+
+# This CPU, as measured: a verify column costs a third of a target pass, a draft step a quarter.
+THIS_CPU = {1: 0.090, 2: 0.124, 4: 0.179, 7: 0.257}
+
+
+def test_a_draft_model_that_stops_when_unsure_is_priced_by_what_it_drafts():
+    """Right on everything it drafts but unsure 40% of the time, a draft model that
+    stops when unsure pays: a stop costs one draft step, not a target column. One
+    that drafted blindly with the same 60% acceptance would not pay."""
+    def choice(continuation):
+        p = AutoPolicy(Costs(THIS_CPU, {"draft": 0.024, "lookup": 0.0}), [PromptLookup(), FakeDraftModel()],
+                       k_max=6, priors={"lookup": 0.0})
+        a = p.acceptance["draft"] = Acceptance(0.6, weight=100.0)
+        a.drafted, a.stops = continuation * 100.0, (1.0 - continuation) * 100.0
+        return p.plan([1, 2, 3, 4, 5, 6])
+
+    careful = choice(0.6)
+    assert careful.drafter is not None and careful.drafter.name == "draft" and careful.k >= 4
+    assert choice(1.0).drafter is None
+
+
+def test_a_new_reply_forgets_most_of_what_the_last_one_taught():
+    """A draft model rated low on a chat reply wins back its place on a code
+    reply after one good probe, instead of sitting out the reply."""
+    p = AutoPolicy(Costs(THIS_CPU, {"draft": 0.024, "lookup": 0.0}), [PromptLookup(), FakeDraftModel()],
+                   k_max=6, priors={"draft": 0.7, "lookup": 0.0})
+    draft = p.drafters[1]
+    for _ in range(40):  # a chat reply: the draft model's second guess is wrong
+        p.observe(CycleReport(Plan(draft, 2), drafted=2, accepted=1, draft_s=0.048, verify_s=0.151))
+    history = [1, 2, 3, 4, 5, 6]
+    assert p.plan(history).drafter is None
+    p.prefill(history)  # the next reply
+    plans = [p.plan(history) for _ in range(AutoPolicy.PROBE_FIRST)]
+    assert plans[-1].reason.startswith("probing draft")
+    p.observe(CycleReport(plans[-1], drafted=2, accepted=2, draft_s=0.048, verify_s=0.151))
+    assert p.plan(history).drafter is draft
 
 
 def test_probes_back_off_while_they_do_not_pay():
@@ -208,9 +254,38 @@ def test_a_near_tie_with_plain_decoding_stays_plain():
     assert choice(0.98) is not None and choice(0.98).name == "draft"
 
 
+def test_a_draft_step_that_stopped_the_draft_is_a_step_too():
+    costs = Costs({1: 0.1, 5: 0.2}, {"draft": 0.03})
+    # Asked for 4, it drafted 2 and found the third guess too unsure: 3 steps in 0.09 s.
+    costs.observe(CycleReport(Plan(FakeDraftModel(), 4), drafted=2, accepted=2, draft_s=0.09, verify_s=0.13,
+                              caught_up=2))
+    assert costs.draft("draft", 1) == pytest.approx(0.03)
+
+
 def test_a_draft_model_that_declined_to_guess_still_cost_a_step():
     costs = Costs({1: 0.1, 5: 0.2}, {"draft": 0.03})
     # Unsure of its first guess (below p_min), the draft model drafted nothing, after a 0.05 s step.
     costs.observe(CycleReport(Plan(FakeDraftModel(), 4), drafted=0, accepted=0, draft_s=0.05, verify_s=0.1,
                               caught_up=2))
     assert costs.draft("draft", 1) == pytest.approx(0.03 + 0.2 * (0.05 - 0.03))
+
+
+def test_how_sure_a_draft_model_must_be_follows_the_costs():
+    """A guess costs a draft step and a verify column and saves a target pass when
+    right: on this CPU (a column a third of a pass) the draft model should stop
+    below about 60% sure; on a GPU, where a column is almost free, go on far
+    less sure."""
+    this_cpu = Costs({1: 0.090, 2: 0.124, 7: 0.258}, {"draft": 0.024})
+    assert this_cpu.break_even("draft") == pytest.approx((0.024 + 0.028) / 0.090)
+    gpu = Costs(GPU, {"draft": 0.002})
+    assert gpu.break_even("draft") == pytest.approx((0.002 + 0.001) / 0.020)
+    assert Costs({1: 0.1, 2: 0.3}, {"draft": 0.1}).break_even("draft") == 1.0  # never pays
+
+
+def test_auto_hands_the_draft_model_its_break_even_confidence():
+    p = policy(GPU, 0.002, prior=0.9)
+    plan = p.plan([1, 2, 3, 4, 5, 6])
+    assert plan.drafter.name == "draft" and plan.p_draft == pytest.approx(p.costs.break_even("draft"))
+    assert f"while {plan.p_draft:.0%} sure" in plan.reason
+    lookup = policy(CPU, 0.010, prior=0.9).plan([9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8, 7])
+    assert lookup.drafter.name == "lookup" and lookup.p_draft is None  # its proposal is made already

@@ -74,6 +74,46 @@ def test_acceptance_pattern_follows_the_draft(engines):
     assert far.stats.acceptance_rate < near.stats.acceptance_rate < 1.0
 
 
+def test_cycles_report_the_draft_length_asked_for(engines, monkeypatch):
+    """A draft model unsure of its next guess (below p_min) stops early: the policy
+    must be told it was asked for more, and near max_tokens k is cut."""
+    from edgespec.engine.controller import FixedPolicy
+
+    engine, reports = engines["near"], []
+
+    class Recording(FixedPolicy):
+        def observe(self, report):
+            reports.append(report)
+
+    monkeypatch.setattr(engine, "policy", lambda params: Recording(engine.draft_model, 4))
+    _, _, last = run(engine, PROMPTS[2], mode="draft", k=4, max_tokens=30, p_min=0.6)
+    assert last.stats.stop_reason == "max_tokens"
+    produced = 0
+    for r in reports:
+        assert r.asked == min(4, 30 - produced - 1)
+        assert r.stopped == (r.drafted < r.asked)
+        produced += r.accepted + 1
+    assert reports[-1].asked < 4
+    assert any(r.stopped for r in reports) and any(not r.stopped and r.drafted for r in reports)
+
+
+def test_a_plans_p_draft_is_the_one_the_draft_model_drafts_with(engines, monkeypatch):
+    """Auto mode sets how sure the draft model must be of its whole draft, per
+    cycle (from the costs); the decoder hands it to the draft model."""
+    from edgespec.engine.controller import FixedPolicy, Plan
+
+    engine = engines["near"]
+
+    def drafted(p_draft):
+        policy = FixedPolicy(engine.draft_model, 4)
+        policy._plan = Plan(engine.draft_model, 4, p_draft=p_draft)
+        monkeypatch.setattr(engine, "policy", lambda params: policy)
+        engine.reset()
+        return run(engine, PROMPTS[2], mode="draft", k=4, max_tokens=30, p_min=0.0)[2].stats.drafted
+
+    assert drafted(1.01) == 0 < drafted(0.5) < drafted(0.0)
+
+
 def test_draft_model_reports_how_far_it_had_to_catch_up(engines):
     engine = engines["same"]
     drafter, params = engine.draft_model, GenerationParams(k=4, p_min=0.0)

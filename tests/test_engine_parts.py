@@ -90,3 +90,45 @@ def test_special_token_and_text_differences_are_named():
     texts = [f"t{i}" for i in range(100)]
     texts[42] = "other"
     assert "token 42" in pairing_problems(vocab(100), vocab(100, texts=texts))[0]
+
+
+class ScriptedCache:
+    """A draft model's cache whose next-token distributions are given: row i has
+    top probability sure[i] on token 10 + i."""
+
+    def __init__(self, sure):
+        self.rows, self.evaluated, self.room = [self._row(i, p) for i, p in enumerate(sure)], 0, 100
+        self.tokens: list[int] = []
+
+    @staticmethod
+    def _row(i, p, vocab=32):
+        probs = np.full(vocab, (1.0 - p) / (vocab - 1))
+        probs[10 + i] = p
+        return np.log(probs)
+
+    def next_logits(self, history):
+        self.tokens, self.history_length = list(history), len(history)
+        return self.rows[0]
+
+    def extend(self, tokens):
+        self.tokens += tokens
+
+    def logits(self, i):  # the row after the draft tokens read so far
+        return self.rows[len(self.tokens) - self.history_length]
+
+
+def test_the_draft_model_stops_when_its_whole_draft_is_too_unsure():
+    """Each guess 90% sure, so the whole draft is 90%, 81%, 73%, 66% sure: with
+    p_draft 0.7 the fourth guess is not worth its target column; p_min alone
+    (each guess on its own) lets it through."""
+    from edgespec.engine.drafters import DraftModel
+    from edgespec.engine.events import GenerationParams
+
+    history = [1, 2, 3]
+
+    def draft(**kw):
+        cache = ScriptedCache([0.9] * 6)
+        return DraftModel(cache).propose(history, 5, GenerationParams(p_min=0.3, **kw), None).tokens
+
+    assert draft(p_draft=0.7) == [10, 11, 12]
+    assert draft() == [10, 11, 12, 13, 14]

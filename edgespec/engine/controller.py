@@ -27,6 +27,9 @@ class Plan:
     prompt lookup the drafter and the kind of match (see PromptLookup.match)."""
     proposal: list[int] | None = None
     """The draft, when the policy already made it to choose k (prompt lookup in auto mode)."""
+    p_draft: float | None = None
+    """The least chance that a draft model's whole draft is right for it to go on
+    drafting (GenerationParams.p_draft). Auto mode derives it from the measured costs."""
 
     @property
     def name(self) -> str:
@@ -45,6 +48,18 @@ class CycleReport:
     caught_up: int = 0
     """Tokens the drafter evaluated before drafting (see Draft.caught_up)."""
     catch_up_s: float = 0.0
+    asked: int | None = None
+    """The draft length the cycle asked for: the plan's k, cut to the room left
+    (None: the plan's k). A drafter that drafted fewer stopped itself."""
+
+    def __post_init__(self):
+        if self.asked is None:
+            self.asked = self.plan.k if self.plan.drafter is not None else 0
+
+    @property
+    def stopped(self) -> bool:
+        """The drafter gave fewer tokens than asked for (a draft model unsure of its next guess)."""
+        return self.drafted < self.asked
 
 
 class Policy(ABC):
@@ -88,6 +103,14 @@ model idle, is the price of switching back to it: measured and charged apart
 ignored, auto switched back at the price of reading a whole prompt)."""
 
 
+def expected_drafted(continuation: float, k: int) -> float:
+    """Tokens a drafter that goes on with probability `continuation` at each
+    step (a draft model stops when unsure of its next guess) drafts of k."""
+    if continuation >= 1.0:
+        return float(k)
+    return continuation * (1.0 - continuation ** k) / (1.0 - continuation)
+
+
 def expected_tokens(acceptance: float, k: int) -> float:
     """Tokens one cycle yields when each of k drafts is accepted with probability
     `acceptance` until the first rejection, plus the target's own token
@@ -98,8 +121,9 @@ def expected_tokens(acceptance: float, k: int) -> float:
 
 
 class Costs:
-    """Seconds per target pass by batch size, and per drafted token by drafter,
-    measured on this machine and updated from every cycle."""
+    """Seconds per target pass by batch size, and per draft step by drafter,
+    measured on this machine and updated from every cycle. A step drafts one
+    token, or finds the next guess too unsure and stops the draft."""
 
     def __init__(self, target: dict[int, float], per_draft_token: dict[str, float],
                  per_catch_up_token: dict[str, float] | None = None):
@@ -122,8 +146,18 @@ class Costs:
         t_lo, t_hi = self.target[lower], self.target[upper]
         return t_lo + (t_hi - t_lo) * (n - lower) / (upper - lower)
 
-    def draft(self, name: str, k: int) -> float:
-        return self.per_draft_token.get(name, 0.0) * k
+    def break_even(self, name: str) -> float:
+        """How likely a drafter's next guess must be to be accepted for drafting
+        it to pay on this machine: it costs a draft step and a verify column, and
+        saves a target pass when it and every guess before it are right. About
+        0.6 on a 2-core CPU (a column is a third of a pass), 0.1-0.2 on a GPU
+        (a column is almost free)."""
+        single, largest = self.target_pass(1), max(self.target)
+        column = (self.target_pass(largest) - single) / (largest - 1) if largest > 1 else single
+        return min(1.0, (self.per_draft_token.get(name, 0.0) + column) / single)
+
+    def draft(self, name: str, steps: float) -> float:
+        return self.per_draft_token.get(name, 0.0) * steps
 
     def catch_up(self, name: str, behind: int) -> float:
         """What reading `behind` missed tokens costs a drafter beyond a steady cycle's catch-up."""
@@ -138,8 +172,8 @@ class Costs:
         name = report.plan.drafter.name
         if report.caught_up > STEADY_CATCH_UP:
             _ema(self.per_catch_up_token, name, report.catch_up_s / report.caught_up)
-        elif report.plan.k > 0:  # a draft model that declined to guess still took a step
-            _ema(self.per_draft_token, name, report.draft_s / max(1, report.drafted))
+        elif report.asked > 0:  # the step that found a guess too unsure counts too
+            _ema(self.per_draft_token, name, report.draft_s / (report.drafted + report.stopped))
 
 
 def _ema(estimates: dict[str, float], name: str, value: float) -> None:
@@ -148,23 +182,46 @@ def _ema(estimates: dict[str, float], name: str, value: float) -> None:
 
 
 class Acceptance:
-    """One drafter's per-token acceptance rate over recent cycles: accepted
-    tokens over accepted tokens plus rejections, exponentially forgotten."""
+    """One drafter's per-token rates over recent cycles, exponentially forgotten.
+
+    `rate`: that the cycle's run of accepted tokens goes on at the next draft
+    position (accepted tokens over accepted tokens plus runs ended early, by a
+    rejection or by the drafter stopping itself). `continuation`: that the
+    drafter guesses at the next position at all (drafted tokens over drafted
+    tokens plus stops). A draft model that stops when unsure is right more
+    often on what it does draft; both rates are needed to price it."""
 
     def __init__(self, prior: float, *, weight: float = 2.0, decay: float = 0.9):
         self.accepted = prior * weight
-        self.rejected = (1.0 - prior) * weight
+        self.ended = (1.0 - prior) * weight
+        self.drafted = weight
+        self.stops = 0.0
         self.decay = decay
 
     @property
     def rate(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
+        return self.accepted / (self.accepted + self.ended)
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        if drafted == 0:
+    @property
+    def continuation(self) -> float:
+        return self.drafted / (self.drafted + self.stops)
+
+    def forget(self, weight: float) -> None:
+        """Keep the rates but as the evidence of `weight` cycles at most, so that
+        new cycles quickly outweigh them."""
+        for a, b in (("accepted", "ended"), ("drafted", "stops")):
+            total = getattr(self, a) + getattr(self, b)
+            if total > weight:
+                setattr(self, a, getattr(self, a) * weight / total)
+                setattr(self, b, getattr(self, b) * weight / total)
+
+    def observe(self, asked: int, drafted: int, accepted: int) -> None:
+        if asked <= 0:
             return
         self.accepted = self.decay * self.accepted + accepted
-        self.rejected = self.decay * self.rejected + (1.0 if accepted < drafted else 0.0)
+        self.ended = self.decay * self.ended + (1.0 if accepted < asked else 0.0)
+        self.drafted = self.decay * self.drafted + drafted
+        self.stops = self.decay * self.stops + (1.0 if drafted < asked else 0.0)
 
 
 class AutoPolicy(Policy):
@@ -196,6 +253,11 @@ class AutoPolicy(Policy):
     """The acceptance at which a draft model is worth warming for a reply: one
     that cannot pay even then (as slow as the target) is left cold."""
 
+    FORGET_WEIGHT = 2.0
+    """At a new reply, what earlier replies taught about acceptance counts as this
+    many cycles: a prompt changes acceptance (chat after code), and a draft model
+    rated low on the last reply must win back its place in a probe or two."""
+
     def __init__(self, costs: Costs, drafters: Sequence[Drafter], *, k_max: int, lookup_k_max: int = 16,
                  priors: dict[str, float] | None = None):
         self.costs = costs
@@ -217,21 +279,29 @@ class AutoPolicy(Policy):
         depends on the prompt (high when the reply copies, lower in free text),
         so what the last reply taught is checked early in this one."""
         plain_rate = 1.0 / self.costs.target_pass(1)
+        for acceptance in self.acceptance.values():
+            acceptance.forget(self.FORGET_WEIGHT)
         for drafter in self.drafters:
-            if self._best_rate(drafter, max(self.OPTIMISTIC, self._acceptance(drafter.name).rate)) > plain_rate:
+            optimistic = Acceptance(max(self.OPTIMISTIC, self._acceptance(drafter.name).rate))
+            if self._best_rate(drafter, optimistic) > plain_rate:
                 drafter.prefill(prompt)
                 # due for a probe PROBE_FIRST cycles in (the wait between later probes is kept)
                 self._idle[drafter.name] = max(self._idle[drafter.name],
                                                self._probe_wait[drafter.name] - self.PROBE_FIRST)
 
-    def _best_rate(self, drafter: Drafter, acceptance: float) -> float:
+    def _best_rate(self, drafter: Drafter, acceptance: Acceptance) -> float:
         """Tokens per second of the drafter's best k when warm."""
         return max(self._rate(drafter, acceptance, k) for k in range(1, self.k_max + 1))
 
-    def _rate(self, drafter: Drafter, acceptance: float, k: int, switch_s: float = 0.0) -> float:
-        """Expected tokens per second of a cycle drafting k tokens."""
-        cycle_s = self.costs.target_pass(k + 1) + self.costs.draft(drafter.name, k) + switch_s
-        return expected_tokens(acceptance, k) / cycle_s
+    def _rate(self, drafter: Drafter, acceptance: Acceptance, k: int, switch_s: float = 0.0) -> float:
+        """Expected tokens per second of a cycle asking for up to k tokens: the
+        drafter drafts fewer when it stops itself, which costs the step that
+        stopped it but saves target columns."""
+        s = acceptance.continuation
+        drafted = expected_drafted(s, k)
+        steps = drafted + (1.0 - s**k)
+        cycle_s = self.costs.target_pass(1 + drafted) + self.costs.draft(drafter.name, steps) + switch_s
+        return expected_tokens(acceptance.rate, k) / cycle_s
 
     def plan(self, history: Sequence[int]) -> Plan:
         self._score_shadow(history)
@@ -240,7 +310,7 @@ class AutoPolicy(Policy):
         runner_up = None
         options = [(d, *self._options(d, history)) for d in self.drafters]
         for drafter, k_cap, bucket, proposal in options:
-            a = self._acceptance(bucket).rate
+            a = self._acceptance(bucket)
             switch = (self.costs.catch_up(drafter.name, drafter.behind(history)) / self.SWITCH_CYCLES
                       if k_cap > 0 else 0.0)
             for k in range(1, k_cap + 1):
@@ -266,7 +336,8 @@ class AutoPolicy(Policy):
                 self._idle[drafter.name] = 0
                 self._probe_wait[drafter.name] = min(2 * self._probe_wait[drafter.name], self.PROBE_MAX)
                 return Plan(drafter, min(2, k_cap), f"probing {bucket}: acceptance "
-                            f"{self._acceptance(bucket).rate:.0%} may have changed", bucket)
+                            f"{self._acceptance(bucket).rate:.0%} may have changed", bucket,
+                            p_draft=self.costs.break_even(drafter.name))
             if runner_up is None:
                 best.reason = "plain: nothing to draft"
             else:
@@ -276,6 +347,9 @@ class AutoPolicy(Policy):
             return best
         a = self._acceptance(best.bucket).rate
         best.reason = f"{best.bucket} k={best.k}: {best_rate / plain_rate:.2f}x plain expected, acceptance {a:.0%}"
+        if best.proposal is None:  # a draft model: it drafts while its guesses are worth a column
+            best.p_draft = self.costs.break_even(best.drafter.name)
+            best.reason += f", drafting while {best.p_draft:.0%} sure"
         return best
 
     def _options(self, drafter: Drafter, history: Sequence[int]) -> tuple[int, str, list[int] | None]:
@@ -296,7 +370,7 @@ class AutoPolicy(Policy):
         n = min(len(proposal), len(generated))
         agreed = next((i for i in range(n) if proposal[i] != generated[i]), n)
         if n:
-            self._acceptance(bucket).observe(agreed + 1 if agreed < n else n, agreed)
+            self._acceptance(bucket).observe(n, n, agreed)
 
     def _acceptance(self, bucket: str) -> Acceptance:
         if bucket not in self.acceptance:
@@ -306,7 +380,8 @@ class AutoPolicy(Policy):
     def observe(self, report: CycleReport) -> None:
         self.costs.observe(report)
         if report.plan.drafter is not None:
-            self._acceptance(report.plan.bucket or report.plan.drafter.name).observe(report.drafted, report.accepted)
+            self._acceptance(report.plan.bucket or report.plan.drafter.name).observe(report.asked, report.drafted,
+                                                                                     report.accepted)
 
 
 def measure_pass(seq: KVSequence, n: int, *, repeats: int = 2) -> float:

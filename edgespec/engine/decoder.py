@@ -8,7 +8,7 @@ decoding is the same loop with no drafter, so callers never branch on mode.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -80,7 +80,8 @@ def speculative_steps(
             finish = "max_tokens"
         if plan.drafter is not None:
             plan.drafter.rewind(history)  # and from the drafter's
-        policy.observe(CycleReport(plan, len(draft.tokens), n, t1 - t0, t2 - t1, draft.caught_up, draft.catch_up_s))
+        policy.observe(CycleReport(plan, len(draft.tokens), n, t1 - t0, t2 - t1, draft.caught_up, draft.catch_up_s,
+                                   asked=max(k, 0)))
         yield Step(new, [True] * min(n, len(new)) + [False] * (len(new) - n), plan,
                    len(draft.tokens), n, finish)
         if finish:
@@ -92,6 +93,8 @@ def _propose(plan: Plan, history, k, params, rng) -> Draft:
         return Draft([])
     if plan.proposal is not None:
         return Draft(plan.proposal[:k])
+    if plan.p_draft is not None:
+        params = replace(params, p_draft=plan.p_draft)
     try:
         return plan.drafter.propose(history, k, params, rng)
     except ContextFullError:  # the draft's own context is full: go on without it

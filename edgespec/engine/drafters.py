@@ -66,16 +66,17 @@ class DraftModel(Drafter):
         before, start = self.seq.evaluated, time.perf_counter()
         logits = self.seq.next_logits(history)
         caught_up, catch_up_s = self.seq.evaluated - before, time.perf_counter() - start
+        whole = 1.0  # the chance that the whole draft so far is right, as the draft model sees it
         for i in range(k):
-            if params.temperature == 0:
-                # Stop when the draft itself is unsure: a likely rejection costs a target column.
-                if top_probability(logits) < params.p_min:
-                    break
+            # Stop when the draft itself is unsure: a likely rejection costs a target column.
+            q = distribution(logits, params) if params.temperature > 0 else None
+            sure = top_probability(logits) if q is None else float(q.max())
+            whole *= sure
+            if sure < params.p_min or (params.p_draft is not None and whole < params.p_draft):
+                break
+            if q is None:
                 token = greedy(logits)
             else:
-                q = distribution(logits, params)
-                if q.max() < params.p_min:
-                    break
                 token = sample(q, rng)
                 rows.append(q)
             tokens.append(token)

@@ -36,7 +36,13 @@ class GenerationParams:
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
     p_min: float = 0.3
-    """The draft model stops drafting when its top probability falls below this."""
+    """The draft model stops drafting when its top probability falls below this
+    (as llama.cpp's p_min)."""
+    p_draft: float | None = None
+    """It also stops when the chance that its whole draft is right (the product of
+    its top probabilities) falls below this: a guess after an unsure one is
+    likely wasted. Auto mode sets it each cycle from the measured costs (see
+    Costs.break_even); None: p_min alone."""
 
 
 @dataclass
