@@ -254,6 +254,23 @@ def test_a_near_tie_with_plain_decoding_stays_plain():
     assert choice(0.98) is not None and choice(0.98).name == "draft"
 
 
+def test_a_draft_model_rated_high_keeps_its_standing_through_an_unsure_start():
+    """Replies often start unsure (a code fence, a name): two declined guesses at
+    the start of a reply must not bench a draft model that did well on the last."""
+    p = AutoPolicy(Costs(THIS_CPU, {"draft": 0.024, "lookup": 0.0}), [PromptLookup(), FakeDraftModel()],
+                   k_max=6, priors={"draft": 0.7, "lookup": 0.0})
+    draft = p.drafters[1]
+    for _ in range(40):  # the last reply: five right of six asked
+        p.observe(CycleReport(Plan(draft, 6), drafted=6, accepted=5, draft_s=0.144, verify_s=0.258))
+    history = [1, 2, 3, 4, 5, 6]
+    p.prefill(history)
+    for _ in range(2):  # the new reply opens unsure: the draft model declines twice
+        plan = p.plan(history)
+        assert plan.drafter is draft
+        p.observe(CycleReport(plan, drafted=0, accepted=0, draft_s=0.024, verify_s=0.090))
+    assert p.plan(history).drafter is draft
+
+
 def test_a_draft_step_that_stopped_the_draft_is_a_step_too():
     costs = Costs({1: 0.1, 5: 0.2}, {"draft": 0.03})
     # Asked for 4, it drafted 2 and found the third guess too unsure: 3 steps in 0.09 s.

@@ -254,9 +254,11 @@ class AutoPolicy(Policy):
     that cannot pay even then (as slow as the target) is left cold."""
 
     FORGET_WEIGHT = 2.0
-    """At a new reply, what earlier replies taught about acceptance counts as this
-    many cycles: a prompt changes acceptance (chat after code), and a draft model
-    rated low on the last reply must win back its place in a probe or two."""
+    """At a new reply, a drafter rated below its prior gets a fresh chance: what
+    earlier replies taught counts as this many cycles, so that a draft model rated
+    low on a chat reply wins back its place on a code reply in a probe or two. One
+    rated high keeps its standing: a reply often starts unsure (a code fence, a
+    name) before the stretch the draft model predicts well."""
 
     def __init__(self, costs: Costs, drafters: Sequence[Drafter], *, k_max: int, lookup_k_max: int = 16,
                  priors: dict[str, float] | None = None):
@@ -279,8 +281,9 @@ class AutoPolicy(Policy):
         depends on the prompt (high when the reply copies, lower in free text),
         so what the last reply taught is checked early in this one."""
         plain_rate = 1.0 / self.costs.target_pass(1)
-        for acceptance in self.acceptance.values():
-            acceptance.forget(self.FORGET_WEIGHT)
+        for bucket, acceptance in self.acceptance.items():
+            if acceptance.rate < self._prior(bucket):
+                acceptance.forget(self.FORGET_WEIGHT)
         for drafter in self.drafters:
             optimistic = Acceptance(max(self.OPTIMISTIC, self._acceptance(drafter.name).rate))
             if self._best_rate(drafter, optimistic) > plain_rate:
@@ -372,9 +375,12 @@ class AutoPolicy(Policy):
         if n:
             self._acceptance(bucket).observe(n, n, agreed)
 
+    def _prior(self, bucket: str) -> float:
+        return self._priors.get(bucket.split("/")[0], 0.5)
+
     def _acceptance(self, bucket: str) -> Acceptance:
         if bucket not in self.acceptance:
-            self.acceptance[bucket] = Acceptance(self._priors.get(bucket.split("/")[0], 0.5))
+            self.acceptance[bucket] = Acceptance(self._prior(bucket))
         return self.acceptance[bucket]
 
     def observe(self, report: CycleReport) -> None:
