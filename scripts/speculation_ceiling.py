@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgespec.bench import load_prompts  # noqa: E402
 from edgespec.cli import _prompt_tokens, add_model_options, load_engine  # noqa: E402
 from edgespec.engine.controller import AutoPolicy, Costs, CycleReport, FixedPolicy, measure_pass  # noqa: E402
-from edgespec.engine.drafters import Draft, Drafter, PromptLookup  # noqa: E402
+from edgespec.engine.drafters import Draft, Drafter, PromptLookup, too_unsure  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 from edgespec.engine.runtime import ACCEPTANCE_PRIORS  # noqa: E402
 from edgespec.engine.sampling import greedy, top_probability  # noqa: E402
@@ -70,7 +70,7 @@ class ReplayedDraft(Drafter):
         whole = 1.0
         for j in range(i, min(i + k, len(self.rec.reply))):
             whole *= self.rec.confidence[j]
-            if self.rec.confidence[j] < params.p_min or (params.p_draft is not None and whole < params.p_draft):
+            if too_unsure(self.rec.confidence[j], whole, params):
                 break
             out.append(self.rec.guess[j])
             if self.rec.guess[j] != self.rec.reply[j]:
@@ -117,12 +117,13 @@ def replay(policy, rec: Recorded, costs: Costs, params: GenerationParams, draft:
         n = 0
         while n < len(guesses) and guesses[n] == reply[i + n]:
             n += 1
-        draft_s = costs.draft(plan.drafter.name, len(guesses)) if plan.drafter else 0.0
+        steps = len(guesses) + (len(guesses) < k)  # a draft that stopped itself paid for the step that stopped it
+        draft_s = costs.draft(plan.drafter.name, steps) if plan.drafter else 0.0
         verify_s = costs.target_pass(len(guesses) + 1)
         seconds += draft_s + verify_s
         history += reply[i : i + n + 1]
         i += n + 1
-        policy.observe(CycleReport(plan, len(guesses), n, draft_s, verify_s))
+        policy.observe(CycleReport(plan, len(guesses), n, draft_s, verify_s, asked=max(k, 0)))
     return seconds
 
 

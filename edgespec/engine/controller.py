@@ -209,11 +209,8 @@ class Acceptance:
     def forget(self, weight: float) -> None:
         """Keep the rates but as the evidence of `weight` cycles at most, so that
         new cycles quickly outweigh them."""
-        for a, b in (("accepted", "ended"), ("drafted", "stops")):
-            total = getattr(self, a) + getattr(self, b)
-            if total > weight:
-                setattr(self, a, getattr(self, a) * weight / total)
-                setattr(self, b, getattr(self, b) * weight / total)
+        self.accepted, self.ended = _scaled_to(weight, self.accepted, self.ended)
+        self.drafted, self.stops = _scaled_to(weight, self.drafted, self.stops)
 
     def observe(self, asked: int, drafted: int, accepted: int) -> None:
         if asked <= 0:
@@ -222,6 +219,12 @@ class Acceptance:
         self.ended = self.decay * self.ended + (1.0 if accepted < asked else 0.0)
         self.drafted = self.decay * self.drafted + drafted
         self.stops = self.decay * self.stops + (1.0 if drafted < asked else 0.0)
+
+
+def _scaled_to(weight: float, hits: float, misses: float) -> tuple[float, float]:
+    """The counts scaled down to `weight` in all (their ratio kept), if above it."""
+    total = hits + misses
+    return (hits, misses) if total <= weight else (hits * weight / total, misses * weight / total)
 
 
 class AutoPolicy(Policy):

@@ -51,6 +51,13 @@ class Drafter(ABC):
         """Read the prompt while the target reads it, so that drafting starts warm."""
 
 
+def too_unsure(sure: float, whole: float, params: GenerationParams) -> bool:
+    """Whether a draft model stops before a guess it gives probability `sure`,
+    with `whole` the chance that its draft including that guess is right: a
+    likely rejection costs a target column."""
+    return sure < params.p_min or (params.p_draft is not None and whole < params.p_draft)
+
+
 class DraftModel(Drafter):
     """A second, smaller GGUF model with the target's vocabulary."""
 
@@ -68,11 +75,10 @@ class DraftModel(Drafter):
         caught_up, catch_up_s = self.seq.evaluated - before, time.perf_counter() - start
         whole = 1.0  # the chance that the whole draft so far is right, as the draft model sees it
         for i in range(k):
-            # Stop when the draft itself is unsure: a likely rejection costs a target column.
             q = distribution(logits, params) if params.temperature > 0 else None
             sure = top_probability(logits) if q is None else float(q.max())
             whole *= sure
-            if sure < params.p_min or (params.p_draft is not None and whole < params.p_draft):
+            if too_unsure(sure, whole, params):
                 break
             if q is None:
                 token = greedy(logits)
