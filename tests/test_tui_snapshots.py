@@ -8,6 +8,7 @@ import pytest
 from edgespec.chat.store import ConversationStore, Message
 from edgespec.errors import ModelFileError
 from edgespec.tui.settings import ChatSettings
+from edgespec.tui.widgets.prompt import PromptInput
 from tests.test_tui import REPLY, FakeCatalog, boxes, make_app, send, wait_for
 
 SIZE = (110, 34)
@@ -27,11 +28,18 @@ def store(tmp_path):
         yield s
 
 
+def steady_cursor(pilot) -> None:
+    """Stop the prompt's cursor blinking, so that it shows however long the test took
+    (it blinks every 0.5 s; on a loaded machine the picture caught it hidden)."""
+    pilot.app.query_one(PromptInput).cursor_blink = False
+
+
 async def replied(pilot):
     app = pilot.app
     await wait_for(pilot, lambda: app.model_state == "ready")
     await send(pilot, "Write add() in Python")
     await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 2)
+    steady_cursor(pilot)
     await pilot.pause()
 
 
@@ -81,6 +89,7 @@ def test_model_failed_to_load(snap_compare, store):
 
     async def run_before(pilot):
         await wait_for(pilot, lambda: pilot.app.model_state == "failed")
+        steady_cursor(pilot)
         await pilot.pause()
 
     assert snap_compare(make_app(store, load=load), terminal_size=SIZE, run_before=run_before)
