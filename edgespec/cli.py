@@ -13,6 +13,7 @@ import sys
 from typing import Callable
 
 from edgespec import __version__
+from edgespec.bench import BASELINE, DEFAULT_MODES
 from edgespec.engine.events import MODES, GenerationParams, stats_line
 from edgespec.errors import EdgespecError
 
@@ -91,9 +92,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU (-1: all)")
     g.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
     g.add_argument("--ctx", type=int, default=4096, metavar="N", help="context size in tokens (default 4096)")
-    g.add_argument("--fast-kernels", action="store_true",
-                   help="repacked CPU kernels for the target: ~1.4x faster on CPU, but greedy speculation may then "
-                        "differ from plain decoding at floating-point near-ties")
+    g.add_argument("--exact", action="store_true",
+                   help="batch-invariant kernels for the target: greedy speculation then equals plain greedy decoding "
+                        "token for token (slower on some machines; verify batches capped at those measured exact)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -134,7 +135,7 @@ def load_engine(args: argparse.Namespace, *, progress=None):
         draft = None
     common = dict(n_ctx=args.ctx, n_threads=args.threads)
     return Engine.load(
-        ModelSettings(target, n_gpu_layers=args.n_gpu_layers, fast_kernels=args.fast_kernels, **common),
+        ModelSettings(target, n_gpu_layers=args.n_gpu_layers, exact=args.exact, **common),
         ModelSettings(draft, n_gpu_layers=args.n_gpu_layers_draft, **common) if draft else None,
     )
 
@@ -197,7 +198,9 @@ def _add_bench(sub) -> None:
     add_model_options(p)
     p.add_argument("--prompts", metavar="FILE", help="a prompt suite YAML (default: the shipped one)")
     p.add_argument("--category", action="append", help="only these categories (repeatable)")
-    p.add_argument("--modes", default="plain,draft,lookup,auto", help="comma-separated (default: all)")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                   help=f"comma-separated (default: all: {','.join(DEFAULT_MODES)}; {BASELINE} is plain llama.cpp "
+                        "through llama-cpp-python's Llama, the baseline)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=8, help="most tokens drafted per cycle (default 8)")
@@ -217,19 +220,27 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     params = GenerationParams(max_tokens=args.max_tokens, k=args.k)
     with load_engine(args, progress=_stderr_progress()) as engine:
         info = engine.describe()
-        print(f"backend {info['backend']}; " + "; ".join(
+        print(f"backend {info['backend']}; {bench.machine()}; " + "; ".join(
             f"{role} {Path(m['path']).name} ({m['n_gpu_layers']}/{m['n_layer'] + 1} layers on GPU)"
             for role, m in info["models"].items()))
-        results = bench.run_suite(
-            engine, prompts, modes=modes, repeats=args.repeats, params=params,
-            encode=lambda text: _prompt_tokens(engine, text, raw=False, system=None)[0],
-            on_result=lambda table: print(table, flush=True),
-        )
+        baseline = None
+        if bench.BASELINE in modes:
+            baseline = bench.LlamaCppBaseline(info["models"]["target"]["path"], n_ctx=args.ctx,
+                                              n_threads=args.threads, is_eog=engine.is_eog)
+        try:
+            results = bench.run_suite(
+                engine, prompts, modes=modes, repeats=args.repeats, params=params, baseline=baseline,
+                encode=lambda text: _prompt_tokens(engine, text, raw=False, system=None)[0],
+                on_result=lambda table: print(table, flush=True),
+            )
+        finally:
+            if baseline is not None:
+                baseline.close()
     print()
     print(bench.summarize(results))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    bench.write_json(results, out / "results.json", meta={"models": info, "repeats": args.repeats,
+    bench.write_json(results, out / "results.json", meta={"models": info, "machine": bench.machine(), "repeats": args.repeats,
                                                           "max_tokens": args.max_tokens, "k": args.k})
     bench.write_chart(results, out / "speedup.png")
     print(f"\nwrote {out / 'results.json'} and {out / 'speedup.png'}")

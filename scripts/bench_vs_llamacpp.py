@@ -22,9 +22,9 @@ version as edgespec's bindings), with the CMAKE_ARGS scripts/install.sh uses:
     cmake --build /tmp/cppbuild -j2 --target llama-speculative-simple
     .venv/bin/python scripts/bench_vs_llamacpp.py --bin /tmp/cppbuild/bin/llama-speculative-simple
 
-Kernels: by default both run edgespec's exact settings (no weight repacking,
-Q8_0 KV caches, flash attention) for target and draft; --fast-kernels runs
-both with llama.cpp's defaults.
+Kernels: by default both run llama.cpp's default kernels; --exact runs both
+with edgespec's exact settings (no weight repacking, Q8_0 KV caches, flash
+attention) for target and draft.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def cpp_command(args, target: Path, draft: Path, prompt: str) -> list[str]:
         "--spec-draft-p-min", str(args.p_min),
         "-ngl", "0", "-ngld", "0",
     ]
-    if not args.fast_kernels:
+    if args.exact:
         cmd += ["--no-repack", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-ctkd", "q8_0", "-ctvd", "q8_0"]
     return cmd
 
@@ -103,7 +103,7 @@ def main() -> int:
     parser.add_argument("--p-min", type=float, default=GenerationParams.p_min)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ctx", type=int, default=4096)
-    parser.add_argument("--fast-kernels", action="store_true", help="llama.cpp's default kernels for both")
+    parser.add_argument("--exact", action="store_true", help="edgespec's exact kernels for both")
     args = parser.parse_args()
 
     if args.target:
@@ -111,11 +111,11 @@ def main() -> int:
     else:
         target, draft, _ = resolve_pair(None)
         target, draft = Path(target), Path(draft)
-    common = dict(n_ctx=args.ctx, n_threads=args.threads, fast_kernels=args.fast_kernels)
+    common = dict(n_ctx=args.ctx, n_threads=args.threads, exact=args.exact)
     wanted = args.prompts.split(",")
     prompts = [p for p in load_prompts() if p.id in wanted]
     params = GenerationParams(mode="draft", k=args.k, p_min=args.p_min, max_tokens=args.max_tokens)
-    kernels = "llama.cpp defaults" if args.fast_kernels else "exact (no repack, Q8_0 KV, flash attention)"
+    kernels = "exact (no repack, Q8_0 KV, flash attention)" if args.exact else "llama.cpp defaults"
     print(f"{target.name} / {draft.name}; k={args.k}, p_min={args.p_min}, {args.threads} threads, "
           f"{args.max_tokens} tokens, greedy; kernels: {kernels}")
     print(f"{'prompt':<16} {'C++ tok/s':>9} {'ours tok/s':>10} {'ratio':>6}   {'C++ accept':>10} {'ours accept':>11}")

@@ -175,9 +175,9 @@ def test_prompt_lookup_greedy_equals_plain(engines):
     assert last.stats.accepted > 0
 
 
-def fresh_logits(path, tokens, *, fast_kernels):
+def fresh_logits(path, tokens):
     """Logits after `tokens` from a new context (same kernels and KV type as the engine's)."""
-    with Engine.load(settings(path, fast_kernels=fast_kernels)) as engine:
+    with Engine.load(settings(path)) as engine:
         return engine.target_seq.next_logits(tokens).copy()
 
 
@@ -198,11 +198,11 @@ def test_kv_truncation_leaves_both_caches_as_if_fed_only_the_accepted_tokens(
         assert target_seq.tokens == history[:-1]
         assert draft_seq.tokens == history[: len(draft_seq.tokens)]
         assert len(draft_seq.tokens) >= len(history) - 2
-        for seq, path, fast in ((target_seq, synth_target, False), (draft_seq, synth_far_draft, True)):
+        for seq, path in ((target_seq, synth_target), (draft_seq, synth_far_draft)):
             got = seq.next_logits(history).copy()
             # A stale (rejected) entry left in the cache would move logits by O(1); the
-            # fresh context differs only by batch rounding, through the Q8_0 cache.
-            np.testing.assert_allclose(got, fresh_logits(path, history, fast_kernels=fast), rtol=0, atol=0.05)
+            # fresh context differs only by batch rounding.
+            np.testing.assert_allclose(got, fresh_logits(path, history), rtol=0, atol=0.05)
     finally:
         engine.close()
 

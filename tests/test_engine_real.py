@@ -7,7 +7,8 @@ import pytest
 
 from edgespec.chat.template import chat_template
 from edgespec.engine.events import GenerationParams
-from edgespec.engine.runtime import Engine, ModelSettings
+from edgespec.engine.exact import PROBE_LIMIT
+from edgespec.engine.runtime import FAST_MAX_BATCH, Engine, ModelSettings
 from tests.bundled_models import qwen_pair  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
@@ -34,7 +35,7 @@ def test_smollm2_as_its_own_draft_accepts_nearly_every_token_and_changes_nothing
     """The draft runs llama.cpp's fast kernels and an F16 cache, the target the
     exact ones and a Q8_0 cache: the same weights, rounded apart, so a rare
     near-tie is rejected; the output is the target's all the same."""
-    with Engine.load(ModelSettings(smollm2, n_ctx=1024), ModelSettings(smollm2, n_ctx=1024)) as engine:
+    with Engine.load(ModelSettings(smollm2, n_ctx=1024, exact=True), ModelSettings(smollm2, n_ctx=1024)) as engine:
         for question in QUESTIONS:
             tokens = chat_tokens(engine, question)
             plain, _ = generate(engine, tokens, mode="plain", max_tokens=48)
@@ -49,7 +50,7 @@ def test_smollm2_as_its_own_draft_accepts_nearly_every_token_and_changes_nothing
 @pytest.mark.qwen
 def test_qwen_pair_greedy_speculation_equals_plain(qwen_pair):  # noqa: F811
     _, target, draft = qwen_pair
-    with Engine.load(ModelSettings(target, n_ctx=1024), ModelSettings(draft, n_ctx=1024)) as engine:
+    with Engine.load(ModelSettings(target, n_ctx=1024, exact=True), ModelSettings(draft, n_ctx=1024)) as engine:
         for question in QUESTIONS:
             tokens = chat_tokens(engine, question)
             plain, _ = generate(engine, tokens, mode="plain", max_tokens=40)
@@ -60,3 +61,17 @@ def test_qwen_pair_greedy_speculation_equals_plain(qwen_pair):  # noqa: F811
             assert stats.mode == "auto"
         _, draft_stats = generate(engine, chat_tokens(engine, QUESTIONS[0]), mode="draft", k=4, max_tokens=40)
         assert draft_stats.acceptance_rate > 0.5
+
+
+def test_default_kernels_speculate_past_the_exact_cap_and_exact_is_opt_in(smollm2):
+    """By default the target runs llama.cpp's own kernels (as plain llama.cpp does)
+    and verify passes are not capped by the exactness probe; `exact` caps them at
+    what was measured to be exact."""
+    with Engine.load(ModelSettings(smollm2, n_ctx=512)) as fast:
+        assert fast.describe()["exact"] is False
+        assert fast.max_verify_batch() == FAST_MAX_BATCH
+        _, stats = generate(fast, chat_tokens(fast, QUESTIONS[1]), mode="lookup", k=16, max_tokens=48)
+        assert stats.drafted > 0
+    with Engine.load(ModelSettings(smollm2, n_ctx=512, exact=True)) as exact:
+        assert exact.describe()["exact"] is True
+        assert 1 <= exact.max_verify_batch() <= PROBE_LIMIT

@@ -25,7 +25,7 @@ from edgespec.llama.model import LlamaModel
 
 
 FAST_MAX_BATCH = 17
-"""With fast kernels: the longest verify pass (prompt lookup may draft 16)."""
+"""Without exact kernels: the longest verify pass (prompt lookup may draft 16)."""
 
 ACCEPTANCE_PRIORS = {"draft": 0.7, "lookup": 0.5}
 """What auto mode assumes before it has seen a drafter at work: a same-family
@@ -43,17 +43,16 @@ class ModelSettings:
     n_threads: int | None = None
     """CPU threads; None for all cores."""
     n_batch: int = 512
-    fast_kernels: bool | None = None
-    """None: off for a target, on for a draft model (see below). True: let
-    llama.cpp pick its fastest kernels for each batch size (repacked CPU
-    weights, F16 KV cache, tiled and thread-split attention). A pass over k
-    tokens then rounds differently from k single-token passes, so a near-tie
-    can flip and greedy speculation is no longer token-exact. Off (a target's
-    default), the model uses kernels that give bit-identical logits whatever
-    the batch size (plain weight layouts, a Q8_0 KV cache, untiled attention)
-    and speculation is capped at the largest batch measured to be exact.
-    A draft model runs fast unless told otherwise: it only guesses, so its
-    rounding cannot change the output."""
+    exact: bool = False
+    """Batch-invariant kernels: a pass over k tokens gives, bit for bit, the
+    logits of k single-token passes (plain weight layouts, a Q8_0 KV cache,
+    untiled attention), so greedy speculation is token for token plain greedy
+    decoding; verify passes are capped at the largest batch measured to be
+    exact. Off (the default), llama.cpp picks its fastest kernels for each
+    batch size, as plain llama.cpp does: every token is still the target's own
+    choice from its own logits, but a batch rounds differently from single
+    tokens, so a near-tie can flip. Only a target needs it: a draft model only
+    guesses."""
 
 
 def vocab_info(model: LlamaModel) -> VocabInfo:
@@ -69,11 +68,11 @@ def vocab_info(model: LlamaModel) -> VocabInfo:
 class _Loaded:
     """One model with its context and KV sequence."""
 
-    def __init__(self, settings: ModelSettings, *, is_draft: bool = False):
+    def __init__(self, settings: ModelSettings):
         self.settings = settings
-        self.fast_kernels = is_draft if settings.fast_kernels is None else settings.fast_kernels
+        self.exact = settings.exact
         self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers,
-                                extra_bufts=self.fast_kernels)
+                                extra_bufts=not self.exact)
         try:
             self.ctx = self._context()
         except BaseException:
@@ -84,7 +83,7 @@ class _Loaded:
     def _context(self) -> LlamaContext:
         s = self.settings
         common = dict(n_ctx=s.n_ctx, n_batch=s.n_batch, n_threads=s.n_threads)
-        if self.fast_kernels:
+        if not self.exact:
             return LlamaContext(self.model, **common)
         # A Q8_0 cache keeps llama.cpp's single-token attention from splitting
         # the cache across threads (summing in another order than a batch does).
@@ -120,7 +119,7 @@ class Engine:
         d = None
         try:
             if draft is not None:
-                d = _Loaded(draft, is_draft=True)
+                d = _Loaded(draft)
                 ensure_compatible(vocab_info(t.model), vocab_info(d.model),
                                   target_name=Path(target.path).name, draft_name=Path(draft.path).name)
         except BaseException:
@@ -161,6 +160,10 @@ class Engine:
     def eos(self) -> int | None:
         return self._target.model.eos()
 
+    def is_eog(self, token: int) -> bool:
+        """Whether the target ends a reply at this token."""
+        return self._target.model.is_eog(token)
+
     def token_text(self, token: int) -> str:
         return self._target.model.token_to_piece(token, special=True).decode("utf-8", errors="replace")
 
@@ -186,7 +189,7 @@ class Engine:
         k_cap = self.max_verify_batch() - 1
         if k_cap < 1:
             return FixedPolicy(None, 0, "plain: no batch gives exact logits on this backend "
-                                        "(--fast-kernels speculates anyway)")
+                                        "(without --exact it speculates)")
         if params.mode == "lookup":
             return FixedPolicy(self.lookup, min(params.k, k_cap))
         if params.mode == "draft":
@@ -194,9 +197,9 @@ class Engine:
         return self.auto_policy(params, k_cap)
 
     def max_verify_batch(self) -> int:
-        """The most tokens one verify pass may hold: any number with fast kernels,
-        else the largest batch whose logits were measured to be exact."""
-        if self._target.fast_kernels:
+        """The most tokens one verify pass may hold: FAST_MAX_BATCH, or with
+        exact kernels the largest batch whose logits were measured to be exact."""
+        if not self._target.exact:
             return FAST_MAX_BATCH
         if self._exact_batch is None:
             self._exact_batch, self._probe_timings = largest_exact_batch(self._target.seq)
@@ -237,8 +240,8 @@ class Engine:
         return {
             "backend": info["backend"],
             "gpu_offload": info["gpu_offload"],
-            "exact": not self._target.fast_kernels,
-            "max_verify_batch": self._exact_batch if not self._target.fast_kernels else FAST_MAX_BATCH,
+            "exact": self._target.exact,
+            "max_verify_batch": self._exact_batch if self._target.exact else FAST_MAX_BATCH,
             "models": {
                 role: {
                     "path": str(m.settings.path),
@@ -248,7 +251,7 @@ class Engine:
                     "n_gpu_layers": m.model.n_layer() + 1 if m.settings.n_gpu_layers < 0
                     else min(m.settings.n_gpu_layers, m.model.n_layer() + 1),
                     "n_ctx": m.seq.n_ctx,
-                    "fast_kernels": m.fast_kernels,
+                    "exact": m.exact,
                 }
                 for role, m in models.items()
             },

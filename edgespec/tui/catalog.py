@@ -158,7 +158,8 @@ def load_engine(choice: ModelChoice, settings, *, catalog: Catalog | None = None
         return (catalog or RegistryCatalog()).resolve(name)
 
     threads = settings.threads or None
-    target_settings = ModelSettings(path_of(target), n_gpu_layers=settings.gpu_layers_target, n_threads=threads)
+    target_settings = ModelSettings(path_of(target), n_gpu_layers=settings.gpu_layers_target, n_threads=threads,
+                                    exact=settings.exact)
     draft_settings = None
     if draft:
         draft_settings = ModelSettings(path_of(draft), n_gpu_layers=settings.gpu_layers_draft, n_threads=threads)

@@ -39,6 +39,9 @@ class ChatSettings:
     """Draft layers offloaded to the GPU (-1: all)."""
     threads: int = 0
     """CPU threads (0: all cores)."""
+    exact: bool = False
+    """Batch-invariant kernels for the target: greedy speculation equals plain
+    greedy decoding token for token (ModelSettings.exact)."""
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.temperature <= 5.0, "temperature must be between 0 and 5")
@@ -64,6 +67,8 @@ class ChatSettings:
             if data and f.name in data and data[f.name] is not None:
                 kind = type(getattr(base, f.name))
                 try:
+                    if kind is bool and not isinstance(data[f.name], bool):
+                        raise TypeError  # bool("no") is True
                     values[f.name] = kind(data[f.name])
                 except (TypeError, ValueError):
                     raise ValueError(f"{f.name.replace('_', ' ')}: {data[f.name]!r} is not a valid {kind.__name__}") from None
@@ -79,9 +84,9 @@ class ChatSettings:
             top_k=self.top_k, top_p=self.top_p, max_tokens=self.max_tokens,
         )
 
-    def hardware(self) -> tuple[int, int, int]:
+    def hardware(self) -> tuple[int, int, int, bool]:
         """The settings that need the models reloaded when they change."""
-        return (self.gpu_layers_target, self.gpu_layers_draft, self.threads)
+        return (self.gpu_layers_target, self.gpu_layers_draft, self.threads, self.exact)
 
 
 def _check(ok: bool, message: str) -> None:

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Select, Static, TextArea
+from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
 from edgespec.engine.events import MODES
 from edgespec.tui.settings import ChatSettings
@@ -57,6 +57,8 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
                 for name, label in LABELS.items():
                     yield Label(label)
                     yield Input(str(getattr(self.settings, name)), id=name)
+                yield Label("Exact kernels (greedy = plain)")
+                yield Checkbox("exact", value=self.settings.exact, id="exact")
             yield Static("", id="error")
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
@@ -67,6 +69,7 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
         """The settings as entered; raises ValueError with a message for the user."""
         data = {name: self.query_one(f"#{name}", Input).value.strip() for name in LABELS}
         data["mode"] = self.query_one("#mode", Select).value
+        data["exact"] = self.query_one("#exact", Checkbox).value
         data["system_prompt"] = self.query_one("#system_prompt", TextArea).text
         kinds = {f.name: f.type for f in fields(ChatSettings)}
         for name in LABELS:
