@@ -1,9 +1,11 @@
 """The benchmark: a prompt suite x speculation modes, interleaved, side by side.
 
 Every repeat runs all modes on a prompt back to back in a rotating order, so
-that machine noise hits every mode alike; speedups are ratios to plain
-decoding within the same repeat, summarised by their median. Greedy runs also
-check that every mode produced exactly the plain tokens.
+that machine noise hits every mode alike; speedups are ratios within the same
+repeat, summarised by their median: to plain llama.cpp (mode `llamacpp`:
+llama-cpp-python's high-level `Llama` with its defaults on the same target,
+what a user would run instead) and to edgespec's own plain decoding. Greedy
+runs also check that every mode produced exactly the plain tokens.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Callable, Sequence
 
 import yaml
 
-from edgespec.engine.events import GenerationParams
+from edgespec.engine.events import GenerationParams, Stats
 
-DEFAULT_MODES = ("plain", "draft", "lookup", "auto")
+BASELINE = "llamacpp"
+DEFAULT_MODES = (BASELINE, "plain", "draft", "lookup", "auto")
 
 
 @dataclass
@@ -38,6 +41,9 @@ class Result:
     mode: str
     tokens_per_s: list[float] = field(default_factory=list)
     speedup: list[float] = field(default_factory=list)
+    """Over edgespec's plain decoding."""
+    vs_llamacpp: list[float] = field(default_factory=list)
+    """Over plain llama.cpp (the `llamacpp` mode)."""
     acceptance: list[float] = field(default_factory=list)
     tokens_per_pass: list[float] = field(default_factory=list)
     identical: bool = True
@@ -66,27 +72,33 @@ def run_suite(
     repeats: int = 3,
     params: GenerationParams | None = None,
     encode: Callable[[str], list[int]],
+    baseline: "LlamaCppBaseline | None" = None,
     on_result: Callable[[str], None] | None = None,
 ) -> list[Result]:
     """Run every prompt in every mode `repeats` times, interleaved. `encode`
-    turns a prompt into the model's input (the chat template)."""
+    turns a prompt into the model's input (the chat template); `baseline` runs
+    the `llamacpp` mode (left out without one)."""
     base = params or GenerationParams(max_tokens=128)
-    if not engine.has_draft:
-        modes = [m for m in modes if m != "draft"]
+    modes = [m for m in modes if (m != "draft" or engine.has_draft) and (m != BASELINE or baseline)]
+    run = {m: (baseline.generate if m == BASELINE else lambda tokens, p: _generate(engine, tokens, p)) for m in modes}
     results = []
     for prompt in prompts:
         tokens = encode(prompt.prompt)
-        _generate(engine, tokens, _with(base, mode="plain", max_tokens=8))  # warm-up: caches, pages
+        for m in modes:  # warm-up: caches, pages
+            run[m](tokens, _with(base, mode="plain", max_tokens=8))
         by_mode = {m: Result(prompt.id, prompt.category, m) for m in modes}
         for r in range(repeats):
             order = list(modes[r % len(modes):]) + list(modes[: r % len(modes)])
-            runs = {m: _generate(engine, tokens, _with(base, mode=m)) for m in order}
+            runs = {m: run[m](tokens, _with(base, mode="plain" if m == BASELINE else m)) for m in order}
             plain_tps = runs["plain"][1].tokens_per_s if "plain" in runs else None
+            cpp_tps = runs[BASELINE][1].tokens_per_s if BASELINE in runs else None
             for m, (out, stats) in runs.items():
                 res = by_mode[m]
                 res.tokens_per_s.append(stats.tokens_per_s)
                 if plain_tps:
                     res.speedup.append(stats.tokens_per_s / plain_tps)
+                if cpp_tps:
+                    res.vs_llamacpp.append(stats.tokens_per_s / cpp_tps)
                 if stats.drafted:
                     res.acceptance.append(stats.acceptance_rate)
                 res.tokens_per_pass.append(stats.tokens_per_pass)
@@ -96,6 +108,65 @@ def run_suite(
         if on_result:
             on_result(format_table(list(by_mode.values()), header=not any(r.prompt != prompt.id for r in results)))
     return results
+
+
+class LlamaCppBaseline:
+    """Plain decoding as a llama-cpp-python user gets it: the high-level `Llama`
+    with its defaults (llama.cpp's own kernels and sampler chain), on the same
+    model file, context and threads as the engine's target. Timed as the engine
+    times itself: the prompt but its last token is read first, untimed; every
+    generated token counts, over the time after that."""
+
+    def __init__(self, path: str, *, n_ctx: int, n_threads: int | None, is_eog: Callable[[int], bool],
+                 **llama_options):
+        """`llama_options` go to `Llama` as they are (none: its defaults)."""
+        import os
+
+        from llama_cpp import Llama
+
+        threads = n_threads or os.cpu_count() or 1
+        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                         verbose=False, **llama_options)
+        self.is_eog = is_eog
+
+    def generate(self, tokens: Sequence[int], params: GenerationParams) -> tuple[list[int], Stats]:
+        import time
+
+        self.llm.reset()
+        self.llm.eval(list(tokens[:-1]))
+        stats = Stats(mode=BASELINE, prompt_tokens=len(tokens))
+        out: list[int] = []
+        start = time.perf_counter()
+        # generate() finds the prompt but its last token already evaluated (prefix match) and reads only that one.
+        if params.seed is not None:
+            self.llm.set_seed(params.seed)
+        for token in self.llm.generate(list(tokens), temp=params.temperature, top_k=params.top_k,
+                                       top_p=params.top_p, min_p=0.0):
+            if self.is_eog(token):
+                break
+            out.append(token)
+            if len(out) >= params.max_tokens:
+                break
+        stats.decode_s = time.perf_counter() - start
+        stats.generated_tokens = stats.target_passes = len(out)
+        return out, stats
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def machine() -> str:
+    """The CPU, for people reading figures: they change from machine to machine."""
+    import os
+    import platform
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores"
 
 
 def _with(params: GenerationParams, **changes) -> GenerationParams:
@@ -112,57 +183,66 @@ def _generate(engine, tokens, params):
 def format_table(results: Sequence[Result], *, header: bool = True) -> str:
     lines = []
     if header:
-        lines.append(f"{'prompt':<16} {'category':<10} {'mode':<7} {'tok/s':>7} {'speedup':>8} "
-                     f"{'accept':>7} {'tok/pass':>8}  same")
+        lines.append(f"{'prompt':<16} {'category':<10} {'mode':<8} {'tok/s':>6} {'vs llama.cpp':>12} "
+                     f"{'vs plain':>8} {'accept':>7} {'tok/pass':>8}  same")
     for r in results:
         acc = f"{r.median('acceptance'):.0%}" if r.acceptance else "-"
+        cpp = f"{r.median('vs_llamacpp'):.2f}x" if r.vs_llamacpp else "-"
+        plain = f"{r.median('speedup'):.2f}x" if r.speedup else "-"
         same = "yes" if r.identical else "NO"
-        lines.append(f"{r.prompt:<16} {r.category:<10} {r.mode:<7} {r.median('tokens_per_s'):>7.1f} "
-                     f"{r.median('speedup'):>7.2f}x {acc:>7} {r.median('tokens_per_pass'):>8.2f}  {same}")
+        lines.append(f"{r.prompt:<16} {r.category:<10} {r.mode:<8} {r.median('tokens_per_s'):>6.1f} {cpp:>12} "
+                     f"{plain:>8} {acc:>7} {r.median('tokens_per_pass'):>8.2f}  {same}")
     return "\n".join(lines)
 
 
 def summarize(results: Sequence[Result]) -> str:
-    """Per category and mode: geometric mean, worst and best speedup vs plain."""
-    lines = [f"{'category':<10} {'mode':<7} {'geomean':>8} {'worst':>7} {'best':>7}"]
-    groups: dict[tuple[str, str], list[float]] = {}
+    """Per category and mode: geometric mean, worst and best speedup over plain
+    llama.cpp (when measured) and over edgespec's plain decoding."""
+    lines = [f"{'category':<10} {'mode':<8} {'over':<10} {'geomean':>8} {'worst':>7} {'best':>7}"]
+    groups: dict[tuple[str, str, str], list[float]] = {}
     for r in results:
-        groups.setdefault((r.category, r.mode), []).append(r.median("speedup"))
-        groups.setdefault(("all", r.mode), []).append(r.median("speedup"))
-    for (category, mode), speedups in groups.items():
-        if mode == "plain":
-            continue
+        for over, name in (("llama.cpp", "vs_llamacpp"), ("plain", "speedup")):
+            if getattr(r, name) and r.mode not in ("plain", BASELINE):
+                for category in (r.category, "all"):
+                    groups.setdefault((category, r.mode, over), []).append(r.median(name))
+        if r.mode == "plain" and r.vs_llamacpp:
+            groups.setdefault(("all", "plain", "llama.cpp"), []).append(r.median("vs_llamacpp"))
+    for (category, mode, over), speedups in sorted(groups.items(), key=lambda g: (g[0][2], g[0][0] == "all")):
         gm = statistics.geometric_mean(speedups)
-        lines.append(f"{category:<10} {mode:<7} {gm:>7.2f}x {min(speedups):>6.2f}x {max(speedups):>6.2f}x")
+        lines.append(f"{category:<10} {mode:<8} {over:<10} {gm:>7.2f}x {min(speedups):>6.2f}x {max(speedups):>6.2f}x")
     return "\n".join(lines)
 
 
 def write_json(results: Sequence[Result], path: str | Path, *, meta: dict | None = None) -> None:
-    rows = [{**asdict(r), **{f"median_{k}": r.median(k) for k in ("tokens_per_s", "speedup", "acceptance")}}
+    rows = [{**asdict(r), **{f"median_{k}": r.median(k) for k in ("tokens_per_s", "speedup", "vs_llamacpp",
+                                                                  "acceptance")}}
             for r in results]
     Path(path).write_text(json.dumps({"meta": meta or {}, "results": rows}, indent=2))
 
 
 def write_chart(results: Sequence[Result], path: str | Path, *, title: str = "") -> None:
-    """A PNG: speedup vs plain per prompt (bars per mode), 1.0x marked."""
+    """A PNG: speedup per prompt (bars per mode) over plain llama.cpp when it was
+    measured, else over edgespec's plain decoding; 1.0x marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     prompts = list(dict.fromkeys(r.prompt for r in results))
-    modes = [m for m in dict.fromkeys(r.mode for r in results) if m != "plain"]
+    over_cpp = any(r.vs_llamacpp for r in results)
+    name, over = ("vs_llamacpp", "plain llama.cpp") if over_cpp else ("speedup", "plain")
+    modes = [m for m in dict.fromkeys(r.mode for r in results) if m != (BASELINE if over_cpp else "plain")]
     fig, ax = plt.subplots(figsize=(max(8, len(prompts) * 0.9), 4.5))
     width = 0.8 / max(len(modes), 1)
     for i, mode in enumerate(modes):
-        values = [next((r.median("speedup") for r in results if r.prompt == p and r.mode == mode), 0)
+        values = [next((r.median(name) for r in results if r.prompt == p and r.mode == mode), 0)
                   for p in prompts]
         ax.bar([x + i * width for x in range(len(prompts))], values, width, label=mode)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(prompts))])
     ax.set_xticklabels(prompts, rotation=30, ha="right")
-    ax.set_ylabel("speedup vs plain (median)")
-    ax.set_title(title or "edgespec: speculative decoding vs plain")
+    ax.set_ylabel(f"speedup over {over} (median)")
+    ax.set_title(title or f"edgespec vs {over}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,0 +1,87 @@
+"""The benchmark: interleaved modes, ratios within a repeat, llama.cpp as the baseline."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgespec import bench
+from edgespec.bench import BASELINE, LlamaCppBaseline, Prompt, format_table, run_suite, summarize
+from edgespec.engine.events import Chunk, GenerationParams, Stats
+
+SPEED = {"plain": 10.0, "lookup": 15.0, "auto": 12.0, BASELINE: 11.0}
+"""Tokens per second each fake mode reports."""
+
+
+class FakeEngine:
+    has_draft = False
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def generate(self, tokens, params):
+        self.calls.append(params.mode)
+        out = [1, 2, 3] if params.mode != "lookup" else [1, 2, 4]  # lookup "drifts" from plain
+        yield Chunk("", out, [False] * 3, Stats(mode=params.mode, generated_tokens=3,
+                                               decode_s=3 / SPEED[params.mode], target_passes=3))
+
+
+class FakeBaseline:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def generate(self, tokens, params):
+        self.engine.calls.append(BASELINE)
+        return [1, 2, 3], Stats(mode=BASELINE, generated_tokens=3, decode_s=3 / SPEED[BASELINE], target_passes=3)
+
+
+def test_every_mode_is_compared_with_llama_cpp_and_plain_within_each_repeat():
+    engine = FakeEngine()
+    prompts = [Prompt("p1", "code", "x"), Prompt("p2", "grounded", "y")]
+    results = run_suite(engine, prompts, modes=(BASELINE, "plain", "draft", "lookup", "auto"), repeats=3,
+                        encode=lambda text: [0], baseline=FakeBaseline(engine))
+    by = {(r.prompt, r.mode): r for r in results}
+    assert {m for _, m in by} == {BASELINE, "plain", "lookup", "auto"}  # no draft model: no draft mode
+    auto = by[("p1", "auto")]
+    assert auto.median("vs_llamacpp") == pytest.approx(12 / 11)
+    assert auto.median("speedup") == pytest.approx(12 / 10)
+    assert by[("p1", BASELINE)].identical and not by[("p1", "lookup")].identical
+    # Each repeat starts with another mode (after one short warm-up per mode and prompt).
+    firsts = [engine.calls[i * 16 + 4 + r * 4] for i in range(2) for r in range(3)]
+    assert firsts[:3] == [BASELINE, "plain", "lookup"]
+    table, summary = format_table(results), summarize(results)
+    assert "vs llama.cpp" in table and "1.09x" in table
+    assert "llama.cpp" in summary and "plain" in summary
+
+
+def test_without_a_baseline_the_llama_cpp_mode_is_left_out():
+    engine = FakeEngine()
+    results = run_suite(engine, [Prompt("p", "code", "x")], modes=(BASELINE, "plain", "auto"), repeats=1,
+                        encode=lambda text: [0])
+    assert {r.mode for r in results} == {"plain", "auto"}
+    assert all(not r.vs_llamacpp for r in results)
+
+
+def test_machine_names_the_cpu():
+    assert "cores" in bench.machine()
+
+
+@pytest.mark.slow
+def test_llama_cpp_baseline_decodes_greedily_like_plain_edgespec(smollm2):
+    """Token for token when both run the same kernels. (Llama's default turns flash
+    attention off where llama.cpp's own default lets it decide: a near-tie can then
+    flip, which the benchmark's `same` column shows.)"""
+    from edgespec.engine.runtime import Engine, ModelSettings
+
+    with Engine.load(ModelSettings(smollm2, n_ctx=512)) as engine:
+        tokens = engine.tokenize("<|im_start|>user\nCount from one to twenty.<|im_end|>\n<|im_start|>assistant\n")
+        plain = [t for chunk in engine.generate(tokens, GenerationParams(mode="plain", max_tokens=40))
+                 for t in chunk.tokens]
+        baseline = LlamaCppBaseline(smollm2, n_ctx=512, n_threads=None, is_eog=engine.is_eog, flash_attn=True)
+        try:
+            out, stats = baseline.generate(tokens, GenerationParams(max_tokens=40))
+            again, _ = baseline.generate(tokens, GenerationParams(max_tokens=12))
+        finally:
+            baseline.close()
+    assert out == plain
+    assert again == plain[:12]
+    assert stats.generated_tokens == len(out) and stats.tokens_per_s > 0
