@@ -166,6 +166,29 @@ async def test_send_streams_the_reply_and_stores_it(store):
         assert app.query_one("#prompt").text == ""
 
 
+async def test_the_screen_draws_a_fast_stream_in_batches_without_holding_up_decoding(store, monkeypatch):
+    """Rendering Markdown takes time; the decode thread hands chunks over and goes
+    on, and the screen draws what has arrived at most RENDER_HZ times a second."""
+    writes = []
+    original = MessageBox.write
+
+    async def slow_write(self, text, runs):
+        writes.append(text)
+        await asyncio.sleep(0.02)  # a costly render
+        await original(self, text, runs)
+
+    monkeypatch.setattr(MessageBox, "write", slow_write)
+    reply = "token " * 80  # 480 one-character chunks
+    app = make_app(store, reply=reply, delay_s=0.001, engine_cls=FakeEngine)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Talk", key=False)
+        await wait_for(pilot, lambda: len(boxes(app)) == 2 and boxes(app)[1].content == reply
+                       and not app.generating)
+        assert "".join(writes) == reply
+        assert len(writes) < len(reply) / 10  # one chunk per character arrived
+
+
 async def test_escape_stops_the_reply_and_keeps_it(store):
     app = make_app(store, reply="word " * 400, delay_s=0.003)
     async with app.run_test() as pilot:

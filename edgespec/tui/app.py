@@ -2,8 +2,10 @@
 status line of speculation, and screens for models, settings and help.
 
 Decoding and model loading run in thread workers; they touch widgets only via
-`call_from_thread`. The app is given how to load an engine and how to make a
-chat session, so tests run it on a fake engine.
+`call_from_thread`. A reply's chunks go into a `ReplyBuffer` that the screen
+drains at most RENDER_HZ times a second: the decode thread never waits for a
+render, and rendering Markdown costs no decode speed. The app is given how to
+load an engine and how to make a chat session, so tests run it on a fake engine.
 """
 
 from __future__ import annotations
@@ -35,6 +37,34 @@ from edgespec.tui.widgets.status import StatusLine, format_live, hardware_label
 
 EngineLoader = Callable[[ModelChoice, ChatSettings], object]
 """(choice, settings) -> a loaded Engine; raises EdgespecError with a message for the user."""
+
+
+RENDER_HZ = 15
+"""How often a streaming reply is redrawn: smooth to the eye, and few enough
+Markdown renders that the screen takes little CPU from llama.cpp's threads."""
+
+
+class ReplyBuffer:
+    """Chunks the decode thread has produced and the screen has not drawn yet."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._text: list[str] = []
+        self._runs: list[tuple[str, bool]] = []
+        self._stats = None
+
+    def add(self, text: str, runs: list[tuple[str, bool]], stats) -> None:
+        with self._lock:
+            self._text.append(text)
+            self._runs.extend(runs)
+            self._stats = stats
+
+    def take(self) -> tuple[str, list[tuple[str, bool]], object]:
+        """Everything added since the last take: (text, runs, latest stats or None)."""
+        with self._lock:
+            taken = "".join(self._text), self._runs, self._stats
+            self._text, self._runs, self._stats = [], [], None
+        return taken
 
 
 def default_session_factory(engine, **kwargs):
@@ -379,10 +409,13 @@ class EdgespecApp(App):
         self.log_view.anchor()
         self._stop.clear()
         self.generating = True
-        self._reply_worker(make_chunks, box)
+        pending = ReplyBuffer()
+        timer = self.set_interval(1 / RENDER_HZ, lambda: self._show_pending(box, pending))
+        self._reply_worker(make_chunks, box, pending, timer)
 
     @work(thread=True, exclusive=True, group="reply")
-    def _reply_worker(self, make_chunks: Callable[[], Iterator], box: MessageBox) -> None:
+    def _reply_worker(self, make_chunks: Callable[[], Iterator], box: MessageBox, pending: ReplyBuffer,
+                      timer) -> None:
         error = None
         chunks = None
         try:
@@ -390,8 +423,8 @@ class EdgespecApp(App):
             for chunk in chunks:
                 if self._stop.is_set():
                     break
-                runs = chunk_spans(self.engine, chunk.text, chunk.tokens, chunk.from_draft)
-                self.call_from_thread(self._show_chunk, box, chunk.text, runs, chunk.stats)
+                pending.add(chunk.text, chunk_spans(self.engine, chunk.text, chunk.tokens, chunk.from_draft),
+                            chunk.stats)
                 if self._stop.is_set():
                     break
         except EdgespecError as e:
@@ -401,12 +434,15 @@ class EdgespecApp(App):
         finally:
             if chunks is not None and hasattr(chunks, "close"):
                 chunks.close()  # a partial reply is stored as "stopped"
-            self.call_from_thread(self._reply_done, box, error)
+            self.call_from_thread(self._reply_done, box, error, pending, timer)
 
-    async def _show_chunk(self, box: MessageBox, text: str, runs, stats) -> None:
-        await box.write(text, runs)
-        self.status.detail = format_live(stats, plain_tps=self.plain_tps)
-        self._follow_new_conversation()
+    async def _show_pending(self, box: MessageBox, pending: ReplyBuffer) -> None:
+        text, runs, stats = pending.take()
+        if text or runs:
+            await box.write(text, runs)
+        if stats is not None:
+            self.status.detail = format_live(stats, plain_tps=self.plain_tps)
+            self._follow_new_conversation()
 
     def _follow_new_conversation(self) -> None:
         """A new chat is stored at its first message: list it and remember its settings."""
@@ -417,7 +453,9 @@ class EdgespecApp(App):
             self.query_one(ConversationList).refresh_list()
             self.query_one(ConversationList).highlight(cid)
 
-    async def _reply_done(self, box: MessageBox, error: str | None) -> None:
+    async def _reply_done(self, box: MessageBox, error: str | None, pending: ReplyBuffer, timer) -> None:
+        timer.stop()
+        await self._show_pending(box, pending)
         messages = self.session.messages if self.session is not None else []
         last = messages[-1] if messages else None
         if last is not None and last.role == "assistant":
