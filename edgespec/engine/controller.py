@@ -17,11 +17,17 @@ from edgespec.engine.cache import KVSequence
 from edgespec.engine.drafters import Drafter, PromptLookup
 
 
+PLAN_KINDS = ("plain", "chosen", "probe")
+"""Why a cycle drafts what it drafts: not at all; the best expected rate; or to
+learn whether a drafter's acceptance has changed (auto mode's exploration)."""
+
+
 @dataclass
 class Plan:
     drafter: Drafter | None
     k: int
     reason: str = ""
+    """Why, for people (built from the other fields)."""
     bucket: str = ""
     """Whose acceptance this cycle measures (auto mode): the drafter, or for
     prompt lookup the drafter and the kind of match (see PromptLookup.match)."""
@@ -30,6 +36,12 @@ class Plan:
     p_draft: float | None = None
     """The least chance that a draft model's whole draft is right for it to go on
     drafting (GenerationParams.p_draft). Auto mode derives it from the measured costs."""
+    kind: str = "chosen"
+    """One of PLAN_KINDS ("plain" whenever there is no drafter)."""
+
+    def __post_init__(self):
+        if self.drafter is None or self.k <= 0:
+            self.kind = "plain"
 
     @property
     def name(self) -> str:
@@ -227,6 +239,39 @@ def _scaled_to(weight: float, hits: float, misses: float) -> tuple[float, float]
     return (hits, misses) if total <= weight else (hits * weight / total, misses * weight / total)
 
 
+class Ledger:
+    """Auto mode against plain decoding, as measured: every drafting cycle's time
+    against the single-token passes its tokens would have cost, and the plain
+    decode time that all cycles stand for.
+
+    Exploration (probing a drafter that auto stopped using) is paid from what
+    drafting has saved plus ALLOWANCE of the plain time so far, so that it can
+    never cost more than that; and while drafting as a whole has lost more than
+    ALLOWANCE, only a drafter far ahead of plain decoding is chosen."""
+
+    ALLOWANCE = 0.02
+
+    def __init__(self) -> None:
+        self.saved = 0.0
+        """Seconds drafting cycles took less (negative: more) than plain passes would have."""
+        self.plain_s = 0.0
+        """Seconds plain decoding would have taken for every token so far."""
+
+    @property
+    def credit(self) -> float:
+        """Seconds that exploration may still cost."""
+        return self.saved + self.ALLOWANCE * self.plain_s
+
+    def observe(self, report: CycleReport, single_s: float) -> None:
+        """`single_s`: what a single-token pass costs now."""
+        if report.plan.drafter is None:
+            self.plain_s += report.verify_s
+            return
+        tokens = report.accepted + 1
+        self.plain_s += tokens * single_s
+        self.saved += tokens * single_s - report.draft_s - report.verify_s
+
+
 class AutoPolicy(Policy):
     """Before each cycle, the drafter and k that maximise expected tokens per
     second, plain decoding (k = 0) included.
@@ -245,12 +290,18 @@ class AutoPolicy(Policy):
     """How much faster than plain decoding a drafter must be expected to be. The
     estimates are noisy, and the best of several noisy estimates is too high on
     average (the winner's curse): without a margin, near-ties cost speed."""
+    BEHIND_MARGIN = 0.25
+    """The margin while drafting has lost more than the ledger allows: the
+    estimates have been too hopeful on this machine or reply, so only a drafter
+    expected to be far ahead is trusted until the ledger recovers."""
     SWITCH_CYCLES = 4
     """Cycles a drafter switched to is expected to stay in use: the price of
     switching (a draft model reading what it missed) is spread over them. Charged
     to one cycle, it kept an idle draft model idle: the longer it sat out, the
     dearer the switch, on prompts where it was right 98% of the time."""
     PROBE_FIRST = 2
+    PROBE_K = 2
+    """Tokens a probe asks for."""
     """The cycle of a reply that probes a warm draft model first."""
     OPTIMISTIC = 0.9
     """The acceptance at which a draft model is worth warming for a reply: one
@@ -274,6 +325,7 @@ class AutoPolicy(Policy):
         self._idle = {d.name: 0 for d in self.drafters}
         self._probe_wait = {d.name: self.PROBE_EVERY for d in self.drafters}
         self._shadow: tuple[int, list[int], str] | None = None
+        self.ledger = Ledger()
 
     def prefill(self, prompt):
         """A new reply: warm the drafters that can pay on this machine, and
@@ -312,7 +364,8 @@ class AutoPolicy(Policy):
     def plan(self, history: Sequence[int]) -> Plan:
         self._score_shadow(history)
         plain_rate = 1.0 / self.costs.target_pass(1)
-        best, best_rate = Plan(None, 0), plain_rate * (1.0 + self.MARGIN)
+        margin = self.MARGIN if self.ledger.credit >= 0 else self.BEHIND_MARGIN
+        best, best_rate = Plan(None, 0), plain_rate * (1.0 + margin)
         runner_up = None
         options = [(d, *self._options(d, history)) for d in self.drafters]
         for drafter, k_cap, bucket, proposal in options:
@@ -334,16 +387,16 @@ class AutoPolicy(Policy):
         self._shadow = next(((len(history), proposal, bucket) for d, _, bucket, proposal in options
                              if proposal and d is not best.drafter), None)
         if best.drafter is None:
-            probe = next(((d, k_cap, bucket) for d, k_cap, bucket, proposal in options
+            probe = next(((d, min(self.PROBE_K, k_cap), bucket) for d, k_cap, bucket, proposal in options
                           if proposal is None and self._idle[d.name] >= self._probe_wait[d.name] and k_cap > 0),
                          None)
-            if probe is not None:
-                drafter, k_cap, bucket = probe
+            if probe is not None and self._probe_cost(*probe[:2], history) <= self.ledger.credit:
+                drafter, k, bucket = probe
                 self._idle[drafter.name] = 0
                 self._probe_wait[drafter.name] = min(2 * self._probe_wait[drafter.name], self.PROBE_MAX)
-                return Plan(drafter, min(2, k_cap), f"probing {bucket}: acceptance "
+                return Plan(drafter, k, f"probing {bucket}: acceptance "
                             f"{self._acceptance(bucket).rate:.0%} may have changed", bucket,
-                            p_draft=self.costs.break_even(drafter.name))
+                            p_draft=self.costs.break_even(drafter.name), kind="probe")
             if runner_up is None:
                 best.reason = "plain: nothing to draft"
             else:
@@ -357,6 +410,11 @@ class AutoPolicy(Policy):
             best.p_draft = self.costs.break_even(best.drafter.name)
             best.reason += f", drafting while {best.p_draft:.0%} sure"
         return best
+
+    def _probe_cost(self, drafter: Drafter, k: int, history: Sequence[int]) -> float:
+        """What a probe loses against plain decoding if every guess is rejected."""
+        return (self.costs.catch_up(drafter.name, drafter.behind(history)) + self.costs.draft(drafter.name, k)
+                + self.costs.target_pass(k + 1) - self.costs.target_pass(1))
 
     def _options(self, drafter: Drafter, history: Sequence[int]) -> tuple[int, str, list[int] | None]:
         """The longest draft worth considering, the acceptance bucket, and for
@@ -387,6 +445,7 @@ class AutoPolicy(Policy):
         return self.acceptance[bucket]
 
     def observe(self, report: CycleReport) -> None:
+        self.ledger.observe(report, self.costs.target_pass(1))
         self.costs.observe(report)
         if report.plan.drafter is not None:
             self._acceptance(report.plan.bucket or report.plan.drafter.name).observe(report.asked, report.drafted,
