@@ -126,11 +126,12 @@ def remove(entry: ModelEntry) -> list[Path]:
     removed = []
     part = part_path(_hub_dest(source)) if isinstance(source, HubSource) else None
     if part is not None and part.exists():
+        _check_inside_models(part, entry)
         part.unlink()
         removed.append(part)
     if path is None:
         return removed
-    if isinstance(source, HubSource) and path.is_symlink():
+    if isinstance(source, HubSource) and path.is_symlink() and _in_hub_cache(path):
         blob = path.resolve()
         forget_verified(path)
         path.unlink()
@@ -139,10 +140,28 @@ def remove(entry: ModelEntry) -> list[Path]:
             blob.unlink()
             removed.append(blob)
     else:
+        _check_inside_models(path, entry)
         forget_verified(path)
         path.unlink()
         removed.append(path)
     return removed
+
+
+def _check_inside_models(path: Path, entry: ModelEntry) -> None:
+    """rm deletes only in the models folder. models.yaml's file names are checked
+    to stay inside it; this guards entries made in code (and links in the folder)."""
+    models = dirs().models.resolve()
+    if not path.parent.resolve().is_relative_to(models):
+        raise RegistryError(f"{entry.name}: its file {path} is outside the models folder {models}; "
+                            f"edgespec deletes only files it keeps there. Delete it yourself if you mean to.")
+
+
+def _in_hub_cache(path: Path) -> bool:
+    """Whether `path` is in huggingface_hub's cache (a snapshot link to a blob)."""
+    from huggingface_hub import constants
+
+    cache = Path(dirs().hub_cache or constants.HF_HUB_CACHE).expanduser().resolve()
+    return path.parent.resolve().is_relative_to(cache)
 
 
 def is_path_like(name_or_path: str) -> bool:
