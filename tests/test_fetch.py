@@ -215,6 +215,16 @@ def test_a_dropped_connection_resumes_where_it_stopped(hub):
     assert [r for _, _, r in hub.gets()] == [None, f"bytes={len(CONTENT) // 3}-"]
 
 
+def test_a_garbled_answer_is_a_download_error(hub, home, monkeypatch):
+    """http.client's errors (not OSErrors) that outlast the retries get a message too."""
+    monkeypatch.setattr("edgespec.models.download.RETRIES", 2)
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.garbled = True
+    with pytest.raises(DownloadError, match="downloading tiny-q4.gguf from someone/Tiny-GGUF failed "
+                                            r"\(BadStatusLine.*Run the same command again"):
+        fetch(hub_entry())
+
+
 def test_an_interrupted_download_resumes_on_the_next_call(hub, home):
     """Ctrl+C in the middle of a download: nothing half-written is ever taken for
     the model, and the next call asks only for the missing bytes."""
