@@ -53,7 +53,8 @@ def hub_model(spec: str) -> ModelEntry:
     if (len(parts) < 3 or not parts[-1].lower().endswith(".gguf") or _repo_problem("/".join(parts[:2]))
             or _path_problem("/".join(parts[2:]), folders=True)):
         raise RegistryError(
-            f"{spec!r}: write a file on the Hugging Face hub as hf:OWNER/REPO/FILE.gguf, e.g. "
+            f"{spec!r}: write a file on the Hugging Face hub as hf:OWNER/REPO/FILE.gguf (FILE may sit in "
+            "a folder of the repo, never above it: no '..'), e.g. "
             "hf:Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
     return ModelEntry(name=spec, source=HubSource(repo="/".join(parts[:2]), file="/".join(parts[2:]),
                                                   revision=revision or "main"),
