@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 MODEL_NAMES = "a .gguf path, a registry name or hf:OWNER/REPO/FILE.gguf"
+
+MIN_CTX = 32
+"""Smallest --ctx. llama.cpp's batch is never larger than the context asked for,
+and a verify pass (up to 17 tokens) and the draft model's 16-token calibration
+must each fit in one batch; nor does any chat fit in fewer tokens."""
 """How a model may be named wherever the CLI takes one."""
 
 
@@ -91,10 +96,20 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-gpu-layers", type=int, default=0, metavar="N", help="target layers on the GPU (-1: all)")
     g.add_argument("--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU (-1: all)")
     g.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
-    g.add_argument("--ctx", type=int, default=4096, metavar="N", help="context size in tokens (default 4096)")
+    g.add_argument("--ctx", type=_context_size, default=4096, metavar="N",
+                   help=f"context size in tokens (default 4096, at least {MIN_CTX})")
     g.add_argument("--exact", action="store_true",
                    help="batch-invariant kernels for the target: greedy speculation then equals plain greedy decoding "
                         "token for token (slower on some machines; verify batches capped at those measured exact)")
+
+
+def _context_size(text: str) -> int:
+    n = int(text)  # argparse reports a ValueError as an invalid value
+    if n < MIN_CTX:
+        raise argparse.ArgumentTypeError(f"the context must hold at least {MIN_CTX} tokens (got {n}): "
+                                         f"a speculative pass must fit in one llama.cpp batch, which is "
+                                         f"never larger than the context")
+    return n
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:

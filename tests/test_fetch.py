@@ -215,6 +215,16 @@ def test_a_dropped_connection_resumes_where_it_stopped(hub):
     assert [r for _, _, r in hub.gets()] == [None, f"bytes={len(CONTENT) // 3}-"]
 
 
+def test_a_garbled_answer_is_a_download_error(hub, home, monkeypatch):
+    """http.client's errors (not OSErrors) that outlast the retries get a message too."""
+    monkeypatch.setattr("edgespec.models.download.RETRIES", 2)
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.garbled = True
+    with pytest.raises(DownloadError, match="downloading tiny-q4.gguf from someone/Tiny-GGUF failed "
+                                            r"\(BadStatusLine.*Run the same command again"):
+        fetch(hub_entry())
+
+
 def test_an_interrupted_download_resumes_on_the_next_call(hub, home):
     """Ctrl+C in the middle of a download: nothing half-written is ever taken for
     the model, and the next call asks only for the missing bytes."""
@@ -361,3 +371,23 @@ def test_is_path_like():
     assert fetch_mod.is_path_like("~/m/x.GGUF")
     assert fetch_mod.is_path_like("dir/x")
     assert not fetch_mod.is_path_like("qwen2.5-coder-7b-instruct-q4_k_m")
+
+
+def test_remove_deletes_nothing_outside_the_models_folder(home, tmp_path):
+    """An entry that bypassed models.yaml's checks still cannot make rm delete elsewhere."""
+    from edgespec.models.registry import RequantizeSource
+
+    (home / "models").mkdir(parents=True)
+    victim = tmp_path / "victim.gguf"  # home/models/../../victim.gguf
+    victim.write_bytes(CONTENT[:100])
+    entry = ModelEntry(name="evil", source=RequantizeSource(model="m", type="q4_0", filename="../../victim.gguf"))
+    with pytest.raises(RegistryError, match="outside the models folder"):
+        remove(entry)
+    assert victim.exists()
+
+
+def test_a_hub_name_cannot_download_outside_the_models_folder(hub, home, tmp_path):
+    hub.add(REPO, "x.gguf", CONTENT)
+    with pytest.raises(RegistryError):
+        resolve_model(f"hf:{REPO}/../../x.gguf")
+    assert files_named(tmp_path, "x.gguf") == [] and files_named(tmp_path, "x.gguf.part") == []

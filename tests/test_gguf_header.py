@@ -132,3 +132,30 @@ def test_smollm2_cannot_draft_for_qwen(qwen_pair, smollm2):
     _, target, _ = qwen_pair
     problems = pairing_problems(read_vocab_info(target), read_vocab_info(smollm2))
     assert any("draft vocab has 49152 tokens, target 151936" in p for p in problems)
+
+
+def test_an_absurd_tensor_count_is_reported_as_damaged(tmp_path):
+    data = bytearray(write_header(tmp_path / "m.gguf").read_bytes())
+    data[8:16] = (10 ** 12).to_bytes(8, "little")  # the tensor count, right after magic and version
+    path = tmp_path / "absurd.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="10+ tensors, more than a file of .* can hold.*fetch it again"):
+        read_metadata(path)
+
+
+def test_a_file_cut_inside_its_tensor_data_is_reported_as_damaged(tmp_path):
+    from tests.synthetic import write_model
+
+    whole = write_model(tmp_path / "whole.gguf").read_bytes()
+    assert read_metadata(tmp_path / "whole.gguf")["architecture"] == "llama"
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[:-1000])
+    with pytest.raises(ModelFileError, match=rf"tensors need \d+ bytes and the file has {len(whole) - 1000}"):
+        read_vocab_info(cut)
+
+
+def test_the_tensor_sizes_are_ggml_s():
+    from edgespec.models.gguf_header import _TYPE_SIZES
+
+    for type_id, sizes in _TYPE_SIZES.items():
+        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)] == sizes

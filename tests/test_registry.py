@@ -22,7 +22,10 @@ pytestmark = pytest.mark.usefixtures("home")  # each test gets its own EDGESPEC_
 
 
 def write(path: Path, doc) -> Path:
-    path.write_text(yaml.safe_dump(doc) if not isinstance(doc, str) else doc)
+    if isinstance(doc, bytes):
+        path.write_bytes(doc)
+    else:
+        path.write_text(yaml.safe_dump(doc) if not isinstance(doc, str) else doc)
     return path
 
 
@@ -160,6 +163,53 @@ def test_pair_errors_name_the_file_entry_and_field(tmp_path, pair, field, words)
     message = error_for(tmp_path, {"models": {"my-model": GOOD_MODEL}, "pairs": {"my-pair": pair}})
     assert "user.yaml" in message and "pair 'my-pair'" in message
     assert f"field '{field}'" in message and words in message
+
+
+PARTS = {"kind": "pypi_parts", "packages": "p{i}", "file": "d{i}.bin", "count": 1, "pip": "p{i}"}
+REQUANTIZE = {"kind": "requantize", "model": "base", "type": "q4_0"}
+BASE = {"source": {"kind": "hub", "repo": "me/base-GGUF", "file": "base.gguf"}}
+
+
+@pytest.mark.parametrize("bad", ["../../etc/passwd", "/etc/passwd", "sub/x.gguf", "..", ".", "", "a\\b.gguf",
+                                 "x\0.gguf"])
+@pytest.mark.parametrize("source, field", [(REQUANTIZE, "filename"), (PARTS, "filename")])
+def test_a_made_file_name_must_be_a_plain_name_in_the_models_folder(tmp_path, source, field, bad):
+    message = error_for(tmp_path, {"models": {"base": BASE, "my-model": {"source": {**source, field: bad}}}})
+    assert "user.yaml" in message and "model 'my-model'" in message
+    assert f"field 'source.{field}'" in message and "plain file name" in message
+
+
+@pytest.mark.parametrize("source, field, bad", [
+    ({"kind": "hub", "repo": "me/x-GGUF"}, "file", "../../x.gguf"),
+    ({"kind": "hub", "repo": "me/x-GGUF"}, "file", "/x.gguf"),
+    ({"kind": "hub", "repo": "me/x-GGUF"}, "file", "sub/../../x.gguf"),
+    ({"kind": "hub", "repo": "me/x-GGUF"}, "file", "sub//x.gguf"),
+    ({"kind": "hub", "file": "x.gguf"}, "repo", "../.."),
+    ({"kind": "hub", "file": "x.gguf"}, "repo", "me/x GGUF"),
+    ({**PARTS, "filename": "x.gguf"}, "file", "../d{i}.bin"),
+    ({"kind": "package_file", "package": "p", "pip": "p"}, "path", "/etc/passwd"),
+])
+def test_paths_from_models_yaml_stay_inside_their_folder(tmp_path, source, field, bad):
+    message = error_for(tmp_path, {"models": {"my-model": {"source": {**source, field: bad}}}})
+    assert "user.yaml" in message and "model 'my-model'" in message and f"field 'source.{field}'" in message
+
+
+def test_hub_files_may_sit_in_a_folder_of_the_repo(tmp_path):
+    user = write(tmp_path / "user.yaml", {"models": {"m": {"source": {
+        "kind": "hub", "repo": "me/x-GGUF", "file": "Q4_K_M/x-00001-of-00002.gguf"}}}})
+    assert load_registry(user_file=user).model("m").source.file == "Q4_K_M/x-00001-of-00002.gguf"
+
+
+@pytest.mark.parametrize("spec", ["hf:me/x-GGUF/../../x.gguf", "hf:me/x-GGUF/sub/../../../x.gguf",
+                                  "hf:../../x/y.gguf", "hf:me/x-GGUF/a\\..\\..\\x.gguf"])
+def test_a_hub_name_on_the_command_line_cannot_leave_the_models_folder(spec):
+    with pytest.raises(RegistryError, match="hf:OWNER/REPO/FILE.gguf"):
+        load_registry().model(spec)
+
+
+def test_a_binary_models_yaml_is_reported_with_the_file(tmp_path):
+    message = error_for(tmp_path, b"\xff\xfe\x00\x01models")
+    assert "user.yaml" in message and "not a text file" in message
 
 
 def test_broken_yaml_is_reported_with_the_file(tmp_path):

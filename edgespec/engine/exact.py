@@ -27,8 +27,10 @@ kernel that quantizes activations differently is off by ~0.4 and is refused."""
 
 def largest_exact_batch(seq: KVSequence, limit: int = PROBE_LIMIT,
                         tolerance: float = TOLERANCE) -> tuple[int, dict[int, float]]:
-    """The largest n <= limit whose batched logits match n single-token passes
-    (to within `tolerance`), and the pass times seen on the way (by batch size)."""
+    """The largest n <= limit such that every batch of 2..n tokens gives the logits
+    of single-token passes (to within `tolerance`), and the pass times seen on
+    the way (by batch size). Every size is measured: kernels switch at several
+    sizes, so a batch of 8 being exact says nothing of a batch of 4."""
     limit = min(limit, seq.room)
     if limit < 2:
         return 1, {}
@@ -55,12 +57,9 @@ def largest_exact_batch(seq: KVSequence, limit: int = PROBE_LIMIT,
             seq.truncate(base)
             return same
 
-        if exact(limit):
-            return limit, timings
-        lo, hi = 1, limit  # lo is exact, hi is not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if exact(mid) else (lo, mid)
-        return lo, timings
+        largest = 1
+        while largest < limit and exact(largest + 1):
+            largest += 1
+        return largest, timings
     finally:
         seq.truncate(base)

@@ -107,7 +107,8 @@ class Engine:
         self._target = target
         self._draft = draft
         self.lookup = PromptLookup()
-        self.draft_model = DraftModel(draft.seq, is_eog=draft.model.is_eog) if draft else None
+        self.draft_model = (DraftModel(draft.seq, is_eog=draft.model.is_eog, n_vocab=target.model.n_vocab)
+                            if draft else None)
         self._auto: AutoPolicy | None = None
         self._exact_batch: int | None = None
         self._probe_timings: dict[int, float] = {}

@@ -34,8 +34,9 @@ def accept_sampled(
     is distributed exactly as if sampled from the target alone.
 
     draft_probs holds q, the distribution each draft token was drawn from
-    (one row per token); None means a deterministic proposal (prompt lookup),
-    i.e. q is a point mass on the proposed token.
+    (one row per token, over the target's vocabulary); None means a
+    deterministic proposal (prompt lookup), i.e. q is a point mass on the
+    proposed token.
     """
     for i, token in enumerate(draft):
         p = target_probs[i]

@@ -11,8 +11,8 @@ import errno
 import hashlib
 import importlib.util
 import os
+import secrets
 import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -114,20 +114,31 @@ def write_in_place(dest: Path, *, size: int, name: str, doing: str) -> Iterator[
     """A temporary file next to `dest` for the block to write; renamed to `dest`
     when the block ends without error, deleted otherwise, so `dest` only ever
     holds a complete file. Checks the free space first, clears temporary files
-    left by crashed runs, and turns a full disk into a message."""
+    left by crashed runs, and turns a full disk into a message.
+
+    The file is created with the user's umask, as any other file they make."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(dest)
     _check_space(dest.parent, size, name)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = dest.parent / f".{dest.name}.{secrets.token_hex(6)}.tmp"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         yield tmp
         os.replace(tmp, dest)
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise DownloadError(f"the disk holding {dest.parent} filled up while {doing} {name} "
-                                f"({human_bytes(size)}); free some space and try again.") from e
+    except Exception as e:
+        # llama.cpp's writer reports a full disk only as "basic_ios::clear: iostream error",
+        # without errno: the space left for the rest of the file tells.
+        written = tmp.stat().st_size if tmp.exists() else 0
+        full = (isinstance(e, OSError) and e.errno == errno.ENOSPC
+                or shutil.disk_usage(dest.parent).free < size - written)
+        tmp.unlink(missing_ok=True)
+        if full:
+            free = shutil.disk_usage(dest.parent).free
+            raise DownloadError(
+                f"the disk holding {dest.parent} filled up while {doing} {name}: it needs {human_bytes(size)} "
+                f"there and has {human_bytes(free)} free. Nothing was left behind (the partial file is "
+                f"deleted). Free some space, or set EDGESPEC_HOME to a directory on a larger disk, and "
+                f"try again.") from e
         raise
     finally:
         tmp.unlink(missing_ok=True)

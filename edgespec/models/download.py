@@ -10,7 +10,13 @@ sees the complete .part (and it is deleted if `check` raises) before it is
 renamed to the destination, so a file under the final name is always whole.
 
 HTTP errors (urllib.error.HTTPError) and network errors that outlast the
-retries are raised as they are; the caller turns them into messages.
+retries (OSErrors such as URLError and TimeoutError, and http.client's
+HTTPException for a garbled answer) are raised as they are; the caller turns
+them into messages.
+
+Why not huggingface_hub's hf_hub_download: it downloads to a temporary file
+that it deletes whenever the transfer stops (Ctrl+C, a dropped connection), so
+an interrupted multi-GB model starts over from byte 0. Here it resumes.
 """
 
 from __future__ import annotations

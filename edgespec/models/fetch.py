@@ -14,6 +14,8 @@ sha256 from the registry are checked before a path is returned.
 
 from __future__ import annotations
 
+import errno
+import http.client
 import os
 import socket
 from pathlib import Path
@@ -126,11 +128,12 @@ def remove(entry: ModelEntry) -> list[Path]:
     removed = []
     part = part_path(_hub_dest(source)) if isinstance(source, HubSource) else None
     if part is not None and part.exists():
+        _check_inside_models(part, entry)
         part.unlink()
         removed.append(part)
     if path is None:
         return removed
-    if isinstance(source, HubSource) and path.is_symlink():
+    if isinstance(source, HubSource) and path.is_symlink() and _in_hub_cache(path):
         blob = path.resolve()
         forget_verified(path)
         path.unlink()
@@ -139,10 +142,28 @@ def remove(entry: ModelEntry) -> list[Path]:
             blob.unlink()
             removed.append(blob)
     else:
+        _check_inside_models(path, entry)
         forget_verified(path)
         path.unlink()
         removed.append(path)
     return removed
+
+
+def _check_inside_models(path: Path, entry: ModelEntry) -> None:
+    """rm deletes only in the models folder. models.yaml's file names are checked
+    to stay inside it; this guards entries made in code (and links in the folder)."""
+    models = dirs().models.resolve()
+    if not path.parent.resolve().is_relative_to(models):
+        raise RegistryError(f"{entry.name}: its file {path} is outside the models folder {models}; "
+                            f"edgespec deletes only files it keeps there. Delete it yourself if you mean to.")
+
+
+def _in_hub_cache(path: Path) -> bool:
+    """Whether `path` is in huggingface_hub's cache (a snapshot link to a blob)."""
+    from huggingface_hub import constants
+
+    cache = Path(dirs().hub_cache or constants.HF_HUB_CACHE).expanduser().resolve()
+    return path.parent.resolve().is_relative_to(cache)
 
 
 def is_path_like(name_or_path: str) -> bool:
@@ -188,19 +209,15 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
         raise _http_error(entry, source, e) from e
     except BlockingIOError as e:
         raise DownloadError(f"{e}: wait for it to finish (or stop it), then run the same command again.") from e
-    except OSError as e:  # the connection dropped past the retries, the disk filled up, ...
-        if getattr(e, "errno", None) == 28:
+    except (OSError, http.client.HTTPException) as e:
+        # What download() raises past its retries (no connection, a timeout, a garbled answer), or a full disk.
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             raise DownloadError(f"the disk filled up while downloading {source.file} "
                                 f"({human_bytes(entry.display_size)}). Free some space and run the "
                                 f"same command again: the download resumes.") from e
-        raise DownloadError(f"downloading {source.file} from {source.repo} failed ({e}). Run the same "
+        why = f"{type(e).__name__}: {str(e).strip()}"
+        raise DownloadError(f"downloading {source.file} from {source.repo} failed ({why}). Run the same "
                             f"command again: the download resumes where it stopped.") from e
-    except Exception as e:
-        if _is_network_error(e):
-            raise DownloadError(f"downloading {source.file} from {source.repo} failed: the connection "
-                                f"dropped ({type(e).__name__}). Run the same command again: the download "
-                                f"resumes where it stopped.") from e
-        raise
     if entry.sha256:
         record_verified(path, entry.sha256)  # checked as the .part just now: fetch() need not hash it again
     return path
@@ -259,13 +276,6 @@ def _hub_dest(source: HubSource) -> Path:
 def _hub_downloaded(source: HubSource) -> Path | None:
     path = _hub_dest(source)
     return path if path.is_file() else None
-
-
-def _is_network_error(e: BaseException) -> bool:
-    names = {cls.__name__ for cls in type(e).__mro__}
-    modules = {cls.__module__.split(".")[0] for cls in type(e).__mro__}
-    return bool(modules & {"httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3"}) or bool(
-        names & {"ConnectError", "TimeoutException", "RemoteProtocolError", "ConnectionError"})
 
 
 def _reachable(endpoint: str, timeout: float = 3.0) -> bool:

@@ -9,6 +9,7 @@ Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (versions 2 an
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
@@ -109,7 +110,10 @@ def _read_header(path: str | Path, *, with_tokens: bool) -> dict[str, Any]:
             if version not in (2, 3):
                 raise ModelFileError(f"{path}: GGUF version {version} is not supported (only 2 and 3); "
                                      f"convert it again with a recent llama.cpp.")
-            reader.scalar("<Q")  # tensor count
+            n_tensors = reader.scalar("<Q")
+            size = path.stat().st_size
+            if n_tensors * _MIN_TENSOR_INFO > size:
+                raise ValueError(f"it lists {n_tensors} tensors, more than a file of {size} bytes can hold")
             n_kv = reader.scalar("<Q")
             header: dict[str, Any] = {"gguf_version": version}
             for _ in range(n_kv):
@@ -119,8 +123,9 @@ def _read_header(path: str | Path, *, with_tokens: bool) -> dict[str, Any]:
                     header[key] = reader.array(want=with_tokens and key in _WANTED_ARRAYS)
                 else:
                     header[key] = reader.value(vtype)
+            _check_tensors(reader, n_tensors, header.get("general.alignment", 32), size)
     except (struct.error, EOFError, UnicodeDecodeError, ValueError) as e:
-        raise ModelFileError(f"{path}: the GGUF header is truncated or corrupt ({e}); "
+        raise ModelFileError(f"{path}: the GGUF file is truncated or corrupt ({e}); "
                              f"the file is damaged: fetch it again.") from e
     tokens = header.get("tokenizer.ggml.tokens")
     if isinstance(tokens, _Skipped):
@@ -128,6 +133,41 @@ def _read_header(path: str | Path, *, with_tokens: bool) -> dict[str, Any]:
     elif isinstance(tokens, list):
         header["n_vocab"] = len(tokens)
     return {k: v for k, v in header.items() if not isinstance(v, _Skipped)}
+
+
+_MIN_TENSOR_INFO = 8 + 4 + 4 + 8
+"""Bytes of the shortest tensor entry: name length, dimension count, type, offset."""
+_MAX_DIMS = 4
+"""GGML_MAX_DIMS."""
+_TYPE_SIZES = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110),
+    22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8),
+    29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17),
+}
+"""ggml tensor type id -> (values per block, bytes per block); an unknown type counts as empty."""
+
+
+def _check_tensors(reader: "_Reader", count: int, alignment: Any, size: int) -> None:
+    """Read the tensor table and check that the file holds every tensor's data:
+    a truncated download, or a header whose counts are garbage, fails here
+    rather than inside llama.cpp."""
+    if not isinstance(alignment, int) or alignment < 1:
+        raise ValueError(f"general.alignment is {alignment!r}")
+    end = 0
+    for _ in range(count):
+        name = reader.string()
+        n_dims = reader.scalar("<I")
+        if n_dims > _MAX_DIMS:
+            raise ValueError(f"tensor {name!r} has {n_dims} dimensions")
+        shape = [reader.scalar("<Q") for _ in range(n_dims)]
+        block, block_bytes = _TYPE_SIZES.get(reader.scalar("<I"), (1, 0))
+        offset = reader.scalar("<Q")
+        end = max(end, offset + math.prod(shape) // block * block_bytes)
+    data_start = -(-reader.f.tell() // alignment) * alignment
+    if data_start + end > size:
+        raise ValueError(f"its tensors need {data_start + end} bytes and the file has {size}")
 
 
 class _Skipped:

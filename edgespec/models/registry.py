@@ -7,6 +7,7 @@ with the file, the entry and the field, so a typo in a user file is one fix away
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -49,13 +50,40 @@ def hub_model(spec: str) -> ModelEntry:
     be GGUF and what the hub sends is trusted."""
     body, _, revision = spec[len(HUB_PREFIX):].partition("@")
     parts = body.split("/")
-    if len(parts) < 3 or not all(parts) or not parts[-1].lower().endswith(".gguf"):
+    if (len(parts) < 3 or not parts[-1].lower().endswith(".gguf") or _repo_problem("/".join(parts[:2]))
+            or _path_problem("/".join(parts[2:]), folders=True)):
         raise RegistryError(
-            f"{spec!r}: write a file on the Hugging Face hub as hf:OWNER/REPO/FILE.gguf, e.g. "
+            f"{spec!r}: write a file on the Hugging Face hub as hf:OWNER/REPO/FILE.gguf (FILE may sit in "
+            "a folder of the repo, never above it: no '..'), e.g. "
             "hf:Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
     return ModelEntry(name=spec, source=HubSource(repo="/".join(parts[:2]), file="/".join(parts[2:]),
                                                   revision=revision or "main"),
                       description="a hub file named on the command line")
+
+
+_HUB_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _repo_problem(repo: str) -> str | None:
+    """What is wrong with a hub repository id, or None: 'owner/name', each part
+    the hub's letters, digits, '-', '_' and '.' (never '..': the repo names a
+    folder under the models folder)."""
+    parts = repo.split("/")
+    if len(parts) != 2 or not all(_HUB_NAME.fullmatch(p) and ".." not in p for p in parts):
+        return "must look like 'owner/name' (letters, digits, '-', '_', '.')"
+    return None
+
+
+def _path_problem(path: str, *, folders: bool = False) -> str | None:
+    """What is wrong with a file name from models.yaml, or None. A file name is
+    joined to one of edgespec's folders (or a package's, or a hub repo's), so it
+    must stay inside it: a plain name, or with `folders` plain names joined by
+    '/'; never absolute, never '..', no backslash (a separator on Windows)."""
+    names = path.split("/") if folders else [path]
+    if not path or any(n in ("", ".", "..") or "/" in n or "\\" in n or "\0" in n for n in names):
+        return ("must be a relative path inside its folder, without '..' or '\\'" if folders
+                else "must be a plain file name (no folders, no '..'): it is a file in the models folder")
+    return None
 
 
 @dataclass(frozen=True)
@@ -242,6 +270,9 @@ def _read(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise RegistryError(f"{path}: cannot read it ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise RegistryError(f"{path}: not a text file (byte {e.start} is not UTF-8); "
+                            f"models.yaml must be YAML text") from e
     try:
         return yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
@@ -333,34 +364,45 @@ def _source(raw: Any, where: _Where) -> Source:
         if extra:
             raise sub.error(f"source.{sorted(extra)[0]}", f"is not a field of kind {kind!r} (allowed: {sorted(allowed)})")
 
+    def path(key: str, value: str | None = None, *, folders: bool = False) -> str:
+        """A required file name (or the given value of that field) that stays inside its folder."""
+        value = need(key) if value is None else value
+        problem = _path_problem(value, folders=folders)
+        if problem:
+            raise sub.error(f"source.{key}", f"{problem} (got {value!r})")
+        return value
+
     if kind == "hub":
         only({"repo", "file", "revision"})
         repo = need("repo")
-        if repo.count("/") != 1:
-            raise sub.error("source.repo", f"must look like 'owner/name' (got {repo!r})")
-        return HubSource(repo=repo, file=need("file"), revision=str(fields.get("revision") or "main"))
+        problem = _repo_problem(repo)
+        if problem:
+            raise sub.error("source.repo", f"{problem} (got {repo!r})")
+        return HubSource(repo=repo, file=path("file", folders=True), revision=str(fields.get("revision") or "main"))
     if kind == "pypi_parts":
         only({"packages", "file", "count", "pip", "extra", "filename"})
         count = need("count", int)
         if count < 1:
             raise sub.error("source.count", f"must be at least 1 (got {count})")
         source = PartsSource(packages=need("packages"), file=need("file"), count=count, pip=need("pip"),
-                             filename=need("filename"), extra=fields.get("extra"))
+                             filename=path("filename"), extra=fields.get("extra"))
         try:
-            source.parts()
+            parts = source.parts()
             source.pip.format(i=1, i0=0)
         except (KeyError, IndexError, ValueError) as e:
             raise sub.error("source", f"has a bad template ({e}); use {{i}} (from 1) or {{i0}} (from 0)") from e
+        for _, file in parts:
+            path("file", file, folders=True)
         return source
     if kind == "package_file":
         only({"package", "path", "pip"})
-        return PackageFileSource(package=need("package"), path=need("path"), pip=need("pip"))
+        return PackageFileSource(package=need("package"), path=path("path", folders=True), pip=need("pip"))
     if kind == "requantize":
         only({"model", "type", "filename"})
         type_name = need("type")
         if type_name not in REQUANTIZE_TYPES:
             raise sub.error("source.type", f"must be one of {list(REQUANTIZE_TYPES)} (got {type_name!r})")
-        return RequantizeSource(model=need("model"), type=type_name, filename=need("filename"))
+        return RequantizeSource(model=need("model"), type=type_name, filename=path("filename"))
     raise sub.error("source.kind",
                     f"must be one of 'hub', 'pypi_parts', 'package_file', 'requantize' (got {kind!r})")
 
