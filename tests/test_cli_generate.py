@@ -40,7 +40,7 @@ def test_a_context_too_small_to_speculate_in_is_refused_with_the_minimum(capsys,
 
 def test_the_smallest_context_allowed_works_in_every_mode(capsys, synth_target, synth_near_draft):
     for mode in ("draft", "auto", "lookup", "plain"):
-        for kernels in ([], ["--fast-kernels"]):
+        for kernels in ([], ["--exact"]):
             code, _, err = generate(capsys, "--target", str(synth_target), "--draft", str(synth_near_draft),
                                     "--mode", mode, "--ctx", "32", *kernels)
             assert code == 0, (mode, kernels, err)
