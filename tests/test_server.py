@@ -3,6 +3,7 @@ SmolLM2-135M underneath, and the real `openai` client in front."""
 
 from __future__ import annotations
 
+import http.client as http_client
 import json
 import logging
 import threading
@@ -177,10 +178,10 @@ def test_text_completions_and_models(client):
 
 @pytest.mark.slow
 def test_greedy_reply_is_the_engines_own_for_the_same_prompt(client, smollm2):
-    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16).choices[0].message.content
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12).choices[0].message.content
     with Engine.load(ModelSettings(smollm2, n_ctx=CTX)) as engine:
         tokens = engine.tokenize(chat_template(engine).render(QUESTION), special=True)
-        direct = "".join(c.text for c in engine.generate(tokens, GenerationParams(mode="plain", max_tokens=16)))
+        direct = "".join(c.text for c in engine.generate(tokens, GenerationParams(mode="plain", max_tokens=12)))
     assert reply == direct
 
 
@@ -229,6 +230,20 @@ def test_a_client_that_closes_its_stream_frees_the_engine_at_once(client, caplog
     after = client.completions.create(model=MODEL, prompt="Hello", max_tokens=1)
     assert after.usage.completion_tokens == 1
     assert time.monotonic() - start < 60  # not after the 900 tokens of the closed stream
+    cancelled = [r.getMessage() for r in caplog.records if "ended: cancelled" in r.getMessage()]
+    assert len(cancelled) == 1, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.slow
+def test_a_client_that_gives_up_waiting_for_a_whole_reply_frees_the_engine(served, client, caplog):
+    caplog.set_level(logging.INFO, logger="edgespec.server")
+    connection = http_client.HTTPConnection("127.0.0.1", int(served.url.rsplit(":", 1)[1]), timeout=30)
+    connection.request("POST", "/v1/completions", json.dumps({"prompt": "1, 2, 3, 4,", "max_tokens": 900}),
+                       {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    time.sleep(1)  # the server is idle: it is generating by now
+    connection.close()
+    after = client.completions.create(model=MODEL, prompt="Hello", max_tokens=1)
+    assert after.usage.completion_tokens == 1
     cancelled = [r.getMessage() for r in caplog.records if "ended: cancelled" in r.getMessage()]
     assert len(cancelled) == 1, [r.getMessage() for r in caplog.records]
 

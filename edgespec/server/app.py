@@ -243,9 +243,12 @@ async def _respond(request: Request, job: Job, body, shape, *, prompt_param: str
         first = await anext(job)
         if not body.stream:
             items = [first] + [item async for item in job]
-    except BaseException as e:
+    except Exception as e:
         job.cancel()
         raise api_error(e, prompt_param=prompt_param) from None
+    except BaseException:  # the server is stopping
+        job.cancel()
+        raise
     finally:
         watcher.cancel()
     if not body.stream:

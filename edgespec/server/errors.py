@@ -57,18 +57,29 @@ def api_error(exc: BaseException, *, prompt_param: str = "messages") -> ApiError
 def validation_error(exc: RequestValidationError) -> ApiError:
     """400 for a body that is not JSON, or whose fields have the wrong type or value."""
     errors = exc.errors()
-    first = errors[0] if errors else {}
+    # Our own refusals (value errors) say more than the type errors of the other members of a union.
+    first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
     if first.get("type") == "json_invalid":
         return ApiError(400, f"The body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')}).")
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    loc = _field(first)
     param = ".".join(loc) or None
     message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
     if first.get("type") == "missing":
         message = f"'{param}' is required"
-    elif param and not message.startswith("'"):
+    elif param and loc[-1] not in message:
         message = f"{param}: {message}"
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    others = {tuple(_field(e)) for e in errors} - {tuple(loc)}  # a union's members each report the same field
+    more = f" (and {len(others)} more)" if others else ""
     return ApiError(400, message + more, param=param)
+
+
+def _field(error: dict) -> list[str]:
+    return [str(part) for part in error.get("loc", ()) if part != "body" and not _is_type_tag(part)]
+
+
+def _is_type_tag(part) -> bool:
+    """Pydantic names the member of a union it tried ("str", "list[str]") in an error's location."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "dict", "list") or "[" in part)
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -23,8 +23,8 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
-def _unsupported(name: str, why: str = "this server does not implement it") -> ValueError:
-    return ValueError(f"'{name}' is not supported: {why}")
+def _unsupported(what: str, why: str = "this server does not implement it") -> ValueError:
+    return ValueError(f"{what} is not supported: {why}")
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -103,14 +103,14 @@ class _Generation(_Body):
     @classmethod
     def _no_penalty(cls, value: float, info) -> float:
         if value != 0:
-            raise _unsupported(info.field_name, "sampling here is temperature, top-k and top-p only")
+            raise _unsupported(f"'{info.field_name}'", "sampling here is temperature, top-k and top-p only")
         return value
 
     @field_validator("logit_bias")
     @classmethod
     def _no_bias(cls, value):
         if value:
-            raise _unsupported("logit_bias")
+            raise _unsupported("'logit_bias'")
         return value
 
     def stops(self) -> tuple[str, ...]:
@@ -132,11 +132,11 @@ class ChatCompletionRequest(_Generation):
     @model_validator(mode="after")
     def _no_unsupported_features(self):
         if self.logprobs or self.top_logprobs:
-            raise _unsupported("logprobs")
+            raise _unsupported("'logprobs'")
         if self.tools or self.functions or self.tool_choice not in (None, "none"):
-            raise _unsupported("tools", "this server does not call tools")
+            raise _unsupported("'tools'", "this server does not call tools")
         if self.function_call not in (None, "none"):
-            raise _unsupported("function_call", "this server does not call tools")
+            raise _unsupported("'function_call'", "this server does not call tools")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise _unsupported(f"response_format {self.response_format.get('type')!r}",
                                "replies are free text (no JSON mode or schema)")
@@ -167,11 +167,11 @@ class CompletionRequest(_Generation):
     @model_validator(mode="after")
     def _no_unsupported_features(self):
         if self.echo:
-            raise _unsupported("echo")
+            raise _unsupported("'echo'")
         if self.suffix:
-            raise _unsupported("suffix", "put the model's fill-in-the-middle tokens in the prompt instead")
+            raise _unsupported("'suffix'", "put the model's fill-in-the-middle tokens in the prompt instead")
         if self.logprobs:
-            raise _unsupported("logprobs")
+            raise _unsupported("'logprobs'")
         if self.best_of not in (None, 1):
             raise _unsupported(f"best_of={self.best_of}", "one choice per request")
         return self
