@@ -12,12 +12,9 @@ at once.
 from __future__ import annotations
 
 import asyncio
-import logging
 import queue
 import threading
 from typing import Any, Callable, Generic, Iterator, TypeVar
-
-log = logging.getLogger("edgespec.server")
 
 T = TypeVar("T")
 R = TypeVar("R")
