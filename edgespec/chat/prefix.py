@@ -1,0 +1,40 @@
+"""Prompt tokens that extend what the engine's KV caches already hold.
+
+`Engine.generate` reuses the longest common prefix of its caches and the new
+prompt. A reply is cached as the tokens the model produced, which need not be
+the tokens its text would tokenize to; so when a new prompt starts with the
+text of the previous prompt and reply, those exact tokens are kept and only the
+new text is tokenized. Anything else is tokenized afresh (the engine still
+reuses whatever common prefix there is).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class PrefixTokenizer:
+    """Tokenizes prompts for one engine, remembering the previous prompt and reply."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._cached: tuple[str, list[int]] | None = None
+        """Text and tokens of the previous prompt and reply, as the engine's caches hold them."""
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        """The tokens of `text` (special texts parsed); `add_bos` applies only
+        when nothing cached is reused."""
+        if self._cached and text.startswith(self._cached[0]):
+            cached_text, cached_tokens = self._cached
+            return cached_tokens + self.engine.tokenize(text[len(cached_text):], add_bos=False, special=True)
+        return self.engine.tokenize(text, add_bos=add_bos, special=True)
+
+    def remember(self, prompt_text: str, prompt_tokens: Sequence[int], reply_text: str,
+                 reply_tokens: Sequence[int]) -> None:
+        """Keep the prompt and reply tokens for the next prompt, if they spell the reply
+        exactly (the end-of-generation token that closed it is not part of the text)."""
+        self._cached = None
+        for n in (len(reply_tokens), len(reply_tokens) - 1):
+            if n >= 0 and self.engine.detokenize(reply_tokens[:n]) == reply_text:
+                self._cached = (prompt_text + reply_text, [*prompt_tokens, *reply_tokens[:n]])
+                return

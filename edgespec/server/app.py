@@ -1,0 +1,351 @@
+"""The HTTP face: an OpenAI-compatible API over one engine.
+
+`create_app` builds a FastAPI app from a function that loads the engine and
+the server's settings. Request and response bodies are the typed models in
+schemas.py; replies stream as server-sent events; every use of the engine
+goes through the one EngineWorker, so requests are served one at a time in
+arrival order. The engine below does not know it is being served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from sse_starlette import EventSourceResponse
+
+from edgespec import __version__
+from edgespec.engine.events import GenerationParams
+from edgespec.server.completion import Completer, Delta, Done
+from edgespec.server.errors import ApiError, api_error, install_handlers
+from edgespec.server.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
+                                     ChatCompletionChunk, ChatCompletionRequest, ChatDelta, Completion,
+                                     CompletionRequest, ErrorResponse, ModelCard, ModelList, TextChoice,
+                                     Timings, Usage)
+from edgespec.server.worker import EngineWorker, Job
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""Largest request body (413 above it): a whole 128k-token conversation is about 1 MB of JSON."""
+DRAIN_BYTES = 64 * 1024 * 1024
+"""How much more of an over-long body is read (and dropped) so that the client sees
+the 413 rather than a reset connection; past this the connection is closed."""
+OPEN_PATHS = frozenset({"/health"})
+"""Paths served without the API key (a load balancer's or a script's liveness check)."""
+PING_S = 15
+"""Seconds between SSE keep-alive comments while a reply waits in the queue or runs."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the server serves and how. Sampling settings in `defaults` apply to
+    requests that leave them out."""
+
+    model_id: str
+    """The name clients use for the loaded model (a pair's or model's registry name)."""
+    api_key: str | None = None
+    """When set, every request but /health must send `Authorization: Bearer <api_key>`."""
+    defaults: GenerationParams = field(default_factory=GenerationParams)
+    max_tokens: int | None = None
+    """Reply limit for requests that set none; None: until the context is full (as OpenAI)."""
+    template: str | None = None
+    """A built-in chat format for a model whose GGUF has no chat template."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins allowed to call the API (none by default)."""
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
+    """The app. `load` returns a loaded Engine; it is called on the engine's own
+    thread once the server is up (GET /health answers 503 until it returns), and
+    the app closes the engine when it stops."""
+    worker: EngineWorker[Completer] = EngineWorker(lambda: Completer(load(), template=settings.template))
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        worker.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(worker.stop)
+
+    app = FastAPI(title="edgespec", version=__version__, lifespan=lifespan,
+                  description="An OpenAI-compatible API over a target model, made faster by speculative decoding.",
+                  responses={400: {"model": ErrorResponse}, 401: {"model": ErrorResponse},
+                             503: {"model": ErrorResponse}})
+    app.state.worker = worker
+    app.state.settings = settings
+    install_handlers(app)
+
+    def completer() -> Completer:
+        if worker.error is not None:
+            raise ApiError(503, f"The model failed to load: {worker.error}", type="server_error")
+        if not worker.ready:
+            raise ApiError(503, "The model is loading; try again shortly.", type="server_error", code="model_loading")
+        return worker.resource
+
+    def check_model(name: str | None) -> None:
+        served = {settings.model_id, *completer().files.values()}
+        if name is not None and name not in served:
+            raise ApiError(404, f"The model '{name}' does not exist here: this server serves '{settings.model_id}'.",
+                           param="model", code="model_not_found")
+
+    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    async def health():
+        """200 once the model is loaded and the server takes requests; 503 before."""
+        completer()
+        return {"status": "ok", "queued": worker.queued}
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models():
+        return ModelList(data=[_card(settings.model_id, started, worker)])
+
+    @app.get("/v1/models/{model_id}", response_model=ModelCard)
+    async def model(model_id: str):
+        check_model(model_id)
+        return _card(settings.model_id, started, worker)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletion)
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        """A reply to a conversation, rendered with the model's chat template. With
+        `stream`, server-sent `chat.completion.chunk` events and `data: [DONE]`."""
+        check_model(body.model)
+        params = _params(body, settings)
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in body.messages]
+        reply_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        job = worker.submit(lambda c: c.chat(messages, params, request_id=reply_id))
+        return await _respond(request, job, body, _ChatShape(reply_id, body.model or settings.model_id),
+                              prompt_param="messages")
+
+    @app.post("/v1/completions", response_model=Completion)
+    async def completions(body: CompletionRequest, request: Request):
+        """The continuation of a raw prompt (no chat template; special tokens are parsed)."""
+        check_model(body.model)
+        params = _params(body, settings)
+        reply_id = f"cmpl-{uuid.uuid4().hex[:24]}"
+        job = worker.submit(lambda c: c.complete(body.prompt, params, request_id=reply_id))
+        return await _respond(request, job, body, _TextShape(reply_id, body.model or settings.model_id),
+                              prompt_param="prompt")
+
+    app.add_middleware(_Guard, api_key=settings.api_key, max_body=settings.max_body_bytes)
+    if settings.cors_origins:  # outermost, so that preflight requests need no key
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+                           allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])
+    return app
+
+
+def _card(model_id: str, created: int, worker: EngineWorker) -> ModelCard:
+    meta = {}
+    if worker.ready:
+        meta = {"files": worker.resource.files, "n_ctx": worker.resource.n_ctx}
+    return ModelCard(id=model_id, created=created, meta=meta)
+
+
+def _params(body, settings: ServerSettings) -> GenerationParams:
+    """The request's settings over the server's defaults."""
+    d = settings.defaults
+    spec = body.speculation
+    temperature = d.temperature if body.temperature is None else body.temperature
+    mode = spec.mode if spec and spec.mode else d.mode
+    if mode == "auto" and not (spec and spec.mode) and body.seed is not None and temperature > 0:
+        # Auto's choices depend on timings, and a sampled reply depends on what was
+        # drafted: a seed promises the same reply, so it gets plain decoding.
+        mode = "plain"
+    return dataclasses.replace(
+        d, mode=mode, k=spec.k if spec and spec.k is not None else d.k, temperature=temperature,
+        top_p=d.top_p if body.top_p is None else body.top_p, top_k=d.top_k if body.top_k is None else body.top_k,
+        seed=d.seed if body.seed is None else body.seed, max_tokens=body.reply_limit() or settings.max_tokens,
+        stop=(*d.stop, *body.stops()),
+    )
+
+
+# -- responses ---------------------------------------------------------------------------------
+
+def _usage(stats: dict) -> Usage:
+    return Usage(prompt_tokens=stats["prompt_tokens"], completion_tokens=stats["generated_tokens"],
+                 total_tokens=stats["prompt_tokens"] + stats["generated_tokens"])
+
+
+def _timings(s: dict) -> Timings:
+    return Timings(
+        prompt_n=s["prompt_evaluated"], cache_n=s["prompt_tokens"] - s["prompt_evaluated"],
+        predicted_n=s["generated_tokens"], predicted_ms=s["decode_s"] * 1000,
+        predicted_per_second=s["tokens_per_s"], draft_n=s["drafted"], draft_n_accepted=s["accepted"],
+        ttft_ms=s["ttft_s"] * 1000 if s["ttft_s"] is not None else None, mode=s["mode"], drafter=s["drafter"],
+        k=s["k"], acceptance_rate=s["acceptance_rate"], tokens_per_pass=s["tokens_per_pass"],
+        target_passes=s["target_passes"],
+    )
+
+
+@dataclass
+class _ChatShape:
+    """How a chat completion is worded, whole and in chunks."""
+
+    id: str
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def whole(self, text: str, done: Done):
+        return ChatCompletion(id=self.id, created=self.created, model=self.model, usage=_usage(done.stats),
+                              choices=[ChatChoice(message=AssistantMessage(content=text),
+                                                  finish_reason=done.finish_reason)],
+                              timings=_timings(done.stats))
+
+    def chunk(self, text: str | None = None, *, role: bool = False, done: Done | None = None):
+        delta = ChatDelta(role="assistant" if role else None, content=text)
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
+                                   choices=[ChatChunkChoice(delta=delta, finish_reason=done and done.finish_reason)],
+                                   timings=_timings(done.stats) if done else None)
+
+    def usage_chunk(self, done: Done):
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
+                                   usage=_usage(done.stats))
+
+
+@dataclass
+class _TextShape:
+    """How a text completion is worded, whole and in chunks."""
+
+    id: str
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def whole(self, text: str, done: Done):
+        return Completion(id=self.id, created=self.created, model=self.model, usage=_usage(done.stats),
+                          choices=[TextChoice(text=text, finish_reason=done.finish_reason)],
+                          timings=_timings(done.stats))
+
+    def chunk(self, text: str | None = None, *, role: bool = False, done: Done | None = None):
+        return Completion(id=self.id, created=self.created, model=self.model,
+                          choices=[TextChoice(text=text or "", finish_reason=done and done.finish_reason)],
+                          timings=_timings(done.stats) if done else None)
+
+    def usage_chunk(self, done: Done):
+        return Completion(id=self.id, created=self.created, model=self.model, choices=[], usage=_usage(done.stats))
+
+
+async def _respond(request: Request, job: Job, body, shape, *, prompt_param: str):
+    """The response to a queued job: waits for its first result (an error then is an
+    error response), then sends the whole reply or streams it."""
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+    try:
+        first = await anext(job)
+        if not body.stream:
+            items = [first] + [item async for item in job]
+    except Exception as e:
+        job.cancel()
+        raise api_error(e, prompt_param=prompt_param) from None
+    except BaseException:  # the server is stopping
+        job.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not body.stream:
+        done = items[-1]
+        return shape.whole("".join(item.text for item in items), done)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return EventSourceResponse(_events(job, first, shape, include_usage), ping=PING_S, sep="\n")
+
+
+async def _events(job: Job, first, shape, include_usage: bool):
+    """The SSE stream: OpenAI's chunks, then `[DONE]`. Closing it (the client went
+    away) cancels the job, which frees the engine for the next request at once."""
+    try:
+        if isinstance(shape, _ChatShape):
+            yield _json(shape.chunk("", role=True))
+        item = first
+        while True:
+            if isinstance(item, Delta):
+                yield _json(shape.chunk(item.text))
+            else:
+                if item.text:
+                    yield _json(shape.chunk(item.text))
+                yield _json(shape.chunk(done=item))
+                if include_usage:
+                    yield _json(shape.usage_chunk(item))
+                yield "[DONE]"
+                return
+            item = await anext(job)
+    except StopAsyncIteration:
+        return
+    except Exception as e:  # the headers are sent: the error goes in the stream, as OpenAI's does
+        yield json.dumps(api_error(e).body())
+    finally:
+        job.cancel()
+
+
+def _json(model) -> str:
+    return model.model_dump_json()
+
+
+async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+    """Cancel the job when the client disconnects (while it waits, or before a
+    whole reply is sent)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
+
+
+class _Guard:
+    """Pure ASGI middleware: reads the body before the app does, and refuses a body
+    over the limit (413) or a request without the API key (401)."""
+
+    def __init__(self, app, *, api_key: str | None, max_body: int):
+        self.app = app
+        self.key_digest = hashlib.sha256(api_key.encode()).digest() if api_key is not None else None
+        self.max_body = max_body
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        parts, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size <= self.max_body:
+                parts.append(chunk)
+            if not message.get("more_body") or size > self.max_body + DRAIN_BYTES:
+                break
+        if size > self.max_body:
+            error = ApiError(413, f"The request body is over {self.max_body} bytes, this server's limit.",
+                             code="request_too_large")
+            return await error.response()(scope, receive, send)
+        if self.key_digest is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
+            error = ApiError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.",
+                             code="invalid_api_key")
+            return await error.response()(scope, receive, send)
+        body = b"".join(parts)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _authorized(self, scope) -> bool:
+        value = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = value.partition(b" ")
+        # Digests have one length whatever was sent: the comparison takes the same time.
+        return scheme.lower() == b"bearer" and hmac.compare_digest(
+            hashlib.sha256(token.strip()).digest(), self.key_digest)
+

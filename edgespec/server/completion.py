@@ -1,0 +1,117 @@
+"""What a request runs on the engine (on the worker thread): the prompt's tokens,
+the generation, and what the response needs from it.
+
+Chat messages are rendered with the model's chat template, the same code the
+app uses, and tokenized so that they extend what the KV caches hold: a client
+that resends the whole conversation each turn pays for the new message only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+from edgespec.chat.prefix import PrefixTokenizer
+from edgespec.chat.template import ChatTemplate, chat_template
+from edgespec.engine.events import GenerationParams, stats_line
+from edgespec.errors import ContextFullError, TemplateError
+
+log = logging.getLogger("edgespec.server")
+
+FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
+"""The engine's reasons for ending a reply, in OpenAI's words."""
+
+
+@dataclass
+class Delta:
+    """New reply text."""
+
+    text: str
+
+
+@dataclass
+class Done:
+    """The reply's end: its last text, why it ended, and the engine's statistics."""
+
+    text: str
+    finish_reason: str
+    stats: dict
+    """Stats.to_dict() of the reply."""
+
+
+class Completer:
+    """The engine as the server uses it. Owns the engine: closing this closes it."""
+
+    def __init__(self, engine, *, template: str | None = None):
+        """`template`: a built-in chat format's name for a model whose GGUF has none."""
+        self.engine = engine
+        info = engine.describe()["models"]
+        self.files = {role: Path(m["path"]).name for role, m in info.items()}
+        """The GGUF file names served, by role ("target", "draft")."""
+        try:
+            self._template: ChatTemplate | TemplateError = chat_template(
+                engine, template=template, model=self.files["target"])
+        except TemplateError as e:  # raw completions still work; chat requests are told why not
+            self._template = e
+        self._prefix = PrefixTokenizer(engine)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    def chat(self, messages: Sequence[Mapping[str, str]], params: GenerationParams, *,
+             request_id: str = "") -> Iterator[Delta | Done]:
+        """Stream the assistant's reply to `messages` (dicts with "role" and "content")."""
+        if isinstance(self._template, TemplateError):
+            raise self._template
+        template = self._template
+        text = template.render(messages)
+        bos = template.bos_token
+        tokens = self._prefix.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+        if template.stop:
+            params = dataclasses.replace(params, stop=(*params.stop, *template.stop))
+        return self._generate(text, tokens, params, request_id)
+
+    def complete(self, prompt: str | list[int], params: GenerationParams, *,
+                 request_id: str = "") -> Iterator[Delta | Done]:
+        """Stream the continuation of a raw prompt (text, special tokens parsed, or token ids)."""
+        if isinstance(prompt, list):
+            return self._generate(None, prompt, params, request_id)
+        return self._generate(prompt, self._prefix.tokenize(prompt, add_bos=True), params, request_id)
+
+    def _generate(self, text: str | None, tokens: list[int], params: GenerationParams,
+                  request_id: str) -> Iterator[Delta | Done]:
+        n_ctx = self.engine.n_ctx
+        if len(tokens) >= n_ctx:
+            raise ContextFullError(
+                f"This model's maximum context length is {n_ctx} tokens, but the prompt has {len(tokens)} "
+                f"tokens. Shorten the prompt, or restart the server with a larger context (--ctx).")
+        if params.max_tokens is None:  # no limit asked for: until the context is full
+            params = dataclasses.replace(params, max_tokens=n_ctx)
+        stream = self.engine.generate(tokens, params)
+        return self._stream(stream, text, tokens, request_id)
+
+    def _stream(self, stream, text, tokens, request_id) -> Iterator[Delta | Done]:
+        reply, reply_tokens, stats = [], [], None
+        try:
+            for chunk in stream:
+                stats = chunk.stats
+                reply.append(chunk.text)
+                reply_tokens += chunk.tokens
+                if chunk.finish_reason:
+                    yield Done(chunk.text, FINISH_REASONS.get(chunk.finish_reason, "stop"), stats.to_dict())
+                elif chunk.text:
+                    yield Delta(chunk.text)
+        finally:
+            stream.close()  # the engine's caches are consistent from here on
+            if text is not None:
+                self._prefix.remember(text, tokens, "".join(reply), reply_tokens)
+            if stats is not None:
+                log.info("%s: %d prompt tokens (%d evaluated); %s", request_id, stats.prompt_tokens,
+                         stats.prompt_evaluated, stats_line(stats.to_dict()))
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,101 @@
+"""Errors as the OpenAI API words them: a status and {"error": {message, type, param, code}}.
+
+The one place that turns what went wrong in a request into a response: the
+exception handlers installed by `install_handlers` map validation errors,
+edgespec's typed errors and anything unexpected to OpenAI-shaped bodies.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from edgespec.errors import ContextFullError, EdgespecError, TemplateError
+from edgespec.server.worker import Cancelled
+
+log = logging.getLogger("edgespec.server")
+
+
+class ApiError(Exception):
+    """A request that gets an error response."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def api_error(exc: BaseException, *, prompt_param: str = "messages") -> ApiError:
+    """The response for an exception raised while a request was served."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, Cancelled):
+        return ApiError(503, f"The request was not completed: {exc}.", type="server_error")
+    if isinstance(exc, ContextFullError):
+        return ApiError(400, str(exc), param=prompt_param, code="context_length_exceeded")
+    if isinstance(exc, TemplateError):
+        return ApiError(400, str(exc), param="messages")
+    if isinstance(exc, ValueError):  # a setting the engine refused (e.g. mode "draft" with no draft model)
+        return ApiError(400, str(exc))
+    if isinstance(exc, EdgespecError):
+        return ApiError(500, str(exc), type="server_error")
+    log.error("request failed", exc_info=exc)
+    return ApiError(500, f"internal error ({type(exc).__name__}); the server's log has the details",
+                    type="server_error")
+
+
+def validation_error(exc: RequestValidationError) -> ApiError:
+    """400 for a body that is not JSON, or whose fields have the wrong type or value."""
+    errors = exc.errors()
+    # Our own refusals (value errors) say more than the type errors of the other members of a union.
+    first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
+    if first.get("type") == "json_invalid":
+        return ApiError(400, f"The body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')}).")
+    loc = _field(first)
+    param = ".".join(loc) or None
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if first.get("type") == "missing":
+        message = f"'{param}' is required"
+    elif param and loc[-1] not in message:
+        message = f"{param}: {message}"
+    others = {tuple(_field(e)) for e in errors} - {tuple(loc)}  # a union's members each report the same field
+    more = f" (and {len(others)} more)" if others else ""
+    return ApiError(400, message + more, param=param)
+
+
+def _field(error: dict) -> list[str]:
+    return [str(part) for part in error.get("loc", ()) if part != "body" and not _is_type_tag(part)]
+
+
+def _is_type_tag(part) -> bool:
+    """Pydantic names the member of a union it tried ("str", "list[str]") in an error's location."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "dict", "list") or "[" in part)
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api(request: Request, exc: ApiError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return validation_error(exc).response()
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return ApiError(exc.status_code, str(exc.detail), type=kind).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        return api_error(exc).response()

@@ -1,0 +1,85 @@
+"""Where the server listens, and running it until Ctrl+C.
+
+Binds 127.0.0.1 unless told otherwise. Any other address can be reached from
+other machines, so it needs an API key, or an explicit opt-out that is warned
+about loudly.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+from typing import Callable
+
+from fastapi import FastAPI
+
+from edgespec.errors import ServeError
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine can reach. A host name other than
+    localhost may resolve to anything, so it counts as exposed."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, *, api_key: str | None, allow_no_key: bool) -> str | None:
+    """Raise ServeError for a non-loopback host without an API key (unless
+    `allow_no_key`); returns the warning to show when it is allowed anyway."""
+    if is_loopback(host) or api_key:
+        return None
+    if not allow_no_key:
+        raise ServeError(
+            f"--host {host} can be reached from other machines: set an API key (--api-key KEY, or the "
+            f"EDGESPEC_API_KEY environment variable), or bind 127.0.0.1.")
+    return (f"WARNING: serving on {host} with NO API key: anyone who can reach this port can use the model "
+            f"(and this machine's CPU/GPU). Set --api-key unless this network is yours alone.")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: any free port); ServeError if that fails."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host.strip("[]"), port), family=family, backlog=128)
+    except OSError as e:
+        hint = " (it is in use: pick another with --port)" if e.errno in (98, 48, 10048) else ""
+        raise ServeError(f"cannot listen on {host}:{port}{hint}: {e.strerror or e}") from None
+
+
+def url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def run(app: FastAPI, sock: socket.socket, *, on_ready: Callable[[], None] | None = None,
+        verbose: bool = False) -> None:
+    """Serve `app` on `sock` until Ctrl+C (or SIGTERM). Calls `on_ready` once the
+    model is loaded; if loading fails, stops and raises the loading error."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
+                            timeout_graceful_shutdown=2, lifespan="on")
+    server = uvicorn.Server(config)
+    worker = app.state.worker
+
+    def watch_loading() -> None:
+        worker.wait_loaded()
+        if worker.error is not None:
+            server.should_exit = True
+        elif on_ready is not None:
+            on_ready()
+
+    threading.Thread(target=watch_loading, name="edgespec-ready", daemon=True).start()
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it handled: stopping is the normal end
+        pass
+    finally:
+        sock.close()
+    if worker.error is not None:
+        raise worker.error

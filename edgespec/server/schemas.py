@@ -1,0 +1,302 @@
+"""Request and response bodies, mirroring the OpenAI API's shapes.
+
+Requests are validated strictly (a string where a number belongs is an error,
+not a guess). Fields this server does not implement are declared so that a
+client that uses them gets a clear 400 rather than a silently different
+answer; fields OpenAI does not define are ignored, as llama-server does, so
+that clients sending their own extras keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+
+from edgespec.engine.events import MODES
+
+Number = Annotated[float, Field(strict=True)]
+"""A JSON number (an integer is a number too; a string is not)."""
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+def _unsupported(what: str, why: str = "this server does not implement it") -> ValueError:
+    return ValueError(f"{what} is not supported: {why}")
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+class StreamOptions(_Body):
+    include_usage: StrictBool = False
+
+
+class Speculation(_Body):
+    """edgespec's extension: how to speculate for this request (default: the server's settings)."""
+
+    mode: Literal[MODES] | None = None  # type: ignore[valid-type]
+    k: StrictInt | None = Field(None, ge=0, le=64)
+
+
+class ContentPart(_Body):
+    type: StrictStr
+    text: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self):
+        if self.type != "text" or self.text is None:
+            raise _unsupported(f"content of type {self.type!r}", "the models served are text-only")
+        return self
+
+
+class ChatMessage(_Body):
+    role: StrictStr
+    content: StrictStr | list[ContentPart] | None = None
+    name: StrictStr | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, role: str) -> str:
+        if role in ("tool", "function"):
+            raise _unsupported(f"a message with role {role!r}", "this server does not call tools")
+        if role not in ("system", "developer", "user", "assistant"):
+            raise ValueError(f"unknown role {role!r}: use system, user or assistant")
+        return role
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text or "" for part in self.content)
+        return self.content or ""
+
+
+class _Generation(_Body):
+    """What chat and text completions share."""
+
+    model: StrictStr | None = None
+    """None: the model loaded (there is only one)."""
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    temperature: Number | None = Field(None, ge=0, le=2)
+    top_p: Number | None = Field(None, gt=0, le=1)
+    top_k: StrictInt | None = Field(None, ge=0)
+    """llama-server's extension (0: off)."""
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt = 1
+    presence_penalty: Number = 0.0
+    frequency_penalty: Number = 0.0
+    logit_bias: dict[str, Number] | None = None
+    user: StrictStr | None = None
+    speculation: Speculation | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise _unsupported(f"n={n}", "one choice per request (send several requests instead)")
+        return n
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float, info) -> float:
+        if value != 0:
+            raise _unsupported(f"'{info.field_name}'", "sampling here is temperature, top-k and top-p only")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value):
+        if value:
+            raise _unsupported("'logit_bias'")
+        return value
+
+    def stops(self) -> tuple[str, ...]:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return tuple(s for s in stop if s)
+
+
+class ChatCompletionRequest(_Generation):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
+    tools: list[dict] | None = None
+    tool_choice: StrictStr | dict | None = None
+    functions: list[dict] | None = None
+    function_call: StrictStr | dict | None = None
+    response_format: dict | None = None
+
+    @model_validator(mode="after")
+    def _no_unsupported_features(self):
+        if self.logprobs or self.top_logprobs:
+            raise _unsupported("'logprobs'")
+        if self.tools or self.functions or self.tool_choice not in (None, "none"):
+            raise _unsupported("'tools'", "this server does not call tools")
+        if self.function_call not in (None, "none"):
+            raise _unsupported("'function_call'", "this server does not call tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise _unsupported(f"response_format {self.response_format.get('type')!r}",
+                               "replies are free text (no JSON mode or schema)")
+        return self
+
+    def reply_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Generation):
+    prompt: StrictStr | list[StrictStr] | list[StrictInt]
+    echo: StrictBool = False
+    suffix: StrictStr | None = None
+    logprobs: StrictInt | None = None
+    best_of: StrictInt | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise _unsupported(f"{len(prompt)} prompts", "one prompt per request")
+            prompt = prompt[0]
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        return prompt
+
+    @model_validator(mode="after")
+    def _no_unsupported_features(self):
+        if self.echo:
+            raise _unsupported("'echo'")
+        if self.suffix:
+            raise _unsupported("'suffix'", "put the model's fill-in-the-middle tokens in the prompt instead")
+        if self.logprobs:
+            raise _unsupported("'logprobs'")
+        if self.best_of not in (None, 1):
+            raise _unsupported(f"best_of={self.best_of}", "one choice per request")
+        return self
+
+    def reply_limit(self) -> int | None:
+        return self.max_tokens
+
+
+# -- responses ---------------------------------------------------------------------------------
+
+def _omitted_when_none(default=None):
+    """A field left out of the JSON while it is None (as OpenAI leaves out a chunk's usage)."""
+    return Field(default, exclude_if=lambda value: value is None)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Timings(BaseModel):
+    """What speculation did for one reply. The first names are llama-server's
+    (`timings`), so that clients that read those read these too."""
+
+    prompt_n: int
+    """Prompt tokens evaluated; the rest (cache_n) came from the KV cache."""
+    cache_n: int
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float
+    draft_n: int
+    draft_n_accepted: int
+    ttft_ms: float | None
+    mode: str
+    drafter: str
+    """Drafter of the last cycle: "none", "draft" or "lookup"."""
+    k: int
+    acceptance_rate: float
+    tokens_per_pass: float
+    target_passes: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    timings: Timings
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = _omitted_when_none()
+    content: str | None = _omitted_when_none()
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = _omitted_when_none()
+    timings: Timings | None = _omitted_when_none()
+
+
+class TextChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[TextChoice]
+    usage: Usage | None = _omitted_when_none()
+    timings: Timings | None = _omitted_when_none()
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "edgespec"
+    meta: dict = Field(default_factory=dict)
+    """The files served and how (edgespec's extension, as llama-server's `meta`)."""
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+

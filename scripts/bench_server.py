@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""The editing-session workload against a running OpenAI-compatible server.
+
+A ~150-line Python file, then turns of "change X and return the whole file",
+each request carrying the whole conversation so far (as editors and chat UIs
+send it). Prints, per turn, the prompt size, how much of it the server had
+cached (when it says: edgespec's and llama-server's `timings.cache_n`), the
+time to first token and the decode speed.
+
+    edgespec serve --pair NAME &            # or: llama-server -m target.gguf -md draft.gguf --port 8080
+    python scripts/bench_server.py --url http://127.0.0.1:8080/v1
+
+Any OpenAI-compatible server works; compare two by running this against each
+(one at a time, on an otherwise idle machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+EDITS = [
+    "Rename the function `parse_line` to `parse_record` everywhere.",
+    "Change the default tax rate from 0.2 to 0.25.",
+    "Make `format_report` list the items sorted by name.",
+    "Add a docstring to `Inventory.total_value`.",
+    "Make `load_items` skip lines that start with '#'.",
+]
+
+
+def source_file() -> str:
+    """A plausible 150-line module to edit."""
+    head = '''"""Inventory tools: read items from CSV, price them, print a report."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_TAX_RATE = 0.2
+
+
+@dataclass
+class Item:
+    name: str
+    quantity: int
+    unit_price: float
+    tags: list[str] = field(default_factory=list)
+
+    def price(self, tax_rate: float = DEFAULT_TAX_RATE) -> float:
+        return round(self.quantity * self.unit_price * (1 + tax_rate), 2)
+
+
+def parse_line(row: list[str]) -> Item:
+    name, quantity, unit_price, *tags = row
+    return Item(name.strip(), int(quantity), float(unit_price), [t.strip() for t in tags if t.strip()])
+
+
+def load_items(path: Path) -> list[Item]:
+    with open(path, newline="") as f:
+        return [parse_line(row) for row in csv.reader(f) if row]
+
+
+class Inventory:
+    def __init__(self, items: list[Item] | None = None):
+        self.items = list(items or [])
+
+    def add(self, item: Item) -> None:
+        self.items.append(item)
+
+    def remove(self, name: str) -> None:
+        self.items = [i for i in self.items if i.name != name]
+
+    def find(self, name: str) -> Item | None:
+        return next((i for i in self.items if i.name == name), None)
+
+    def total_value(self, tax_rate: float = DEFAULT_TAX_RATE) -> float:
+        return round(sum(i.price(tax_rate) for i in self.items), 2)
+
+    def tagged(self, tag: str) -> list[Item]:
+        return [i for i in self.items if tag in i.tags]
+
+    def low_stock(self, threshold: int = 5) -> list[Item]:
+        return [i for i in self.items if i.quantity < threshold]
+
+
+def format_report(inventory: Inventory) -> str:
+    lines = [f"{'name':20} {'qty':>5} {'price':>10}"]
+    for item in inventory.items:
+        lines.append(f"{item.name:20} {item.quantity:>5} {item.price():>10.2f}")
+    lines.append(f"{'total':20} {'':>5} {inventory.total_value():>10.2f}")
+    return "\\n".join(lines)
+'''
+    helpers = []
+    for n, (verb, what) in enumerate([("count", "quantity"), ("cheapest", "unit_price"), ("dearest", "unit_price"),
+                                      ("biggest", "quantity"), ("median", "quantity")]):
+        helpers.append(f'''
+
+def {verb}_{what}(inventory: Inventory) -> float:
+    """The {verb} {what.replace('_', ' ')} over the inventory (0 when it is empty)."""
+    values = sorted(getattr(i, "{what}") for i in inventory.items)
+    if not values:
+        return 0.0
+    if "{verb}" in ("cheapest", "smallest"):
+        return float(values[0])
+    if "{verb}" in ("dearest", "biggest"):
+        return float(values[-1])
+    if "{verb}" == "median":
+        return float(values[len(values) // 2])
+    return sum(values) / len(values)
+''')
+    tail = '''
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    args = argv if argv is not None else sys.argv[1:]
+    if not args:
+        print("usage: inventory.py FILE.csv", file=sys.stderr)
+        return 2
+    inventory = Inventory(load_items(Path(args[0])))
+    print(format_report(inventory))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+'''
+    return head + "".join(helpers) + tail
+
+
+def run_turn(client, model: str, messages: list[dict], max_tokens: int) -> dict:
+    start = time.perf_counter()
+    first = None
+    parts, usage, timings = [], None, None
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            if first is None:
+                first = time.perf_counter()
+            parts.append(chunk.choices[0].delta.content)
+        usage = chunk.usage or usage
+        extra = chunk.model_extra or {}
+        timings = extra.get("timings") or timings
+    end = time.perf_counter()
+    n = usage.completion_tokens if usage else len(parts)
+    decode_s = end - first if first is not None else 0.0
+    return {
+        "text": "".join(parts),
+        "prompt_tokens": usage.prompt_tokens if usage else None,
+        "cached_tokens": timings.get("cache_n") if timings else None,
+        "completion_tokens": n,
+        "ttft_s": (first or end) - start,
+        "tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+        "acceptance": timings.get("acceptance_rate") if timings and timings.get("draft_n") else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8080/v1", help="the server's OpenAI base URL")
+    ap.add_argument("--api-key", default="none")
+    ap.add_argument("--model", help="default: the first the server lists")
+    ap.add_argument("--turns", type=int, default=len(EDITS), help=f"edit turns after the file (at most {len(EDITS)})")
+    ap.add_argument("--max-tokens", type=int, default=2048, help="per reply (the whole file is ~1500 tokens)")
+    ap.add_argument("--json", metavar="FILE", help="also write the per-turn results here")
+    args = ap.parse_args(argv)
+
+    import openai
+
+    client = openai.OpenAI(base_url=args.url, api_key=args.api_key, max_retries=0, timeout=3600)
+    model = args.model or next(iter(client.models.list())).id
+    code = source_file()
+    messages = [{"role": "system", "content": "You are a careful programmer. When asked for a change, reply with "
+                                              "the whole updated file in one ```python block and nothing else."},
+                {"role": "user", "content": f"Here is inventory.py:\n\n```python\n{code}```\n\n{EDITS[0]} "
+                                            "Return the whole file."}]
+    print(f"{args.url} · model {model} · file {code.count(chr(10))} lines", file=sys.stderr)
+    print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'reply':>6} {'TTFT s':>7} {'tok/s':>7} {'accept':>7}")
+    results = []
+    for turn in range(min(args.turns, len(EDITS))):
+        if turn:
+            messages.append({"role": "user", "content": f"{EDITS[turn]} Return the whole file."})
+        r = run_turn(client, model, messages, args.max_tokens)
+        messages.append({"role": "assistant", "content": r.pop("text")})
+        results.append(r)
+        cached = "?" if r["cached_tokens"] is None else r["cached_tokens"]
+        accept = "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}"
+        print(f"{turn + 1:>4} {r['prompt_tokens'] or '?':>7} {cached:>7} {r['completion_tokens']:>6} "
+              f"{r['ttft_s']:>7.2f} {r['tokens_per_s']:>7.1f} {accept:>7}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"url": args.url, "model": model, "turns": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""`edgespec serve` end to end: a real uvicorn server on a free 127.0.0.1 port,
+SmolLM2-135M underneath, and the real `openai` client in front."""
+
+from __future__ import annotations
+
+import http.client as http_client
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'edgespec[serve]'")
+openai = pytest.importorskip("openai", reason="needs the test extra: pip install 'edgespec[test]'")
+
+from edgespec import cli  # noqa: E402
+from edgespec.chat.template import chat_template  # noqa: E402
+from edgespec.engine.events import GenerationParams  # noqa: E402
+from edgespec.engine.runtime import Engine, ModelSettings  # noqa: E402
+from edgespec.errors import ModelFileError  # noqa: E402
+from edgespec.server import ServerSettings, bind, check_exposure, create_app, is_loopback, run, url  # noqa: E402
+from tests.fakes import FakeEngine  # noqa: E402
+
+MODEL = "smollm2"
+KEY = "test-key"
+CTX = 1024
+QUESTION = [{"role": "user", "content": "Name three colours."}]
+
+
+class ServerThread:
+    """uvicorn serving `app` on a free loopback port, in a thread; stopped by `stop()`."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.app = app
+        self.sock = bind("127.0.0.1", 0)
+        self.url = url(self.sock)
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if http("GET", self.url + "/health")[0] == 200:
+                return
+            time.sleep(0.1)
+        raise TimeoutError("the server did not become ready")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "the server did not stop"
+
+
+def http(method: str, address: str, body: bytes | None = None, *, key: str | None = KEY,
+         content_type: str = "application/json") -> tuple[int, dict]:
+    """One plain HTTP request (for what the openai client would never send)."""
+    headers = {"Content-Type": content_type} | ({"Authorization": f"Bearer {key}"} if key else {})
+    request = urllib.request.Request(address, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+    except (ConnectionError, urllib.error.URLError):
+        return 0, {}
+
+
+# -- no model needed ----------------------------------------------------------------------------
+
+def test_only_loopback_addresses_are_served_without_an_api_key():
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("myhost")
+    assert check_exposure("127.0.0.1", api_key=None, allow_no_key=False) is None
+    assert check_exposure("0.0.0.0", api_key="k", allow_no_key=False) is None
+    assert "NO API key" in check_exposure("0.0.0.0", api_key=None, allow_no_key=True)
+
+
+def test_serve_refuses_an_exposed_address_without_a_key_before_loading_anything(capsys, monkeypatch):
+    monkeypatch.delenv(cli.API_KEY_ENV, raising=False)
+    assert cli.main(["serve", "--host", "0.0.0.0", "--target", "/nonexistent/model.gguf"]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "--api-key" in err and "model.gguf" not in err
+
+
+def test_health_is_503_while_the_model_loads_then_200():
+    loading = threading.Event()
+    release = threading.Event()
+
+    def load():
+        loading.set()
+        release.wait(30)
+        return FakeEngine()
+
+    served = ServerThread(create_app(load, ServerSettings(model_id="fake")))
+    try:
+        assert loading.wait(30)
+        status, body = http("GET", served.url + "/health")
+        assert status == 503 and body["error"]["code"] == "model_loading"
+        status, body = http("POST", served.url + "/v1/completions", json.dumps({"prompt": "hi"}).encode())
+        assert status == 503
+        release.set()
+        served.wait_ready(30)
+        status, body = http("POST", served.url + "/v1/completions",
+                            json.dumps({"prompt": "hi", "max_tokens": 3}).encode())
+        assert status == 200 and body["choices"][0]["text"] == "rep"
+    finally:
+        release.set()
+        served.stop()
+
+
+def test_a_model_that_fails_to_load_stops_the_server_with_its_error():
+    def load():
+        raise ModelFileError("no such model file: x.gguf")
+
+    app = create_app(load, ServerSettings(model_id="x"))
+    with pytest.raises(ModelFileError, match="x.gguf"):
+        run(app, bind("127.0.0.1", 0))
+
+
+# -- SmolLM2 behind the server -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def served(smollm2):
+    settings = ServerSettings(model_id=MODEL, api_key=KEY)
+    server = ServerThread(create_app(lambda: Engine.load(ModelSettings(smollm2, n_ctx=CTX)), settings))
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def client(served):
+    return openai.OpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.mark.slow
+def test_chat_whole_and_streamed_are_the_same_reply_with_usage_and_statistics(client):
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=10)
+    text = whole.choices[0].message.content
+    assert text and whole.choices[0].finish_reason in ("stop", "length")
+    usage = whole.usage
+    assert usage.completion_tokens <= 10 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    timings = whole.model_extra["timings"]
+    assert timings["predicted_n"] == usage.completion_tokens and timings["mode"] == "auto"
+    assert timings["prompt_n"] + timings["cache_n"] == usage.prompt_tokens
+    assert {"draft_n", "draft_n_accepted", "acceptance_rate", "tokens_per_pass", "drafter",
+            "predicted_per_second"} <= timings.keys()
+
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=10, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == usage.completion_tokens
+    assert len({c.id for c in chunks}) == 1
+
+
+@pytest.mark.slow
+def test_text_completions_and_models(client):
+    whole = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5)
+    streamed = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == whole.choices[0].text != ""
+    assert whole.usage.completion_tokens <= 5
+    assert [m.id for m in client.models.list()] == [MODEL]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=QUESTION, max_tokens=2)
+    assert e.value.code == "model_not_found"
+
+
+@pytest.mark.slow
+def test_greedy_reply_is_the_engines_own_for_the_same_prompt(client, smollm2):
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12).choices[0].message.content
+    with Engine.load(ModelSettings(smollm2, n_ctx=CTX)) as engine:
+        tokens = engine.tokenize(chat_template(engine).render(QUESTION), special=True)
+        direct = "".join(c.text for c in engine.generate(tokens, GenerationParams(mode="plain", max_tokens=12)))
+    assert reply == direct
+
+
+@pytest.mark.slow
+def test_stop_strings_end_the_reply_before_them(client):
+    full = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12).choices[0]
+    words = full.message.content.split()
+    assert len(words) >= 3, full.message.content
+    stop = words[2]
+    cut = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, stop=[stop, "zzz"]).choices[0]
+    assert cut.finish_reason == "stop"
+    assert cut.message.content == full.message.content[:full.message.content.index(stop)]
+
+
+@pytest.mark.slow
+def test_a_seed_makes_a_sampled_reply_reproducible(client):
+    def sample(seed):
+        r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=10, temperature=1.0, seed=seed)
+        return r.choices[0].message.content, r.model_extra["timings"]["mode"]
+
+    first, mode = sample(7)
+    assert sample(7) == (first, mode) and mode == "plain"  # auto's choices would make it depend on timing
+    assert {sample(8)[0], sample(9)[0]} != {first}
+
+
+@pytest.mark.slow
+def test_a_resent_conversation_pays_only_for_the_new_message(client):
+    history = [{"role": "user", "content": "Hello! Who are you?"}]
+    first = client.chat.completions.create(model=MODEL, messages=history, max_tokens=8)
+    history += [{"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "And what can you do?"}]
+    second = client.chat.completions.create(model=MODEL, messages=history, max_tokens=8)
+    cached = second.model_extra["timings"]["cache_n"]
+    assert cached >= first.usage.total_tokens - 1  # all of turn 1 (its closing token is re-read)
+    assert second.model_extra["timings"]["prompt_n"] <= second.usage.prompt_tokens - cached
+
+
+@pytest.mark.slow
+def test_a_client_that_closes_its_stream_frees_the_engine_at_once(client, caplog):
+    caplog.set_level(logging.INFO, logger="edgespec.server")
+    stream = client.completions.create(model=MODEL, prompt="1, 2, 3, 4, 5, 6, 7, 8,", max_tokens=900, stream=True)
+    for _, _chunk in zip(range(3), stream):
+        pass
+    stream.close()
+    start = time.monotonic()
+    after = client.completions.create(model=MODEL, prompt="Hello", max_tokens=1)
+    assert after.usage.completion_tokens == 1
+    assert time.monotonic() - start < 60  # not after the 900 tokens of the closed stream
+    cancelled = [r.getMessage() for r in caplog.records if "ended: cancelled" in r.getMessage()]
+    assert len(cancelled) == 1, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.slow
+def test_a_client_that_gives_up_waiting_for_a_whole_reply_frees_the_engine(served, client, caplog):
+    caplog.set_level(logging.INFO, logger="edgespec.server")
+    connection = http_client.HTTPConnection("127.0.0.1", int(served.url.rsplit(":", 1)[1]), timeout=30)
+    connection.request("POST", "/v1/completions", json.dumps({"prompt": "1, 2, 3, 4,", "max_tokens": 900}),
+                       {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    time.sleep(1)  # the server is idle: it is generating by now
+    connection.close()
+    after = client.completions.create(model=MODEL, prompt="Hello", max_tokens=1)
+    assert after.usage.completion_tokens == 1
+    cancelled = [r.getMessage() for r in caplog.records if "ended: cancelled" in r.getMessage()]
+    assert len(cancelled) == 1, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.slow
+def test_eight_concurrent_clients_are_answered_in_full_and_unmixed(client):
+    prompts = [f"My favourite number is {n}. Twice {n} is" for n in range(8)]
+
+    def ask(i):
+        if i % 2:
+            chunks = list(client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=4, stream=True,
+                                                    stream_options={"include_usage": True}))
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            return text, chunks[-1].usage.prompt_tokens, len({c.id for c in chunks})
+        r = client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=4)
+        return r.choices[0].text, r.usage.prompt_tokens, 1
+
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(ask, range(8)))
+    alone = [ask(i) for i in range(8)]
+    assert together == alone
+
+
+@pytest.mark.slow
+def test_bad_requests_get_openai_errors_and_the_server_goes_on(served, client):
+    chat = served.url + "/v1/chat/completions"
+    status, body = http("POST", chat, b'{"messages": [')
+    assert status == 400 and body["error"]["type"] == "invalid_request_error" and "JSON" in body["error"]["message"]
+    status, body = http("POST", chat, json.dumps({"messages": QUESTION, "temperature": "hot"}).encode())
+    assert status == 400 and body["error"]["param"] == "temperature"
+    status, body = http("POST", chat, json.dumps({"messages": "hi"}).encode())
+    assert status == 400 and body["error"]["param"].startswith("messages")
+    status, body = http("POST", chat, json.dumps({"messages": QUESTION, "n": 2}).encode())
+    assert status == 400 and "n=2" in body["error"]["message"]
+    status, body = http("POST", chat, json.dumps({"messages": QUESTION, "tools": [{"type": "function"}]}).encode())
+    assert status == 400 and "tools" in body["error"]["message"]
+    status, body = http("POST", chat, b'{"messages": "' + b"x" * (10 * 1024 * 1024) + b'"}')
+    assert status == 413 and body["error"]["message"]
+    status, body = http("POST", chat, json.dumps({"messages": QUESTION}).encode(), key="wrong")
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    assert http("GET", served.url + "/v1/models", key=None)[0] == 401
+
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, max_tokens=2,
+                                       messages=[{"role": "user", "content": "word " * (CTX + 100)}])
+    assert e.value.code == "context_length_exceeded"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=served.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+    ok = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)
+    assert ok.choices[0].message.content
