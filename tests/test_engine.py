@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from edgespec.engine.controller import calibrate
+from edgespec.engine.costs import calibrate
 from edgespec.engine.detok import Detokenizer
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.runtime import Engine, ModelSettings
@@ -77,7 +77,7 @@ def test_acceptance_pattern_follows_the_draft(engines):
 def test_cycles_report_the_draft_length_asked_for(engines, monkeypatch):
     """A draft model unsure of its next guess (below p_min) stops early: the policy
     must be told it was asked for more, and near max_tokens k is cut."""
-    from edgespec.engine.controller import FixedPolicy
+    from edgespec.engine.policy import FixedPolicy
 
     engine, reports = engines["near"], []
 
@@ -100,7 +100,7 @@ def test_cycles_report_the_draft_length_asked_for(engines, monkeypatch):
 def test_a_plans_p_draft_is_the_one_the_draft_model_drafts_with(engines, monkeypatch):
     """Auto mode sets how sure the draft model must be of its whole draft, per
     cycle (from the costs); the decoder hands it to the draft model."""
-    from edgespec.engine.controller import FixedPolicy, Plan
+    from edgespec.engine.policy import FixedPolicy, Plan
 
     engine = engines["near"]
 

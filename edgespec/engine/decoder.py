@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from edgespec.engine.cache import KVSequence
-from edgespec.engine.controller import CycleReport, Plan, Policy
+from edgespec.engine.policy import CycleReport, Plan, Policy
 from edgespec.engine.detok import Detokenizer, StopStrings
 from edgespec.engine.drafters import Draft
 from edgespec.engine.events import Chunk, GenerationParams, Stats
@@ -139,6 +139,7 @@ def generate(
             stats.drafted += step.drafted
             stats.accepted += step.accepted
             stats.k, stats.drafter, stats.reason = step.plan.k, step.plan.name, step.plan.reason
+            stats.plan_kind = step.plan.kind
             text, stopped = stops.feed(detok.add(step.tokens))
             finish = "stop" if stopped else step.finish_reason
             if finish:

@@ -70,6 +70,9 @@ class Stats:
     """Drafter of the latest cycle: "none", "draft" or "lookup"."""
     reason: str = ""
     """Why the latest cycle's drafter and k were chosen (auto mode)."""
+    plan_kind: str = "plain"
+    """The latest cycle's kind of plan: "plain", "chosen" (the best expected rate) or
+    "probe" (auto mode checking a drafter it stopped using)."""
     stop_reason: str | None = None
     dropped_messages: int = 0
     """Oldest messages left out so that a chat fits in the context (chat sessions)."""

@@ -14,7 +14,9 @@ from typing import Iterator, Sequence
 from edgespec.engine import decoder
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.compat import VocabInfo, ensure_compatible
-from edgespec.engine.controller import AutoPolicy, FixedPolicy, Policy, calibrate
+from edgespec.engine.auto import AutoPolicy
+from edgespec.engine.costs import calibrate
+from edgespec.engine.policy import FixedPolicy, Policy
 from edgespec.engine.drafters import DraftModel, PromptLookup
 from edgespec.engine.events import MODES, Chunk, GenerationParams
 from edgespec.engine.exact import largest_exact_batch

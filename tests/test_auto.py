@@ -2,7 +2,9 @@
 
 import pytest
 
-from edgespec.engine.controller import Acceptance, AutoPolicy, Costs, CycleReport, Ledger, Plan, expected_tokens
+from edgespec.engine.auto import Acceptance, AutoPolicy, Ledger, expected_tokens
+from edgespec.engine.costs import Costs
+from edgespec.engine.policy import CycleReport, Plan
 from edgespec.engine.drafters import Draft, Drafter, PromptLookup
 
 

@@ -1,119 +1,16 @@
-"""Policies: before each cycle, which drafter and how many tokens to draft.
-
-`FixedPolicy` serves the plain, draft and lookup modes. `AutoPolicy` (mode
-auto) picks the drafter and k that maximise expected tokens per second from
-costs measured on this machine and acceptance measured online.
+"""Auto mode: before each cycle, the drafter and k that maximise expected tokens
+per second from costs measured on this machine (engine/costs.py) and acceptance
+measured online, plain decoding included; exploration paid from a ledger of
+what drafting saved against plain decoding.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Sequence
 
-import time
-
-from edgespec.engine.cache import KVSequence
+from edgespec.engine.costs import Costs
 from edgespec.engine.drafters import Drafter, PromptLookup
-
-
-PLAN_KINDS = ("plain", "chosen", "probe")
-"""Why a cycle drafts what it drafts: not at all; the best expected rate; or to
-learn whether a drafter's acceptance has changed (auto mode's exploration)."""
-
-
-@dataclass
-class Plan:
-    drafter: Drafter | None
-    k: int
-    reason: str = ""
-    """Why, for people (built from the other fields)."""
-    bucket: str = ""
-    """Whose acceptance this cycle measures (auto mode): the drafter, or for
-    prompt lookup the drafter and the kind of match (see PromptLookup.match)."""
-    proposal: list[int] | None = None
-    """The draft, when the policy already made it to choose k (prompt lookup in auto mode)."""
-    p_draft: float | None = None
-    """The least chance that a draft model's whole draft is right for it to go on
-    drafting (GenerationParams.p_draft). Auto mode derives it from the measured costs."""
-    kind: str = "chosen"
-    """One of PLAN_KINDS ("plain" whenever there is no drafter)."""
-
-    def __post_init__(self):
-        if self.drafter is None or self.k <= 0:
-            self.kind = "plain"
-
-    @property
-    def name(self) -> str:
-        return self.drafter.name if self.drafter and self.k > 0 else "none"
-
-
-@dataclass
-class CycleReport:
-    """What happened in one cycle, for policies that learn."""
-
-    plan: Plan
-    drafted: int
-    accepted: int
-    draft_s: float
-    verify_s: float
-    caught_up: int = 0
-    """Tokens the drafter evaluated before drafting (see Draft.caught_up)."""
-    catch_up_s: float = 0.0
-    asked: int | None = None
-    """The draft length the cycle asked for: the plan's k, cut to the room left
-    (None: the plan's k). A drafter that drafted fewer stopped itself."""
-
-    def __post_init__(self):
-        if self.asked is None:
-            self.asked = self.plan.k if self.plan.drafter is not None else 0
-
-    @property
-    def stopped(self) -> bool:
-        """The drafter gave fewer tokens than asked for (a draft model unsure of its next guess)."""
-        return self.drafted < self.asked
-
-
-class Policy(ABC):
-    @abstractmethod
-    def plan(self, history: Sequence[int]) -> Plan:
-        """The drafter and draft length for the next cycle."""
-
-    def observe(self, report: CycleReport) -> None:
-        """Learn from a finished cycle (fixed policies ignore it)."""
-
-    def prefill(self, prompt: Sequence[int]) -> None:
-        """Let the drafters this policy expects to use read the prompt now, as
-        part of prompt processing (llama.cpp's loops do the same)."""
-
-
-class FixedPolicy(Policy):
-    """Always the same drafter and k (None or k = 0: plain decoding)."""
-
-    def __init__(self, drafter: Drafter | None, k: int, reason: str = "fixed"):
-        self._plan = Plan(drafter, k if drafter else 0, reason)
-
-    def plan(self, history):
-        return self._plan
-
-    def prefill(self, prompt):
-        if self._plan.drafter is not None:
-            self._plan.drafter.prefill(prompt)
-
-
-# -- auto mode -----------------------------------------------------------------
-
-EMA = 0.2
-"""Weight of a new timing in the running cost estimates."""
-
-STEADY_CATCH_UP = 2
-"""Tokens a draft model in use every cycle evaluates before drafting: the last
-draft token (drafted, never fed to it) and the target's own token. Part of
-the cost of drafting. A catch-up over more tokens, after auto left the draft
-model idle, is the price of switching back to it: measured and charged apart
-(charged per drafted token it made drafting look 2.5x dearer than it is;
-ignored, auto switched back at the price of reading a whole prompt)."""
-
+from edgespec.engine.policy import CycleReport, Plan, Policy
 
 def expected_drafted(continuation: float, k: int) -> float:
     """Tokens a drafter that goes on with probability `continuation` at each
@@ -130,67 +27,6 @@ def expected_tokens(acceptance: float, k: int) -> float:
     if acceptance >= 1.0:
         return k + 1.0
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
-
-
-class Costs:
-    """Seconds per target pass by batch size, and per draft step by drafter,
-    measured on this machine and updated from every cycle. A step drafts one
-    token, or finds the next guess too unsure and stops the draft."""
-
-    def __init__(self, target: dict[int, float], per_draft_token: dict[str, float],
-                 per_catch_up_token: dict[str, float] | None = None):
-        self.target = dict(target)
-        self.per_draft_token = dict(per_draft_token)
-        self.per_catch_up_token = dict(per_catch_up_token or {})
-        """Seconds per token a drafter takes to read the history it missed (in a batch)."""
-
-    def target_pass(self, n: int) -> float:
-        """Time of a target pass over n tokens, interpolated between measured sizes."""
-        sizes = sorted(self.target)
-        if n in self.target:
-            return self.target[n]
-        lower = max((s for s in sizes if s < n), default=sizes[0])
-        upper = min((s for s in sizes if s > n), default=None)
-        if upper is None:  # beyond the largest measured size: extend the last slope
-            upper, lower = lower, max((s for s in sizes if s < lower), default=lower)
-            if upper == lower:
-                return self.target[upper] * n / upper
-        t_lo, t_hi = self.target[lower], self.target[upper]
-        return t_lo + (t_hi - t_lo) * (n - lower) / (upper - lower)
-
-    def break_even(self, name: str) -> float:
-        """How likely a drafter's next guess must be to be accepted for drafting
-        it to pay on this machine: it costs a draft step and a verify column, and
-        saves a target pass when it and every guess before it are right. About
-        0.6 on a 2-core CPU (a column is a third of a pass), 0.1-0.2 on a GPU
-        (a column is almost free)."""
-        single, largest = self.target_pass(1), max(self.target)
-        column = (self.target_pass(largest) - single) / (largest - 1) if largest > 1 else single
-        return min(1.0, (self.per_draft_token.get(name, 0.0) + column) / single)
-
-    def draft(self, name: str, steps: float) -> float:
-        return self.per_draft_token.get(name, 0.0) * steps
-
-    def catch_up(self, name: str, behind: int) -> float:
-        """What reading `behind` missed tokens costs a drafter beyond a steady cycle's catch-up."""
-        return self.per_catch_up_token.get(name, 0.0) * max(0, behind - STEADY_CATCH_UP)
-
-    def observe(self, report: CycleReport) -> None:
-        n = report.drafted + 1
-        old = self.target.get(n)
-        self.target[n] = report.verify_s if old is None else old + EMA * (report.verify_s - old)
-        if report.plan.drafter is None:
-            return
-        name = report.plan.drafter.name
-        if report.caught_up > STEADY_CATCH_UP:
-            _ema(self.per_catch_up_token, name, report.catch_up_s / report.caught_up)
-        elif report.asked > 0:  # the step that found a guess too unsure counts too
-            _ema(self.per_draft_token, name, report.draft_s / (report.drafted + report.stopped))
-
-
-def _ema(estimates: dict[str, float], name: str, value: float) -> None:
-    old = estimates.get(name)
-    estimates[name] = value if old is None else old + EMA * (value - old)
 
 
 class Acceptance:
@@ -450,38 +286,3 @@ class AutoPolicy(Policy):
         if report.plan.drafter is not None:
             self._acceptance(report.plan.bucket or report.plan.drafter.name).observe(report.asked, report.drafted,
                                                                                      report.accepted)
-
-
-def measure_pass(seq: KVSequence, n: int, *, repeats: int = 2) -> float:
-    """Seconds for one pass over n tokens after what `seq` holds (the fastest of
-    `repeats`); the cache is left as it was."""
-    base = len(seq.tokens)
-    filler = (seq.tokens[-1:] or [0]) * n
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        seq.extend(filler, all_logits=True)
-        best = min(best, time.perf_counter() - start)
-        seq.truncate(base)
-    return best
-
-
-def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
-              measured: dict[int, float] | None = None) -> Costs:
-    """Quick cost measurement at load: target passes of 1, 2 and k_max + 1
-    tokens (those not `measured` already), one draft-model token and a draft
-    batch (catching up on missed tokens)."""
-    target_costs = dict(measured or {})
-    for n in {1, 2, k_max + 1}:
-        if n not in target_costs and n <= target.room:
-            target_costs[n] = measure_pass(target, n)
-    draft_costs, catch_up_costs = {"lookup": 0.0}, {}
-    if draft is not None and draft.room > 1:
-        draft_costs["draft"] = measure_pass(draft, 1)
-        n = min(CATCH_UP_PROBE, draft.room - 1)
-        catch_up_costs["draft"] = measure_pass(draft, n) / n
-    return Costs(target_costs, draft_costs, catch_up_costs)
-
-
-CATCH_UP_PROBE = 16
-"""Tokens of the draft model's calibration batch, the price of reading missed history."""

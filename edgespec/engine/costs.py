@@ -1,0 +1,120 @@
+"""What speculation costs on this machine: target passes by batch size, a
+draft step, a draft model's catch-up on history it missed. Measured once at
+load (`calibrate`) and kept current from every cycle (`Costs.observe`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from edgespec.engine.cache import KVSequence
+from edgespec.engine.policy import CycleReport
+
+EMA = 0.2
+"""Weight of a new timing in the running cost estimates."""
+
+STEADY_CATCH_UP = 2
+"""Tokens a draft model in use every cycle evaluates before drafting: the last
+draft token (drafted, never fed to it) and the target's own token. Part of
+the cost of drafting. A catch-up over more tokens, after auto left the draft
+model idle, is the price of switching back to it: measured and charged apart
+(charged per drafted token it made drafting look 2.5x dearer than it is;
+ignored, auto switched back at the price of reading a whole prompt)."""
+
+
+class Costs:
+    """Seconds per target pass by batch size, and per draft step by drafter,
+    measured on this machine and updated from every cycle. A step drafts one
+    token, or finds the next guess too unsure and stops the draft."""
+
+    def __init__(self, target: dict[int, float], per_draft_token: dict[str, float],
+                 per_catch_up_token: dict[str, float] | None = None):
+        self.target = dict(target)
+        self.per_draft_token = dict(per_draft_token)
+        self.per_catch_up_token = dict(per_catch_up_token or {})
+        """Seconds per token a drafter takes to read the history it missed (in a batch)."""
+
+    def target_pass(self, n: int) -> float:
+        """Time of a target pass over n tokens, interpolated between measured sizes."""
+        sizes = sorted(self.target)
+        if n in self.target:
+            return self.target[n]
+        lower = max((s for s in sizes if s < n), default=sizes[0])
+        upper = min((s for s in sizes if s > n), default=None)
+        if upper is None:  # beyond the largest measured size: extend the last slope
+            upper, lower = lower, max((s for s in sizes if s < lower), default=lower)
+            if upper == lower:
+                return self.target[upper] * n / upper
+        t_lo, t_hi = self.target[lower], self.target[upper]
+        return t_lo + (t_hi - t_lo) * (n - lower) / (upper - lower)
+
+    def break_even(self, name: str) -> float:
+        """How likely a drafter's next guess must be to be accepted for drafting
+        it to pay on this machine: it costs a draft step and a verify column, and
+        saves a target pass when it and every guess before it are right. About
+        0.6 on a 2-core CPU (a column is a third of a pass), 0.1-0.2 on a GPU
+        (a column is almost free)."""
+        single, largest = self.target_pass(1), max(self.target)
+        column = (self.target_pass(largest) - single) / (largest - 1) if largest > 1 else single
+        return min(1.0, (self.per_draft_token.get(name, 0.0) + column) / single)
+
+    def draft(self, name: str, steps: float) -> float:
+        return self.per_draft_token.get(name, 0.0) * steps
+
+    def catch_up(self, name: str, behind: int) -> float:
+        """What reading `behind` missed tokens costs a drafter beyond a steady cycle's catch-up."""
+        return self.per_catch_up_token.get(name, 0.0) * max(0, behind - STEADY_CATCH_UP)
+
+    def observe(self, report: CycleReport) -> None:
+        n = report.drafted + 1
+        old = self.target.get(n)
+        self.target[n] = report.verify_s if old is None else old + EMA * (report.verify_s - old)
+        if report.plan.drafter is None:
+            return
+        name = report.plan.drafter.name
+        if report.caught_up > STEADY_CATCH_UP:
+            _ema(self.per_catch_up_token, name, report.catch_up_s / report.caught_up)
+        elif report.asked > 0:  # the step that found a guess too unsure counts too
+            _ema(self.per_draft_token, name, report.draft_s / (report.drafted + report.stopped))
+
+
+def _ema(estimates: dict[str, float], name: str, value: float) -> None:
+    old = estimates.get(name)
+    estimates[name] = value if old is None else old + EMA * (value - old)
+
+
+def measure_pass(seq: KVSequence, n: int, *, repeats: int = 2) -> float:
+    """Seconds for one pass over n tokens after what `seq` holds (the fastest of
+    `repeats`); the cache is left as it was."""
+    base = len(seq.tokens)
+    filler = (seq.tokens[-1:] or [0]) * n
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        seq.extend(filler, all_logits=True)
+        best = min(best, time.perf_counter() - start)
+        seq.truncate(base)
+    return best
+
+
+
+CATCH_UP_PROBE = 16
+"""Tokens of the draft model's calibration batch, the price of reading missed history."""
+
+
+def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
+              measured: dict[int, float] | None = None) -> Costs:
+    """Quick cost measurement at load: target passes of 1, 2 and k_max + 1
+    tokens (those not `measured` already), one draft-model token and a draft
+    batch (catching up on missed tokens)."""
+    target_costs = dict(measured or {})
+    for n in {1, 2, k_max + 1}:
+        if n not in target_costs and n <= target.room:
+            target_costs[n] = measure_pass(target, n)
+    draft_costs, catch_up_costs = {"lookup": 0.0}, {}
+    if draft is not None and draft.room > 1:
+        draft_costs["draft"] = measure_pass(draft, 1)
+        n = min(CATCH_UP_PROBE, draft.room - 1)
+        catch_up_costs["draft"] = measure_pass(draft, n) / n
+    return Costs(target_costs, draft_costs, catch_up_costs)
+

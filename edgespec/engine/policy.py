@@ -1,0 +1,95 @@
+"""What a policy decides before each cycle (`Plan`), what it learns from after
+(`CycleReport`), and the policies of the fixed modes. Auto mode's policy is in
+engine/auto.py; what things cost is measured in engine/costs.py.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Sequence
+
+from edgespec.engine.drafters import Drafter
+
+PLAN_KINDS = ("plain", "chosen", "probe")
+"""Why a cycle drafts what it drafts: not at all; the best expected rate; or to
+learn whether a drafter's acceptance has changed (auto mode's exploration)."""
+
+
+@dataclass
+class Plan:
+    drafter: Drafter | None
+    k: int
+    reason: str = ""
+    """Why, for people (built from the other fields)."""
+    bucket: str = ""
+    """Whose acceptance this cycle measures (auto mode): the drafter, or for
+    prompt lookup the drafter and the kind of match (see PromptLookup.match)."""
+    proposal: list[int] | None = None
+    """The draft, when the policy already made it to choose k (prompt lookup in auto mode)."""
+    p_draft: float | None = None
+    """The least chance that a draft model's whole draft is right for it to go on
+    drafting (GenerationParams.p_draft). Auto mode derives it from the measured costs."""
+    kind: str = "chosen"
+    """One of PLAN_KINDS ("plain" whenever there is no drafter)."""
+
+    def __post_init__(self):
+        if self.drafter is None or self.k <= 0:
+            self.kind = "plain"
+
+    @property
+    def name(self) -> str:
+        return self.drafter.name if self.drafter and self.k > 0 else "none"
+
+
+@dataclass
+class CycleReport:
+    """What happened in one cycle, for policies that learn."""
+
+    plan: Plan
+    drafted: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+    caught_up: int = 0
+    """Tokens the drafter evaluated before drafting (see Draft.caught_up)."""
+    catch_up_s: float = 0.0
+    asked: int | None = None
+    """The draft length the cycle asked for: the plan's k, cut to the room left
+    (None: the plan's k). A drafter that drafted fewer stopped itself."""
+
+    def __post_init__(self):
+        if self.asked is None:
+            self.asked = self.plan.k if self.plan.drafter is not None else 0
+
+    @property
+    def stopped(self) -> bool:
+        """The drafter gave fewer tokens than asked for (a draft model unsure of its next guess)."""
+        return self.drafted < self.asked
+
+
+class Policy(ABC):
+    @abstractmethod
+    def plan(self, history: Sequence[int]) -> Plan:
+        """The drafter and draft length for the next cycle."""
+
+    def observe(self, report: CycleReport) -> None:
+        """Learn from a finished cycle (fixed policies ignore it)."""
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Let the drafters this policy expects to use read the prompt now, as
+        part of prompt processing (llama.cpp's loops do the same)."""
+
+
+class FixedPolicy(Policy):
+    """Always the same drafter and k (None or k = 0: plain decoding)."""
+
+    def __init__(self, drafter: Drafter | None, k: int, reason: str = "fixed"):
+        self._plan = Plan(drafter, k if drafter else 0, reason)
+
+    def plan(self, history):
+        return self._plan
+
+    def prefill(self, prompt):
+        if self._plan.drafter is not None:
+            self._plan.drafter.prefill(prompt)

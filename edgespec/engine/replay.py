@@ -1,0 +1,155 @@
+"""Replaying a policy on a recorded reply, free of machine noise.
+
+A `Trace` holds a prompt, the target's plain greedy reply to it, and what the
+draft model guessed (and how sure it was) at every position of that reply.
+Given the costs of a machine (`Costs`: target passes by size, a draft token,
+a draft model's catch-up), `replay` tells how long a policy takes to produce
+that reply there, so that one recorded suite tests auto mode against many
+machines: cheap or dear drafts, flat (GPU) or steep (CPU) verify curves.
+
+`ceiling` is the fastest any per-cycle choice of plain, lookup or the draft
+model could be if it knew in advance which guesses the target accepts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+from edgespec.engine.cache import common_prefix_length
+from edgespec.engine.costs import Costs
+from edgespec.engine.policy import CycleReport, Policy
+from edgespec.engine.drafters import Draft, Drafter, PromptLookup, too_unsure
+from edgespec.engine.events import GenerationParams
+
+
+@dataclass
+class Trace:
+    """One prompt's plain greedy reply and the draft model's guesses along it."""
+
+    name: str
+    prompt: list[int]
+    reply: list[int]
+    guess: list[int]
+    """The draft model's greedy guess for each reply position, having read all before it."""
+    confidence: list[float]
+    """Its top probability there."""
+
+    def draft_run(self, i: int) -> int:
+        """How many draft guesses from reply position i on are right in a row."""
+        n = 0
+        while i + n < len(self.reply) and self.guess[i + n] == self.reply[i + n]:
+            n += 1
+        return n
+
+
+def save_traces(traces: Sequence[Trace], path: str | Path) -> None:
+    Path(path).write_text(json.dumps([asdict(t) for t in traces], separators=(",", ":")))
+
+
+def load_traces(path: str | Path) -> list[Trace]:
+    return [Trace(**t) for t in json.loads(Path(path).read_text())]
+
+
+class ReplayedDraft(Drafter):
+    """The draft model, replayed from a trace: greedy, stopping as the real one
+    does (p_min, p_draft), and paying to read the history it missed."""
+
+    name = "draft"
+
+    def __init__(self, costs: Costs):
+        self.costs = costs
+        self.trace: Trace | None = None
+        self.tokens: list[int] = []
+        """What its KV cache holds."""
+
+    def start(self, trace: Trace) -> None:
+        self.trace, self.tokens = trace, []
+
+    def prefill(self, prompt):
+        self.tokens = list(prompt[:-1])
+
+    def behind(self, history):
+        return len(history) - common_prefix_length(self.tokens, history)
+
+    def rewind(self, history):
+        del self.tokens[common_prefix_length(self.tokens, history):]
+
+    def propose(self, history, k, params, rng):
+        trace = self.trace
+        caught_up = self.behind(history)
+        self.tokens = list(history)
+        i = len(history) - len(trace.prompt)
+        out: list[int] = []
+        whole = 1.0
+        for j in range(i, min(i + k, len(trace.reply))):
+            whole *= trace.confidence[j]
+            if too_unsure(trace.confidence[j], whole, params):
+                break
+            out.append(trace.guess[j])
+            if trace.guess[j] != trace.reply[j]:
+                out += [-1] * (k - len(out))  # what it guesses after a miss is unknown; it is rejected anyway
+                break
+        self.tokens += out[:-1]  # it reads each guess but the last to make the next
+        catch_up_s = self.costs.catch_up(self.name, caught_up)  # a steady cycle's reading is in its step cost
+        return Draft(out, caught_up=caught_up, catch_up_s=catch_up_s)
+
+
+def replay(policy: Policy, trace: Trace, costs: Costs, draft: ReplayedDraft,
+           params: GenerationParams | None = None) -> float:
+    """Decode seconds the policy takes to produce trace.reply under `costs`
+    (the prompt's own processing, and the draft's reading of it, not counted)."""
+    params = params or GenerationParams()
+    draft.start(trace)
+    policy.prefill(trace.prompt)
+    history, reply, i, seconds = list(trace.prompt), trace.reply, 0, 0.0
+    while i < len(reply):
+        plan = policy.plan(history)
+        k = min(plan.k, len(reply) - i - 1) if plan.drafter else 0
+        proposed = Draft([])
+        if k > 0:
+            proposed = (Draft(plan.proposal[:k]) if plan.proposal is not None
+                        else plan.drafter.propose(history, k, replace(params, p_draft=plan.p_draft), None))
+        guesses = proposed.tokens
+        n = 0
+        while n < len(guesses) and guesses[n] == reply[i + n]:
+            n += 1
+        steps = len(guesses) + (len(guesses) < k)  # a draft that stopped itself paid for the step that stopped it
+        draft_s = (costs.draft(plan.drafter.name, steps) if plan.drafter else 0.0) + proposed.catch_up_s
+        verify_s = costs.target_pass(len(guesses) + 1)
+        seconds += draft_s + verify_s
+        history += reply[i: i + n + 1]
+        i += n + 1
+        if plan.drafter is not None:
+            plan.drafter.rewind(history)
+        policy.observe(CycleReport(plan, len(guesses), n, draft_s, verify_s, proposed.caught_up,
+                                   proposed.catch_up_s, asked=max(k, 0)))
+    return seconds
+
+
+def plain_seconds(trace: Trace, costs: Costs) -> float:
+    return len(trace.reply) * costs.target_pass(1)
+
+
+def ceiling(trace: Trace, costs: Costs, k_max: int, lookup: PromptLookup | None = None) -> float:
+    """Seconds of the fastest schedule that knows which guesses will be accepted
+    (the draft model always warm: its catch-up is not charged)."""
+    lookup = lookup or PromptLookup()
+    reply, n_reply = trace.reply, len(trace.reply)
+    best = [0.0] * (n_reply + 1)
+    for i in range(n_reply - 1, -1, -1):
+        options = [costs.target_pass(1) + best[i + 1]]
+        proposal, _ = lookup.match(trace.prompt + reply[:i], k_max, skip=True)
+        agreed = 0
+        for k in range(1, len(proposal) + 1):
+            if agreed == k - 1 and i + agreed < n_reply and proposal[k - 1] == reply[i + agreed]:
+                agreed += 1
+            options.append(costs.target_pass(k + 1) + best[min(i + agreed + 1, n_reply)])
+        run = trace.draft_run(i)
+        for k in range(1, k_max + 1):
+            options.append(costs.target_pass(k + 1) + costs.draft("draft", k)
+                           + best[min(i + min(run, k) + 1, n_reply)])
+        best[i] = min(options)
+    return best[0]
