@@ -129,7 +129,8 @@ def test_a_model_that_fails_to_load_stops_the_server_with_its_error():
 @pytest.fixture(scope="module")
 def served(smollm2):
     settings = ServerSettings(model_id=MODEL, api_key=KEY)
-    server = ServerThread(create_app(lambda: Engine.load(ModelSettings(smollm2, n_ctx=CTX)), settings))
+    # Exact kernels: the served reply (auto mode) must be plain greedy decoding's, token for token.
+    server = ServerThread(create_app(lambda: Engine.load(ModelSettings(smollm2, n_ctx=CTX, exact=True)), settings))
     try:
         server.wait_ready()
         yield server
@@ -179,7 +180,7 @@ def test_text_completions_and_models(client):
 @pytest.mark.slow
 def test_greedy_reply_is_the_engines_own_for_the_same_prompt(client, smollm2):
     reply = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12).choices[0].message.content
-    with Engine.load(ModelSettings(smollm2, n_ctx=CTX)) as engine:
+    with Engine.load(ModelSettings(smollm2, n_ctx=CTX, exact=True)) as engine:
         tokens = engine.tokenize(chat_template(engine).render(QUESTION), special=True)
         direct = "".join(c.text for c in engine.generate(tokens, GenerationParams(mode="plain", max_tokens=12)))
     assert reply == direct
