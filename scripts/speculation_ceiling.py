@@ -32,7 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench import load_prompts  # noqa: E402
 from edgespec.cli import _prompt_tokens, add_model_options, load_engine  # noqa: E402
-from edgespec.engine.controller import AutoPolicy, Costs, FixedPolicy, measure_pass  # noqa: E402
+from edgespec.engine.auto import AutoPolicy  # noqa: E402
+from edgespec.engine.costs import Costs, measure_pass  # noqa: E402
+from edgespec.engine.policy import FixedPolicy  # noqa: E402
 from edgespec.engine.drafters import PromptLookup  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 from edgespec.engine.replay import (  # noqa: E402

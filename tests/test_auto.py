@@ -342,3 +342,18 @@ def test_auto_hands_the_draft_model_its_break_even_confidence():
     assert f"while {plan.p_draft:.0%} sure" in plan.reason
     lookup = policy(CPU, 0.010, prior=0.9).plan([9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8, 7])
     assert lookup.drafter.name == "lookup" and lookup.p_draft is None  # its proposal is made already
+
+
+def test_a_drafter_that_could_not_pay_even_when_right_is_never_probed():
+    p = policy(CPU, CPU[1], prior=0.9)  # a draft token costs as much as a target token
+    assert not any(plan.kind == "probe" for plan in run(p, [1, 2, 3, 4, 5, 6], 2000))
+
+
+def test_each_reply_has_its_own_exploration_budget():
+    """What earlier replies saved is not spent on probing in this one: a reply
+    loses at most the allowance of its own (expected) length."""
+    p = policy(CPU, 0.010, prior=0.6)
+    p.ledger.saved = 100.0  # a long, lucky reply
+    p.prefill([1, 2, 3])
+    assert p.ledger.saved == 0.0
+    assert p.ledger.credit == pytest.approx(Ledger.ALLOWANCE * AutoPolicy.TYPICAL_REPLY * CPU[1])

@@ -76,27 +76,30 @@ def _scaled_to(weight: float, hits: float, misses: float) -> tuple[float, float]
 
 
 class Ledger:
-    """Auto mode against plain decoding, as measured: every drafting cycle's time
-    against the single-token passes its tokens would have cost, and the plain
-    decode time that all cycles stand for.
+    """One reply of auto mode against plain decoding, as measured: every drafting
+    cycle's time against the single-token passes its tokens would have cost, and
+    the plain decode time that all cycles stand for.
 
     Exploration (probing a drafter that auto stopped using) is paid from what
-    drafting has saved plus ALLOWANCE of the plain time so far, so that it can
-    never cost more than that; and while drafting as a whole has lost more than
-    ALLOWANCE, only a drafter far ahead of plain decoding is chosen."""
+    drafting has saved in this reply plus ALLOWANCE of the reply's plain decode
+    time (as long as replies have been so far, until it runs longer), so that it
+    can never cost a reply more than that; and while drafting as a whole has
+    lost more than that, only a drafter far ahead of plain decoding is chosen."""
 
     ALLOWANCE = 0.02
 
-    def __init__(self) -> None:
+    def __init__(self, expected_s: float = 0.0) -> None:
+        self.expected_s = expected_s
+        """Plain decode seconds a reply is expected to take (earlier replies' mean)."""
         self.saved = 0.0
         """Seconds drafting cycles took less (negative: more) than plain passes would have."""
         self.plain_s = 0.0
-        """Seconds plain decoding would have taken for every token so far."""
+        """Seconds plain decoding would have taken for this reply's tokens so far."""
 
     @property
     def credit(self) -> float:
         """Seconds that exploration may still cost."""
-        return self.saved + self.ALLOWANCE * self.plain_s
+        return self.saved + self.ALLOWANCE * max(self.plain_s, self.expected_s)
 
     def observe(self, report: CycleReport, single_s: float) -> None:
         """`single_s`: what a single-token pass costs now."""
@@ -143,6 +146,9 @@ class AutoPolicy(Policy):
     """The acceptance at which a draft model is worth warming for a reply: one
     that cannot pay even then (as slow as the target) is left cold."""
 
+    TYPICAL_REPLY = 128
+    """Tokens a first reply is expected to run, before any has been seen."""
+
     FORGET_WEIGHT = 2.0
     """At a new reply, a drafter rated below its prior gets a fresh chance: what
     earlier replies taught counts as this many cycles, so that a draft model rated
@@ -162,6 +168,8 @@ class AutoPolicy(Policy):
         self._probe_wait = {d.name: self.PROBE_EVERY for d in self.drafters}
         self._shadow: tuple[int, list[int], str] | None = None
         self.ledger = Ledger()
+        self._reply_s: float | None = None
+        """Plain decode seconds of a reply, averaged over the replies so far."""
 
     def prefill(self, prompt):
         """A new reply: warm the drafters that can pay on this machine, and
@@ -171,17 +179,24 @@ class AutoPolicy(Policy):
         so a cold draft model would hardly ever be chosen; and its acceptance
         depends on the prompt (high when the reply copies, lower in free text),
         so what the last reply taught is checked early in this one."""
-        plain_rate = 1.0 / self.costs.target_pass(1)
+        self._reply_s = (self.TYPICAL_REPLY * self.costs.target_pass(1) if self._reply_s is None
+                         else self._reply_s + 0.5 * (self.ledger.plain_s - self._reply_s))
+        self.ledger = Ledger(self._reply_s)
         for bucket, acceptance in self.acceptance.items():
             if acceptance.rate < self._prior(bucket):
                 acceptance.forget(self.FORGET_WEIGHT)
         for drafter in self.drafters:
-            optimistic = Acceptance(max(self.OPTIMISTIC, self._acceptance(drafter.name).rate))
-            if self._best_rate(drafter, optimistic) > plain_rate:
+            if self._could_pay(drafter):
                 drafter.prefill(prompt)
                 # due for a probe PROBE_FIRST cycles in (the wait between later probes is kept)
                 self._idle[drafter.name] = max(self._idle[drafter.name],
                                                self._probe_wait[drafter.name] - self.PROBE_FIRST)
+
+    def _could_pay(self, drafter: Drafter) -> bool:
+        """Whether the drafter, warm and right OPTIMISTIC of the time, beats plain
+        decoding on this machine: if not, warming or probing it is money lost."""
+        optimistic = Acceptance(max(self.OPTIMISTIC, self._acceptance(drafter.name).rate))
+        return self._best_rate(drafter, optimistic) > 1.0 / self.costs.target_pass(1)
 
     def _best_rate(self, drafter: Drafter, acceptance: Acceptance) -> float:
         """Tokens per second of the drafter's best k when warm."""
@@ -224,8 +239,8 @@ class AutoPolicy(Policy):
                              if proposal and d is not best.drafter), None)
         if best.drafter is None:
             probe = next(((d, min(self.PROBE_K, k_cap), bucket) for d, k_cap, bucket, proposal in options
-                          if proposal is None and self._idle[d.name] >= self._probe_wait[d.name] and k_cap > 0),
-                         None)
+                          if proposal is None and self._idle[d.name] >= self._probe_wait[d.name] and k_cap > 0
+                          and self._could_pay(d)), None)
             if probe is not None and self._probe_cost(*probe[:2], history) <= self.ledger.credit:
                 drafter, k, bucket = probe
                 self._idle[drafter.name] = 0
