@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Does the chat app's screen cost decode speed? The same reply, in the app and headless.
+
+Loads the models once and alternates: a one-message chat through ChatSession
+alone (what `edgespec chat --once` and `generate` do), and the same message
+sent in the Textual app (headless, its screen drawn as usual), on the same
+engine, mode and settings. Both report the engine's own decode speed (every
+token over decode time); the ratio app / headless should be about 1.
+
+    .venv/bin/python scripts/bench_app.py [--mode plain] [--max-tokens 256] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgespec.bench import machine  # noqa: E402
+from edgespec.chat.session import ChatSession  # noqa: E402
+from edgespec.chat.store import ConversationStore  # noqa: E402
+from edgespec.cli import add_model_options, load_engine  # noqa: E402
+from edgespec.engine.events import GenerationParams  # noqa: E402
+from edgespec.tui.app import EdgespecApp  # noqa: E402
+from edgespec.tui.catalog import ModelChoice  # noqa: E402
+from edgespec.tui.settings import ChatSettings  # noqa: E402
+from edgespec.tui.widgets.prompt import PromptInput  # noqa: E402
+
+MESSAGE = ("Write a Python module with a dataclass for a bank account (deposit, withdraw, history) "
+           "and explain each method in a short paragraph with Markdown headings.")
+
+
+def headless(engine, params: GenerationParams) -> float:
+    engine.reset()
+    chat = ChatSession(engine, system_prompt=ChatSettings().system_prompt, params=params)
+    last = None
+    for last in chat.send(MESSAGE):
+        pass
+    return last.stats.tokens_per_s
+
+
+async def in_app(engine, settings: ChatSettings, folder: Path) -> float:
+    engine.reset()
+    with ConversationStore(folder / "chats.db") as store:
+        app = EdgespecApp(ModelChoice(target="loaded"), store=store, load=lambda choice, s: engine,
+                          defaults=settings, defaults_path=folder / "settings.yaml", export_dir=folder)
+        async with app.run_test(size=(120, 40)):
+            while app.model_state != "ready":
+                await asyncio.sleep(0.05)
+            prompt = app.query_one(PromptInput)
+            prompt.load_text(MESSAGE)
+            prompt.post_message(PromptInput.Submitted(MESSAGE))
+            await asyncio.sleep(0.5)
+            while app.generating:
+                await asyncio.sleep(0.05)
+            stats = store.messages(app.conversation_id)[-1].stats
+            app.engine = None  # the engine is ours: the app must not close it
+    return stats["tokens_per_s"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_options(parser)
+    parser.add_argument("--mode", default="plain")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    settings = ChatSettings(mode=args.mode, max_tokens=args.max_tokens)
+    with load_engine(args) as engine, tempfile.TemporaryDirectory() as tmp:
+        print(f"{machine()}; mode {args.mode}, {args.max_tokens} tokens")
+        ratios = []
+        for r in range(args.repeats):
+            order = ("headless", "app") if r % 2 == 0 else ("app", "headless")
+            tps = {}
+            for face in order:
+                tps[face] = (headless(engine, settings.params()) if face == "headless"
+                             else asyncio.run(in_app(engine, settings, Path(tmp))))
+            ratios.append(tps["app"] / tps["headless"])
+            print(f"repeat {r + 1}: headless {tps['headless']:.1f} tok/s, app {tps['app']:.1f} tok/s, "
+                  f"app/headless {ratios[-1]:.3f}", flush=True)
+        print(f"median app/headless: {statistics.median(ratios):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
