@@ -3,7 +3,7 @@
 import pytest
 from tests.fakes import FakeEngine
 
-from edgespec.chat import ChatSession, ConversationStore
+from edgespec.chat import ChatSession, ConversationStore, Message
 from edgespec.engine.events import GenerationParams
 from edgespec.errors import ContextFullError, TemplateError
 
@@ -316,3 +316,55 @@ def test_real_model_edit_and_regenerate_reuse_the_cache_up_to_the_change(smol):
     _, stats = _run(chat.edit(3, "Name a vegetable."))
     assert stats.prompt_evaluated <= stats.prompt_tokens - first.prompt_tokens
     assert [m.content for m in chat.messages if m.role == "user"] == ["Name a fruit.", "Name a vegetable."]
+
+
+# -- long conversations: fitting costs a few small renders, not one per dropped turn -----
+
+def _counting_renders(monkeypatch) -> list[int]:
+    """Messages in each render of a chat template, in order."""
+    from edgespec.chat.template import ChatTemplate
+
+    windows: list[int] = []
+    render = ChatTemplate.render
+
+    def counting(self, messages, **kwargs):
+        windows.append(len(messages))
+        return render(self, messages, **kwargs)
+
+    monkeypatch.setattr(ChatTemplate, "render", counting)
+    return windows
+
+
+def _long_chat(store, n: int, *, n_ctx: int = 2048) -> ChatSession:
+    """A stored conversation of a system prompt and `n` messages, opened in a session."""
+    messages = [{"role": "system", "content": "SYSTEM"}] + [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(n)]
+    cid = store.import_json({"format": "edgespec.conversation", "version": 1, "messages": messages})
+    return ChatSession(FakeEngine(n_ctx=n_ctx), store=store, conversation_id=cid, template="chatml",
+                       params=GenerationParams(max_tokens=64))
+
+
+@pytest.mark.parametrize("n", [1_000, 10_000])
+def test_a_long_conversation_is_fitted_with_a_few_renders_of_about_the_window(monkeypatch, store, n):
+    chat = _long_chat(store, n)
+    windows = _counting_renders(monkeypatch)
+    _, stats = _run(chat.send("next"))
+    kept = n + 1 - stats.dropped_messages  # turns in the prompt, plus the system prompt
+    assert 0 < stats.dropped_messages < n
+    assert len(windows) <= 24
+    assert max(windows) <= 2 * kept + 2 and sum(windows) <= 16 * kept
+    # the window is the longest that fits: two more turns (a user turn and its reply) would not
+    prompt = chat.messages[:1] + chat.messages[1 + stats.dropped_messages - 2:-1]
+    text = chat.template.render([{"role": m.role, "content": m.content} for m in prompt])
+    assert len(chat.engine.tokenize(text, add_bos=True)) + 64 > 2048
+
+
+def test_a_conversation_that_fits_is_rendered_once_per_turn(monkeypatch, store):
+    chat = _long_chat(store, 10)
+    windows = _counting_renders(monkeypatch)
+    _run(chat.send("one"))  # just opened: where to cut is not known yet
+    assert len(windows) <= 6 and max(windows) == 12
+    del windows[:]
+    for text in ("two", "three"):
+        _run(chat.send(text))
+    assert windows == [14, 16]

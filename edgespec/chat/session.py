@@ -58,7 +58,8 @@ class ChatSession:
         self.system_prompt = system_prompt
         self.messages: list[Message] = []
         self.conversation_id: int | None = None
-        self._dropped = 0
+        self._dropped: int | None = 0
+        """Turns the last prompt left out; None when unknown (a conversation just loaded)."""
         self._cached: tuple[str, list[int]] | None = None
         """Text and tokens of the previous prompt and reply, as the engine's caches hold them."""
         if conversation_id is not None:
@@ -81,7 +82,7 @@ class ChatSession:
             raise ValueError("load() needs a ConversationStore")
         self.messages = self.store.messages(conversation_id)
         self.conversation_id = conversation_id
-        self._dropped = 0
+        self._dropped = None
 
     # -- turns -------------------------------------------------------------------------
     def send(self, text: str) -> Iterator[Chunk]:
@@ -109,7 +110,8 @@ class ChatSession:
         index %= len(self.messages)
         edited = dataclasses.replace(old, content=text)
         candidate = [*self.messages[:index], edited]
-        prompt = self._fit(candidate, min(self._dropped, index - self._n_system(candidate)))
+        keep = index - self._n_system(candidate)
+        prompt = self._fit(candidate, None if self._dropped is None else min(self._dropped, keep))
         self._forget(self.messages[index + 1:])
         if self.store is not None and edited.id is not None:
             self.store.update(edited)
@@ -117,27 +119,52 @@ class ChatSession:
         yield from self._reply(prompt)
 
     # -- the prompt --------------------------------------------------------------------
-    def _fit(self, messages: list[Message], dropped: int) -> _Prompt:
+    def _fit(self, messages: list[Message], dropped: int | None) -> _Prompt:
         """The prompt for `messages`, leaving out the oldest turns (never the system
-        prompt, never the last message) until it fits with room for the reply."""
+        prompt, never the last message) until it fits with room for the reply.
+
+        Costs a few renders of about the window, whatever the conversation's length:
+        the previous cut (`dropped`) is tried first (it nearly always still fits),
+        else the cut is searched from the newest message back (doubling, then
+        bisecting), so no render holds much more than a context's worth of turns.
+        `dropped` None (not known): the search alone."""
         n_system = self._n_system(messages)
         turns = messages[n_system:]
         room = min(self.params.max_tokens, self.engine.n_ctx // REPLY_SHARE)
-        dropped = min(dropped, len(turns) - 1)
-        while True:
-            window = messages[:n_system] + turns[dropped:]
-            text = self.template.render([{"role": m.role, "content": m.content} for m in window])
-            tokens = self._tokenize(text)
-            if len(tokens) + room <= self.engine.n_ctx:
-                return _Prompt(text, tokens, dropped)
-            if dropped >= len(turns) - 1:
-                raise ContextFullError(
-                    f"The message does not fit: the prompt is {len(tokens)} tokens and a reply needs room "
-                    f"for {room} more, but the context holds {self.engine.n_ctx}. Shorten the message"
-                    + (" or the system prompt" if n_system else "") + ", or load the model with a larger context.")
-            dropped += 1
-            while dropped < len(turns) - 1 and turns[dropped].role != "user":
-                dropped += 1  # a window starts with a user turn: some templates insist on alternation
+        # A window starts with a user turn (some templates insist on alternation),
+        # or is the last message alone.
+        cuts = [i for i, m in enumerate(turns[:-1]) if m.role == "user" and i >= (dropped or 0)] + [len(turns) - 1]
+        tried: dict[int, _Prompt | None] = {}
+
+        def fits(c: int) -> bool:
+            if c not in tried:
+                window = messages[:n_system] + turns[cuts[c]:]
+                text = self.template.render([{"role": m.role, "content": m.content} for m in window])
+                tokens = self._tokenize(text)
+                tried[c] = _Prompt(text, tokens, cuts[c]) if len(tokens) + room <= self.engine.n_ctx else None
+                if c == len(cuts) - 1 and tried[c] is None:
+                    raise ContextFullError(
+                        f"The message does not fit: the prompt is {len(tokens)} tokens and a reply needs room "
+                        f"for {room} more, but the context holds {self.engine.n_ctx}. Shorten the message"
+                        + (" or the system prompt" if n_system else "") + ", or load the model with a larger context.")
+            return tried[c] is not None
+
+        # Each turn costs at least one token, so a window of more turns than the
+        # context holds cannot fit: do not render it.
+        if dropped is not None and len(turns) - cuts[0] <= self.engine.n_ctx and fits(0):
+            return tried[0]
+        fits(len(cuts) - 1)
+        good, step = len(cuts) - 1, 1  # good fits; bad (below it) does not, or is out of bounds
+        while good - step > 0 and fits(good - step):
+            good, step = good - step, step * 2
+        bad = max(good - step, 0) if 0 in tried or good - step > 0 else -1
+        while good - bad > 1:
+            mid = (good + bad) // 2
+            if fits(mid):
+                good = mid
+            else:
+                bad = mid
+        return tried[good]
 
     def _tokenize(self, text: str) -> list[int]:
         if self._cached and text.startswith(self._cached[0]):
