@@ -343,6 +343,22 @@ def test_chat_settings_validate_and_fill_from_defaults(tmp_path):
         load_defaults(path)
 
 
+@pytest.mark.parametrize("text", ["max_tokens: .inf\n", "k: -.inf\n", "temperature: .nan\n", "threads: 1e400\n"])
+def test_a_settings_value_that_does_not_convert_is_reported_naming_the_file(tmp_path, text):
+    path = tmp_path / "settings.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="settings.yaml.*fix or delete"):
+        load_defaults(path)
+    with pytest.raises(ValueError):
+        ChatSettings.from_dict(yaml.safe_load(text))
+
+
+def test_a_settings_file_that_is_a_directory_is_reported_naming_it(tmp_path):
+    (tmp_path / "settings.yaml").mkdir()
+    with pytest.raises(ValueError, match="settings.yaml.*(directory|not a file)"):
+        load_defaults(tmp_path / "settings.yaml")
+
+
 # -- models ----------------------------------------------------------------------------
 
 async def test_download_progress_cancel_and_finish(store):

@@ -533,8 +533,11 @@ class EdgespecApp(App):
         self._save_settings()
         if result.as_default:
             self.defaults = result.settings
-            path = save_defaults(result.settings, self.defaults_path)
-            self.notify(f"Saved as the default for new chats ({path}).")
+            try:
+                path = save_defaults(result.settings, self.defaults_path)
+                self.notify(f"Saved as the default for new chats ({path}).")
+            except ValueError as e:
+                self.notify(str(e), title="Defaults not saved", severity="error", timeout=10)
         if self.session is not None and not self.generating:
             self.session.params = result.settings.params()
             self._apply_system_prompt()
