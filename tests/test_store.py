@@ -149,6 +149,50 @@ def test_import_refuses_what_is_not_an_export(store):
     assert store.list() == []
 
 
+def _export(**changes):
+    data = {"format": "edgespec.conversation", "version": 1, "title": "T", "settings": {"target": "/m/a.gguf"},
+            "messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "yo", "status": "done", "stats": {"generated_tokens": 2},
+                          "from_draft": [False, True]}]}
+    for key, value in changes.items():
+        if key.startswith("m1_"):
+            data["messages"][1][key[3:]] = value
+        else:
+            data[key] = value
+    return data
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"settings": "x"}, "settings.*object"),
+    ({"settings": {"target": 3}}, "settings.*target"),
+    ({"settings": {"params": "fast"}}, "settings.*params"),
+    ({"settings": {"temperature": "hot"}}, "settings.*temperature"),
+    ({"settings": {"max_tokens": float("inf")}}, "settings.*max_tokens"),
+    ({"title": ["a"]}, "title"),
+    ({"created": 5}, "created"),
+    ({"messages": [{"role": "user", "content": ["parts"]}]}, "Message 0.*content"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}, "Message 1.*system"),
+    ({"m1_status": "finished"}, "Message 1.*status"),
+    ({"m1_stats": "fast"}, "Message 1.*stats"),
+    ({"m1_stats": {"tokens_per_s": "fast"}}, "Message 1.*tokens_per_s"),
+    ({"m1_from_draft": "yes"}, "Message 1.*from_draft"),
+    ({"m1_from_draft": [1, "x"]}, "Message 1.*from_draft"),
+])
+def test_import_validates_everything_before_writing_anything(store, changes, message):
+    store.import_json(_export())  # the document itself is fine
+    with pytest.raises(StoreError, match=message):
+        store.import_json(_export(**changes))
+    assert len(store.list()) == 1
+
+
+def test_conversations_with_settings_of_the_wrong_shape_still_export(store):
+    """Stored by an earlier edgespec that let them in."""
+    cid = store.create(title="old")
+    store._db.execute("UPDATE conversations SET settings = '\"x\"' WHERE id = ?", (cid,))
+    assert store.settings(cid) == {}
+    assert "# old" in store.export_markdown(cid)
+
+
 def test_export_markdown(store):
     cid = _conversation(store)
     md = store.export_markdown(cid)

@@ -11,6 +11,7 @@ database from version i to i + 1, in its own transaction.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -142,7 +143,8 @@ class ConversationStore:
 
     def settings(self, conversation_id: int) -> dict:
         with self._lock:
-            return json.loads(self._require(self._db, conversation_id)[4])
+            settings = json.loads(self._require(self._db, conversation_id)[4])
+        return settings if isinstance(settings, dict) else {}  # an earlier edgespec let other shapes in
 
     def save_settings(self, conversation_id: int, settings: dict) -> None:
         with self._tx() as db:
@@ -199,7 +201,7 @@ class ConversationStore:
             "title": row[1],
             "created": datetime.fromtimestamp(row[2]).astimezone().isoformat(),
             "updated": datetime.fromtimestamp(row[3]).astimezone().isoformat(),
-            "settings": json.loads(row[4]),
+            "settings": self.settings(conversation_id),
             "messages": [
                 {"role": m.role, "content": m.content, "status": m.status, "stats": m.stats,
                  "from_draft": m.from_draft}
@@ -301,12 +303,56 @@ def _message_extras(m: Message) -> tuple[str | None, str | None]:
 
 
 
+_NUMBER, _INT, _TEXT = "a number", "a whole number", "a text"
+SETTINGS_TYPES = {
+    "target": _TEXT, "draft": _TEXT, "template": _TEXT, "system_prompt": _TEXT, "mode": _TEXT,
+    "temperature": _NUMBER, "top_p": _NUMBER, "top_k": _INT, "max_tokens": _INT, "k": _INT,
+    "gpu_layers_target": _INT, "gpu_layers_draft": _INT, "threads": _INT,
+}
+"""What a conversation's settings may hold (the session's and the app's); other keys are kept as they are."""
+PARAMS_TYPES = {
+    "mode": _TEXT, "k": _INT, "temperature": _NUMBER, "top_k": _INT, "top_p": _NUMBER, "seed": _INT,
+    "max_tokens": _INT, "p_min": _NUMBER, "p_draft": _NUMBER,
+}
+"""The generation parameters stored in settings["params"]."""
+STATS_TYPES = {
+    "mode": _TEXT, "drafter": _TEXT, "reason": _TEXT, "stop_reason": _TEXT, "ttft_s": _NUMBER, "decode_s": _NUMBER,
+    "acceptance_rate": _NUMBER, "tokens_per_pass": _NUMBER, "tokens_per_s": _NUMBER,
+    **{name: _INT for name in ("prompt_tokens", "prompt_evaluated", "generated_tokens", "drafted", "accepted",
+                               "target_passes", "k", "dropped_messages")},
+}
+"""A reply's statistics (Stats.to_dict())."""
+
+
+def _check_fields(values, types: dict[str, str], where: str) -> None:
+    """Raise StoreError unless `values` is an object whose known fields (null or) have their type."""
+    if not isinstance(values, dict):
+        raise StoreError(f"{where} must be an object, not {type(values).__name__}.")
+    for name, kind in types.items():
+        value = values.get(name)
+        ok = (value is None or (kind == _TEXT and isinstance(value, str))
+              or (kind == _INT and isinstance(value, int) and not isinstance(value, bool))
+              or (kind == _NUMBER and isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value)))
+        if not ok:
+            raise StoreError(f"{where}: {name} must be {kind}, not {value!r}.")
+
+
 def _validated_messages(data) -> list[Message]:
+    """The messages of an export_json() document, after checking all of it: an
+    import is written whole or not at all, and nothing later trips on its shape."""
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         raise StoreError(f"Not an edgespec conversation export (expected \"format\": \"{EXPORT_FORMAT}\").")
     if not isinstance(data.get("version"), int) or data["version"] > EXPORT_VERSION:
         raise StoreError(f"This export has version {data.get('version')!r}; this edgespec reads up to "
                          f"{EXPORT_VERSION}. Upgrade edgespec to import it.")
+    for key in ("title", "created", "updated"):
+        if not isinstance(data.get(key), (str, type(None))):
+            raise StoreError(f"The export's {key} must be a text, not {data[key]!r}.")
+    settings = data.get("settings") or {}
+    _check_fields(settings, SETTINGS_TYPES, "The export's settings")
+    if settings.get("params") is not None:
+        _check_fields(settings["params"], PARAMS_TYPES, "The export's settings: params")
     raw = data.get("messages")
     if not isinstance(raw, list):
         raise StoreError("The export has no \"messages\" list.")
@@ -314,12 +360,17 @@ def _validated_messages(data) -> list[Message]:
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise StoreError(f"Message {i} of the export needs a role ({', '.join(ROLES)}) and a text content.")
-        status = m.get("status", "done")
-        origins = m.get("from_draft")
-        messages.append(Message(
-            m["role"], m["content"], status=status if status in STATUSES else "done",
-            stats=m.get("stats") if isinstance(m.get("stats"), dict) else None,
-            from_draft=[bool(x) for x in origins] if isinstance(origins, list) else None))
+        if m["role"] == "system" and i > 0:
+            raise StoreError(f"Message {i} of the export is a system message; only the first message may be one.")
+        status, stats, origins = m.get("status", "done"), m.get("stats"), m.get("from_draft")
+        if status not in STATUSES:
+            raise StoreError(f"Message {i} of the export has status {status!r}; expected one of {', '.join(STATUSES)}.")
+        if stats is not None:
+            _check_fields(stats, STATS_TYPES, f"Message {i} of the export: stats")
+        if origins is not None and not (isinstance(origins, list) and all(x in (0, 1) for x in origins)):
+            raise StoreError(f"Message {i} of the export: from_draft must be a list of true/false, one per token.")
+        messages.append(Message(m["role"], m["content"], status=status, stats=stats,
+                                from_draft=[bool(x) for x in origins] if origins is not None else None))
     return messages
 
 
