@@ -523,10 +523,10 @@ def _add_chat_commands(sub) -> None:
 def _cmd_chat(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from edgespec.chat import ChatSession, ConversationStore
+    from edgespec.chat import ChatSession
 
     params = params_from_args(args)
-    store = ConversationStore()
+    store = _open_store()
     cid = None if args.new else (args.conversation or store.latest())
     stored = store.settings(cid) if cid is not None else {}
     if not (args.pair or args.target) and stored.get("target") and Path(stored["target"]).exists():
@@ -552,6 +552,16 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_store():
+    """The conversation store; what opening it needed telling (a damaged file moved aside) goes to stderr."""
+    from edgespec.chat import ConversationStore
+
+    store = ConversationStore()
+    if store.notice:
+        _note(store.notice)
+    return store
+
+
 def _stdin_lines():
     while True:
         if sys.stdin.isatty():
@@ -564,10 +574,8 @@ def _stdin_lines():
 
 
 def _cmd_chats(args: argparse.Namespace) -> int:
-    from edgespec.chat import ConversationStore
-
     rows = [[str(c.id), f"{c.updated:%Y-%m-%d %H:%M}", str(c.n_messages), c.title]
-            for c in ConversationStore().list(search=args.search)]
+            for c in _open_store().list(search=args.search)]
     if rows:
         _print_table(["id", "updated", "messages", "title"], rows)
     else:
@@ -578,15 +586,16 @@ def _cmd_chats(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from edgespec.chat import ConversationStore
-
-    store = ConversationStore()
+    store = _open_store()
     if args.format == "json":
         text = json.dumps(store.export_json(args.id), ensure_ascii=False, indent=2) + "\n"
     else:
         text = store.export_markdown(args.id)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise EdgespecError(f"cannot write {args.output}: {e.strerror or e}") from None
     else:
         sys.stdout.write(text)
     return 0
@@ -595,13 +604,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_import(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from edgespec.chat import ConversationStore, StoreError
+    from edgespec.chat import StoreError
 
     try:
         data = json.loads(Path(args.file).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise StoreError(f"cannot read {args.file}: {e}") from None
-    print(f"imported as conversation {ConversationStore().import_json(data)}")
+    print(f"imported as conversation {_open_store().import_json(data)}")
     return 0
 
 

@@ -91,14 +91,64 @@ class ConversationStore:
     """Conversations and their messages. Safe to share between threads."""
 
     def __init__(self, path: str | Path | None = None):
+        """Open (or create) the store. A damaged file is never deleted: it is moved
+        aside under a dated name and a fresh one started (see `notice`). Raises
+        StoreError, naming the file and what to do, when it cannot be opened."""
         self.path = Path(path) if path is not None else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = NORMAL")  # in WAL mode: durable across app crashes
-        self._db.execute("PRAGMA foreign_keys = ON")
-        self._migrate()
+        self.moved_aside: Path | None = None
+        """Where a damaged database found at `path` was moved to, if one was."""
+        self.notice = ""
+        """What the faces should tell the user about opening the store (a damaged file moved aside)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"Cannot create the folder of {self.path}: {e.strerror or e}. Make it writable, or "
+                             f"set EDGESPEC_HOME to a folder you can write.") from None
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as e:
+            if getattr(e, "sqlite_errorcode", None) not in (SQLITE_CORRUPT, SQLITE_NOTADB):
+                raise _store_error(self.path, e) from e
+            self.moved_aside = self._move_aside()
+            self.notice = (f"{self.path} was damaged ({e}); it was kept as {self.moved_aside} and a fresh one "
+                           "started. `sqlite3 OLD .recover | sqlite3 NEW` may salvage its conversations.")
+            try:
+                self._db = self._open()
+            except sqlite3.Error as e2:
+                raise _store_error(self.path, e2) from e2
+
+    def _open(self) -> sqlite3.Connection:
+        """Connect, check the file is sound (quick_check: one read of every page) and migrate."""
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = NORMAL")  # in WAL mode: durable across app crashes
+            db.execute("PRAGMA foreign_keys = ON")
+            problems = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if problems != "ok":
+                error = sqlite3.DatabaseError(f"integrity check: {problems}")
+                error.sqlite_errorcode = SQLITE_CORRUPT
+                raise error
+            self._db = db
+            self._migrate()
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _move_aside(self) -> Path:
+        """Rename the damaged database (and its WAL files) to `<name>.damaged-<date>`."""
+        aside = self.path.with_name(f"{self.path.name}.damaged-{datetime.now():%Y%m%d-%H%M%S}")
+        try:
+            for suffix in ("", "-wal", "-shm"):
+                part = self.path.with_name(self.path.name + suffix)
+                if part.exists():
+                    part.rename(aside.with_name(aside.name + suffix))
+        except OSError as e:
+            raise StoreError(f"{self.path} is damaged and could not be moved aside ({e.strerror or e}). Move it "
+                             f"away yourself (keep it: `sqlite3 FILE .recover` may salvage it) and start again.") from None
+        return aside
 
     # -- conversations -----------------------------------------------------------------
     def create(self, *, title: str = "New chat", settings: dict | None = None) -> int:
@@ -120,15 +170,15 @@ class ConversationStore:
             sql += (" WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m "
                     "WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\')")
             args = (pattern,)
-        with self._lock:
-            rows = self._db.execute(sql + " ORDER BY c.updated DESC, c.id DESC", args).fetchall()
+        with self._reading() as db:
+            rows = db.execute(sql + " ORDER BY c.updated DESC, c.id DESC", args).fetchall()
         return [ConversationInfo(r[0], r[1], datetime.fromtimestamp(r[2]), datetime.fromtimestamp(r[3]), r[4])
                 for r in rows]
 
     def latest(self) -> int | None:
         """The most recently updated conversation's id, or None when there is none."""
-        with self._lock:
-            row = self._db.execute("SELECT id FROM conversations ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
+        with self._reading() as db:
+            row = db.execute("SELECT id FROM conversations ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
         return row[0] if row else None
 
     def rename(self, conversation_id: int, title: str) -> None:
@@ -142,8 +192,8 @@ class ConversationStore:
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     def settings(self, conversation_id: int) -> dict:
-        with self._lock:
-            settings = json.loads(self._require(self._db, conversation_id)[4])
+        with self._reading() as db:
+            settings = json.loads(self._require(db, conversation_id)[4])
         return settings if isinstance(settings, dict) else {}  # an earlier edgespec let other shapes in
 
     def save_settings(self, conversation_id: int, settings: dict) -> None:
@@ -153,9 +203,9 @@ class ConversationStore:
 
     # -- messages ----------------------------------------------------------------------
     def messages(self, conversation_id: int) -> list[Message]:
-        with self._lock:
-            self._require(self._db, conversation_id)
-            rows = self._db.execute(
+        with self._reading() as db:
+            self._require(db, conversation_id)
+            rows = db.execute(
                 "SELECT id, role, content, status, stats, from_draft FROM messages "
                 "WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
         return [Message(role, content, id=mid, status=status, stats=json.loads(stats) if stats else None,
@@ -193,8 +243,8 @@ class ConversationStore:
 
     # -- export / import ---------------------------------------------------------------
     def export_json(self, conversation_id: int) -> dict:
-        with self._lock:
-            row = self._require(self._db, conversation_id)
+        with self._reading() as db:
+            row = self._require(db, conversation_id)
         return {
             "format": EXPORT_FORMAT,
             "version": EXPORT_VERSION,
@@ -243,8 +293,8 @@ class ConversationStore:
 
     # -- plumbing ----------------------------------------------------------------------
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        with self._reading() as db:
+            db.close()
 
     def __enter__(self):
         return self
@@ -254,20 +304,30 @@ class ConversationStore:
 
     @property
     def schema_version(self) -> int:
-        with self._lock:
-            return self._db.execute("PRAGMA user_version").fetchone()[0]
+        with self._reading() as db:
+            return db.execute("PRAGMA user_version").fetchone()[0]
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction: everything in the block is stored, or nothing."""
+        with self._reading() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The connection, to one thread at a time; SQLite's errors become StoreErrors for people."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+            except sqlite3.Error as e:
+                raise _store_error(self.path, e) from e
 
     def _require(self, db: sqlite3.Connection, conversation_id: int) -> tuple:
         row = db.execute("SELECT id, title, created, updated, settings FROM conversations WHERE id = ?",
@@ -290,6 +350,31 @@ class ConversationStore:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise StoreError(f"Could not upgrade {self.path} to schema version {target}: {e}") from e
+
+
+SQLITE_PERM, SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR, SQLITE_CORRUPT, SQLITE_FULL, \
+    SQLITE_CANTOPEN, SQLITE_NOTADB = 3, 5, 6, 8, 10, 11, 13, 14, 26
+"""SQLite's primary result codes (sqlite3.Error.sqlite_errorcode, extended codes reduced by & 0xFF)."""
+
+
+def _store_error(path: Path, e: sqlite3.Error) -> StoreError:
+    """A StoreError that names the file and says what to do about `e`."""
+    code = (getattr(e, "sqlite_errorcode", None) or 0) & 0xFF
+    if code in (SQLITE_READONLY, SQLITE_PERM, SQLITE_CANTOPEN):
+        what = (f"{path} is read-only or cannot be written ({e}). Make it and its folder writable, or set "
+                f"EDGESPEC_HOME to a folder you can write.")
+    elif code == SQLITE_FULL:
+        what = f"{path}: the disk is full ({e}). Free some space and try again; what was stored is kept."
+    elif code in (SQLITE_CORRUPT, SQLITE_NOTADB):
+        what = (f"{path} is damaged ({e}). Restart edgespec: it keeps the damaged file aside under a dated name "
+                f"and starts a fresh one.")
+    elif code in (SQLITE_BUSY, SQLITE_LOCKED):
+        what = f"{path} is locked by another program ({e}). Close it and try again."
+    elif code == SQLITE_IOERR:
+        what = f"{path}: the disk could not be read or written ({e}). Check the disk and free space, then try again."
+    else:
+        what = f"{path}: {e}"
+    return StoreError(what)
 
 
 def _dumps(value) -> str:
