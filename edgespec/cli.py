@@ -537,7 +537,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     with load_engine(args, progress=_stderr_progress()) as engine:
         name = Path(engine.describe()["models"]["target"]["path"]).name
         session = ChatSession(engine, store=store, conversation_id=cid, system_prompt=args.system,
-                              params=params, template=template, model_name=name)
+                              params=params, template=template, model_name=name,
+                              on_wait=lambda: _note("another edgespec is replying in this conversation; waiting for "
+                                                    "its reply to finish (Ctrl+C gives up)"))
         for text in [args.once] if args.once is not None else _stdin_lines():
             last = None
             for last in session.send(text):

@@ -368,3 +368,46 @@ def test_a_conversation_that_fits_is_rendered_once_per_turn(monkeypatch, store):
     for text in ("two", "three"):
         _run(chat.send(text))
     assert windows == [14, 16]
+
+
+# -- two processes on one conversation: the second waits for the first's reply ----------
+
+def test_a_second_writer_waits_for_the_reply_in_progress_and_then_sees_it(tmp_path):
+    import threading
+
+    first_store, second_store = ConversationStore(tmp_path / "c.db"), ConversationStore(tmp_path / "c.db")
+    cid = first_store.import_json({"format": "edgespec.conversation", "version": 1,
+                                   "messages": [{"role": "user", "content": "Hello"},
+                                                {"role": "assistant", "content": "Hi"}]})
+    first = ChatSession(FakeEngine(reply=lambda p: "first answer", delay_s=0.01), store=first_store,
+                        conversation_id=cid, template="chatml")
+    waited = []
+    second_engine = FakeEngine(reply=lambda p: "second answer")
+    second = ChatSession(second_engine, store=second_store, conversation_id=cid, template="chatml",
+                         on_wait=lambda: waited.append(True))
+    streaming = threading.Event()
+
+    def reply_first():
+        for chunk in first.send("one"):
+            streaming.set()
+
+    writer = threading.Thread(target=reply_first)
+    writer.start()
+    assert streaming.wait(5)
+    reply, _ = _run(second.send("two"))  # while the first is still streaming
+    writer.join(5)
+    assert waited == [True] and reply == "second answer"
+    prompt = second_engine.detokenize(second_engine.prompts[-1])
+    assert "user\none<|im_end|>\n<|im_start|>assistant\nfirst answer<|im_end|>\n<|im_start|>user\ntwo" in prompt
+    stored = first_store.messages(cid)
+    assert [(m.content, m.status) for m in stored[2:]] == [
+        ("one", "done"), ("first answer", "done"), ("two", "done"), ("second answer", "done")]
+
+
+def test_a_free_conversation_is_not_waited_for(store):
+    waited = []
+    chat = ChatSession(FakeEngine(), store=store, template="chatml", on_wait=lambda: waited.append(True))
+    for text in ("a", "b"):
+        _run(chat.send(text))
+    _run(chat.regenerate())
+    assert waited == []

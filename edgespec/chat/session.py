@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from edgespec.chat.store import ConversationStore, Message
 from edgespec.chat.template import chat_template
@@ -47,11 +47,15 @@ class ChatSession:
 
     def __init__(self, engine, *, store: ConversationStore | None = None, conversation_id: int | None = None,
                  system_prompt: str | None = None, params: GenerationParams | None = None,
-                 template: str | None = None, model_name: str = "the model"):
+                 template: str | None = None, model_name: str = "the model",
+                 on_wait: Callable[[], None] | None = None):
         """`template`: a built-in format's name (or Jinja source) to use instead of the
         model's own; required when the GGUF has none. `system_prompt` starts new
-        conversations. Raises TemplateError when there is no usable template."""
+        conversations. `on_wait` is called when a turn has to wait for another
+        process replying in the same conversation. Raises TemplateError when there
+        is no usable template."""
         self.engine = engine
+        self.on_wait = on_wait
         self.store = store
         self.params = params or GenerationParams()
         self.template = chat_template(engine, template=template, model=model_name)
@@ -87,23 +91,43 @@ class ChatSession:
     # -- turns -------------------------------------------------------------------------
     def send(self, text: str) -> Iterator[Chunk]:
         """Append a user message and stream the reply."""
-        candidate = [*self.messages, Message("user", text)]
-        prompt = self._fit(candidate, self._dropped)
-        self.messages = candidate
-        yield from self._reply(prompt)
+        with self._turn():
+            candidate = [*self.messages, Message("user", text)]
+            prompt = self._fit(candidate, self._dropped)
+            self.messages = candidate
+            yield from self._reply(prompt)
 
     def regenerate(self) -> Iterator[Chunk]:
         """Drop the last assistant reply (if any) and reply to the last user message again."""
-        keep = self.messages[:-1] if self.messages and self.messages[-1].role == "assistant" else self.messages
-        if not keep or keep[-1].role != "user":
-            raise ValueError("regenerate() needs a conversation that ends with a user message")
-        prompt = self._fit(keep, self._dropped)
-        self._forget(self.messages[len(keep):])
-        self.messages = list(keep)
-        yield from self._reply(prompt)
+        with self._turn():
+            keep = self.messages[:-1] if self.messages and self.messages[-1].role == "assistant" else self.messages
+            if not keep or keep[-1].role != "user":
+                raise ValueError("regenerate() needs a conversation that ends with a user message")
+            prompt = self._fit(keep, self._dropped)
+            self._forget(self.messages[len(keep):])
+            self.messages = list(keep)
+            yield from self._reply(prompt)
 
     def edit(self, index: int, text: str) -> Iterator[Chunk]:
         """Replace user message `index`, drop every message after it, and reply."""
+        with self._turn():
+            yield from self._edit(index, text)
+
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """One turn holds its stored conversation (another process replying there is
+        waited for), and starts from what is stored: messages another process added
+        meanwhile are read, so that the prompt holds finished turns only."""
+        if self.store is None or self.conversation_id is None:
+            yield
+            return
+        with self.store.reply_lock(self.conversation_id, on_wait=self.on_wait):
+            ours = max((m.id for m in self.messages if m.id is not None), default=None)
+            if self.store.last_message_id(self.conversation_id) != ours:
+                self.load(self.conversation_id)
+            yield
+
+    def _edit(self, index: int, text: str) -> Iterator[Chunk]:
         old = self.messages[index]
         if old.role != "user":
             raise ValueError(f"message {index} is a {old.role} message; only user messages can be edited")

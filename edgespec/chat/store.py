@@ -19,7 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
+
+from filelock import FileLock, Timeout
 
 from edgespec.engine.events import stats_line
 from edgespec.errors import EdgespecError
@@ -240,6 +242,37 @@ class ConversationStore:
         """Delete message `message_id` and every later message of the conversation."""
         with self._tx() as db:
             db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (conversation_id, message_id))
+
+    def last_message_id(self, conversation_id: int) -> int | None:
+        """The id of the conversation's latest message (None: it has none)."""
+        with self._reading() as db:
+            return db.execute("SELECT MAX(id) FROM messages WHERE conversation_id = ?", (conversation_id,)).fetchone()[0]
+
+    @contextmanager
+    def reply_lock(self, conversation_id: int, *, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+        """Hold conversation `conversation_id` for one turn, across processes: a
+        second process answering in it waits here until the first one's reply is
+        stored (calling `on_wait` once, when it has to wait), so that its prompt
+        holds that reply rather than a half-written one."""
+        if str(self.path) == ":memory:":  # no other process can see it
+            yield
+            return
+        folder = self.path.with_name(self.path.name + ".locks")
+        try:
+            folder.mkdir(exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"Cannot create {folder}: {e.strerror or e}. Make {self.path.parent} writable.") from None
+        lock = FileLock(folder / f"{conversation_id}.lock", thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            if on_wait is not None:
+                on_wait()
+            lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
 
     # -- export / import ---------------------------------------------------------------
     def export_json(self, conversation_id: int) -> dict:
