@@ -3,7 +3,7 @@
 import pytest
 from tests.fakes import FakeEngine
 
-from edgespec.chat import ChatSession, ConversationStore, Message
+from edgespec.chat import ChatSession, ConversationStore
 from edgespec.engine.events import GenerationParams
 from edgespec.errors import ContextFullError, TemplateError
 
