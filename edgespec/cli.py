@@ -113,6 +113,11 @@ def _context_size(text: str) -> int:
     return n
 
 
+def add_template_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--template", metavar="FORMAT", help="chat format for a model whose GGUF has no template "
+                   "(chatml, llama3, gemma, plain)")
+
+
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
     g.add_argument("--mode", choices=MODES, default="auto",
@@ -129,10 +134,47 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 
 def params_from_args(args: argparse.Namespace) -> GenerationParams:
-    return GenerationParams(
+    """The generation parameters, checked as the engine checks them (so that a bad
+    value is refused before the models load). A k above what one verify pass
+    holds is lowered to that, with a note."""
+    from edgespec.engine.runtime import FAST_MAX_BATCH
+    from edgespec.engine.sampling import check_params
+
+    params = GenerationParams(
         mode=args.mode, k=args.k, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop),
     )
+    check_params(params)
+    if params.k > FAST_MAX_BATCH - 1:
+        _note(f"--k {params.k}: one verify pass holds at most {FAST_MAX_BATCH - 1} drafted tokens; "
+              f"using {FAST_MAX_BATCH - 1}")
+        params.k = FAST_MAX_BATCH - 1
+    return params
+
+
+def check_model_options(args: argparse.Namespace) -> None:
+    """Check how the models are to run before loading them: threads within the
+    cores (more are lowered, with a note), and GPU layers on a build that has a
+    GPU backend (else a note, once: everything runs on the CPU)."""
+    import os
+
+    from edgespec.llama import system_info
+
+    cores = os.cpu_count() or 1
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1 (leave it out to use all {cores} cores), got {args.threads}")
+    if args.threads is not None and args.threads > cores:
+        _note(f"--threads {args.threads}: this machine has {cores} cores; using {cores}")
+        args.threads = cores
+    if (args.n_gpu_layers or args.n_gpu_layers_draft) and not system_info()["gpu_offload"]:
+        _note("this llama.cpp build has no GPU backend, so --n-gpu-layers is ignored and the models run on "
+              "the CPU. To use the GPU, rebuild llama-cpp-python for it (README, \"Installing for your "
+              "hardware\"): CMAKE_ARGS=\"-DGGML_METAL=on\" (Apple Silicon) or CMAKE_ARGS=\"-DGGML_CUDA=on\" "
+              "(NVIDIA) pip install --force-reinstall --no-cache-dir llama-cpp-python")
+
+
+def _note(text: str) -> None:
+    print(f"edgespec: note: {text}", file=sys.stderr)
 
 
 def load_engine(args: argparse.Namespace, *, progress=None):
@@ -140,6 +182,7 @@ def load_engine(args: argparse.Namespace, *, progress=None):
     from edgespec.engine.runtime import Engine, ModelSettings
     from edgespec.models.fetch import resolve_model, resolve_pair
 
+    check_model_options(args)
     if args.target:
         target = resolve_model(args.target, progress=progress)
         draft = resolve_model(args.draft, progress=progress) if args.draft else None
@@ -165,6 +208,7 @@ def _add_generate(sub) -> None:
     p.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
     add_model_options(p)
     add_sampling_options(p)
+    add_template_option(p)
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is the model's input")
     p.add_argument("--system", metavar="TEXT", help="a system message (ignored with --raw)")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, tokens, flags, statistics")
@@ -172,12 +216,12 @@ def _add_generate(sub) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    prompt = args.prompt if args.prompt is not None else _read_stdin()
     if not prompt.strip():
         raise EdgespecError("the prompt is empty: pass it as an argument or on stdin")
     params = params_from_args(args)
     with load_engine(args, progress=_stderr_progress()) as engine:
-        tokens, stops = _prompt_tokens(engine, prompt, raw=args.raw, system=args.system)
+        tokens, stops = _prompt_tokens(engine, prompt, raw=args.raw, system=args.system, template=args.template)
         params.stop += stops
         text, ids, flags, last = [], [], [], None
         chunks = engine.generate(tokens, params)
@@ -203,6 +247,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print(file=sys.stdout)
         print(format_stats(stats), file=sys.stderr)
     return 0
+
+
+def _read_stdin() -> str:
+    """stdin as UTF-8; bytes that are not UTF-8 become U+FFFD, with a note naming the first."""
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        _note(f"stdin is not valid UTF-8 (first bad byte at byte {e.start}); invalid bytes were replaced by U+FFFD")
+        return data.decode("utf-8", errors="replace")
 
 
 # -- bench -------------------------------------------------------------------
@@ -246,7 +300,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         try:
             results = bench.run_suite(
                 engine, prompts, modes=modes, repeats=args.repeats, params=params, baseline=baseline,
-                encode=lambda text: _prompt_tokens(engine, text, raw=False, system=None)[0],
+                encode=lambda text: _prompt_tokens(engine, text, raw=False, system=None, template=None)[0],
                 on_result=lambda table: print(table, flush=True),
             )
         finally:
@@ -263,13 +317,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prompt_tokens(engine, prompt: str, *, raw: bool, system: str | None) -> tuple[list[int], tuple[str, ...]]:
-    """The model's input for a one-message chat (or the raw prompt), and the template's stop strings."""
+def _prompt_tokens(engine, prompt: str, *, raw: bool, system: str | None,
+                   template: str | None) -> tuple[list[int], tuple[str, ...]]:
+    """The model's input for a one-message chat (or the raw prompt), and the template's stop strings.
+    `template`: a built-in format's name instead of the GGUF's own."""
     if raw:
         return engine.tokenize(prompt, add_bos=True, special=False), ()
     from edgespec.chat.template import chat_template
 
-    template = chat_template(engine)
+    template = chat_template(engine, template=template)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     text = template.render(messages)
     add_bos = not (template.bos_token and text.startswith(template.bos_token))
@@ -284,6 +340,8 @@ def format_stats(stats) -> str:
         parts.append(f"first token {stats.ttft_s * 1000:.0f} ms")
     if stats.reason and stats.mode == "auto":
         parts.append(f"last choice: {stats.reason}")
+    elif stats.reason and stats.mode != "plain" and stats.drafter == "none":
+        parts.append(stats.reason)  # a speculative mode that did not speculate says why
     return "[" + " · ".join(parts) + "]"
 
 
@@ -468,8 +526,7 @@ def _add_chat_commands(sub) -> None:
     p.add_argument("--conversation", type=int, metavar="ID", help="conversation to continue (see `edgespec chats`)")
     p.add_argument("--new", action="store_true", help="start a new conversation")
     p.add_argument("--system", metavar="TEXT", help="system prompt of a new conversation")
-    p.add_argument("--template", metavar="FORMAT", help="chat format for a model whose GGUF has no template "
-                   "(chatml, llama3, gemma, plain)")
+    add_template_option(p)
     p.add_argument("--stats", action="store_true", help="print each reply's statistics to stderr")
     add_model_options(p)
     add_sampling_options(p)
@@ -493,9 +550,10 @@ def _add_chat_commands(sub) -> None:
 def _cmd_chat(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from edgespec.chat import ChatSession, ConversationStore
+    from edgespec.chat import ChatSession
 
-    store = ConversationStore()
+    params = params_from_args(args)
+    store = _open_store()
     cid = None if args.new else (args.conversation or store.latest())
     stored = store.settings(cid) if cid is not None else {}
     if not (args.pair or args.target) and stored.get("target") and Path(stored["target"]).exists():
@@ -506,7 +564,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     with load_engine(args, progress=_stderr_progress()) as engine:
         name = Path(engine.describe()["models"]["target"]["path"]).name
         session = ChatSession(engine, store=store, conversation_id=cid, system_prompt=args.system,
-                              params=params_from_args(args), template=template, model_name=name)
+                              params=params, template=template, model_name=name,
+                              on_wait=lambda: _note("another edgespec is replying in this conversation; waiting for "
+                                                    "its reply to finish (Ctrl+C gives up)"))
         for text in [args.once] if args.once is not None else _stdin_lines():
             last = None
             for last in session.send(text):
@@ -521,6 +581,16 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_store():
+    """The conversation store; what opening it needed telling (a damaged file moved aside) goes to stderr."""
+    from edgespec.chat import ConversationStore
+
+    store = ConversationStore()
+    if store.notice:
+        _note(store.notice)
+    return store
+
+
 def _stdin_lines():
     while True:
         if sys.stdin.isatty():
@@ -533,10 +603,8 @@ def _stdin_lines():
 
 
 def _cmd_chats(args: argparse.Namespace) -> int:
-    from edgespec.chat import ConversationStore
-
     rows = [[str(c.id), f"{c.updated:%Y-%m-%d %H:%M}", str(c.n_messages), c.title]
-            for c in ConversationStore().list(search=args.search)]
+            for c in _open_store().list(search=args.search)]
     if rows:
         _print_table(["id", "updated", "messages", "title"], rows)
     else:
@@ -547,15 +615,16 @@ def _cmd_chats(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from edgespec.chat import ConversationStore
-
-    store = ConversationStore()
+    store = _open_store()
     if args.format == "json":
         text = json.dumps(store.export_json(args.id), ensure_ascii=False, indent=2) + "\n"
     else:
         text = store.export_markdown(args.id)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise EdgespecError(f"cannot write {args.output}: {e.strerror or e}") from None
     else:
         sys.stdout.write(text)
     return 0
@@ -564,13 +633,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_import(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from edgespec.chat import ConversationStore, StoreError
+    from edgespec.chat import StoreError
 
     try:
         data = json.loads(Path(args.file).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise StoreError(f"cannot read {args.file}: {e}") from None
-    print(f"imported as conversation {ConversationStore().import_json(data)}")
+    print(f"imported as conversation {_open_store().import_json(data)}")
     return 0
 
 

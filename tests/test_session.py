@@ -316,3 +316,98 @@ def test_real_model_edit_and_regenerate_reuse_the_cache_up_to_the_change(smol):
     _, stats = _run(chat.edit(3, "Name a vegetable."))
     assert stats.prompt_evaluated <= stats.prompt_tokens - first.prompt_tokens
     assert [m.content for m in chat.messages if m.role == "user"] == ["Name a fruit.", "Name a vegetable."]
+
+
+# -- long conversations: fitting costs a few small renders, not one per dropped turn -----
+
+def _counting_renders(monkeypatch) -> list[int]:
+    """Messages in each render of a chat template, in order."""
+    from edgespec.chat.template import ChatTemplate
+
+    windows: list[int] = []
+    render = ChatTemplate.render
+
+    def counting(self, messages, **kwargs):
+        windows.append(len(messages))
+        return render(self, messages, **kwargs)
+
+    monkeypatch.setattr(ChatTemplate, "render", counting)
+    return windows
+
+
+def _long_chat(store, n: int, *, n_ctx: int = 2048) -> ChatSession:
+    """A stored conversation of a system prompt and `n` messages, opened in a session."""
+    messages = [{"role": "system", "content": "SYSTEM"}] + [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(n)]
+    cid = store.import_json({"format": "edgespec.conversation", "version": 1, "messages": messages})
+    return ChatSession(FakeEngine(n_ctx=n_ctx), store=store, conversation_id=cid, template="chatml",
+                       params=GenerationParams(max_tokens=64))
+
+
+@pytest.mark.parametrize("n", [1_000, 10_000])
+def test_a_long_conversation_is_fitted_with_a_few_renders_of_about_the_window(monkeypatch, store, n):
+    chat = _long_chat(store, n)
+    windows = _counting_renders(monkeypatch)
+    _, stats = _run(chat.send("next"))
+    kept = n + 1 - stats.dropped_messages  # turns in the prompt, plus the system prompt
+    assert 0 < stats.dropped_messages < n
+    assert len(windows) <= 24
+    assert max(windows) <= 2 * kept + 2 and sum(windows) <= 16 * kept
+    # the window is the longest that fits: two more turns (a user turn and its reply) would not
+    prompt = chat.messages[:1] + chat.messages[1 + stats.dropped_messages - 2:-1]
+    text = chat.template.render([{"role": m.role, "content": m.content} for m in prompt])
+    assert len(chat.engine.tokenize(text, add_bos=True)) + 64 > 2048
+
+
+def test_a_conversation_that_fits_is_rendered_once_per_turn(monkeypatch, store):
+    chat = _long_chat(store, 10)
+    windows = _counting_renders(monkeypatch)
+    _run(chat.send("one"))  # just opened: where to cut is not known yet
+    assert len(windows) <= 6 and max(windows) == 12
+    del windows[:]
+    for text in ("two", "three"):
+        _run(chat.send(text))
+    assert windows == [14, 16]
+
+
+# -- two processes on one conversation: the second waits for the first's reply ----------
+
+def test_a_second_writer_waits_for_the_reply_in_progress_and_then_sees_it(tmp_path):
+    import threading
+
+    first_store, second_store = ConversationStore(tmp_path / "c.db"), ConversationStore(tmp_path / "c.db")
+    cid = first_store.import_json({"format": "edgespec.conversation", "version": 1,
+                                   "messages": [{"role": "user", "content": "Hello"},
+                                                {"role": "assistant", "content": "Hi"}]})
+    first = ChatSession(FakeEngine(reply=lambda p: "first answer", delay_s=0.01), store=first_store,
+                        conversation_id=cid, template="chatml")
+    waited = []
+    second_engine = FakeEngine(reply=lambda p: "second answer")
+    second = ChatSession(second_engine, store=second_store, conversation_id=cid, template="chatml",
+                         on_wait=lambda: waited.append(True))
+    streaming = threading.Event()
+
+    def reply_first():
+        for chunk in first.send("one"):
+            streaming.set()
+
+    writer = threading.Thread(target=reply_first)
+    writer.start()
+    assert streaming.wait(5)
+    reply, _ = _run(second.send("two"))  # while the first is still streaming
+    writer.join(5)
+    assert waited == [True] and reply == "second answer"
+    prompt = second_engine.detokenize(second_engine.prompts[-1])
+    assert "user\none<|im_end|>\n<|im_start|>assistant\nfirst answer<|im_end|>\n<|im_start|>user\ntwo" in prompt
+    stored = first_store.messages(cid)
+    assert [(m.content, m.status) for m in stored[2:]] == [
+        ("one", "done"), ("first answer", "done"), ("two", "done"), ("second answer", "done")]
+
+
+def test_a_free_conversation_is_not_waited_for(store):
+    waited = []
+    chat = ChatSession(FakeEngine(), store=store, template="chatml", on_wait=lambda: waited.append(True))
+    for text in ("a", "b"):
+        _run(chat.send(text))
+    _run(chat.regenerate())
+    assert waited == []

@@ -149,6 +149,50 @@ def test_import_refuses_what_is_not_an_export(store):
     assert store.list() == []
 
 
+def _export(**changes):
+    data = {"format": "edgespec.conversation", "version": 1, "title": "T", "settings": {"target": "/m/a.gguf"},
+            "messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "yo", "status": "done", "stats": {"generated_tokens": 2},
+                          "from_draft": [False, True]}]}
+    for key, value in changes.items():
+        if key.startswith("m1_"):
+            data["messages"][1][key[3:]] = value
+        else:
+            data[key] = value
+    return data
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"settings": "x"}, "settings.*object"),
+    ({"settings": {"target": 3}}, "settings.*target"),
+    ({"settings": {"params": "fast"}}, "settings.*params"),
+    ({"settings": {"temperature": "hot"}}, "settings.*temperature"),
+    ({"settings": {"max_tokens": float("inf")}}, "settings.*max_tokens"),
+    ({"title": ["a"]}, "title"),
+    ({"created": 5}, "created"),
+    ({"messages": [{"role": "user", "content": ["parts"]}]}, "Message 0.*content"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}, "Message 1.*system"),
+    ({"m1_status": "finished"}, "Message 1.*status"),
+    ({"m1_stats": "fast"}, "Message 1.*stats"),
+    ({"m1_stats": {"tokens_per_s": "fast"}}, "Message 1.*tokens_per_s"),
+    ({"m1_from_draft": "yes"}, "Message 1.*from_draft"),
+    ({"m1_from_draft": [1, "x"]}, "Message 1.*from_draft"),
+])
+def test_import_validates_everything_before_writing_anything(store, changes, message):
+    store.import_json(_export())  # the document itself is fine
+    with pytest.raises(StoreError, match=message):
+        store.import_json(_export(**changes))
+    assert len(store.list()) == 1
+
+
+def test_conversations_with_settings_of_the_wrong_shape_still_export(store):
+    """Stored by an earlier edgespec that let them in."""
+    cid = store.create(title="old")
+    store._db.execute("UPDATE conversations SET settings = '\"x\"' WHERE id = ?", (cid,))
+    assert store.settings(cid) == {}
+    assert "# old" in store.export_markdown(cid)
+
+
 def test_export_markdown(store):
     cid = _conversation(store)
     md = store.export_markdown(cid)
@@ -221,3 +265,65 @@ def test_cli_chats_export_import(tmp_path, monkeypatch, capsys):
     (tmp_path / "bad.json").write_text("{not json")
     assert main(["import", str(tmp_path / "bad.json")]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+# -- a damaged, read-only or full database: messages, not tracebacks ----------------------
+
+def _damage(path: Path, how: str) -> bytes:
+    """Write a store of three conversations at `path`, then damage it; returns the damaged bytes."""
+    with ConversationStore(path) as s:
+        for i in range(3):
+            cid = s.create(title=f"chat {i}")
+            for _ in range(100):
+                s.append(cid, Message("user", "x" * 200))
+    with open(path, "r+b") as f:
+        if how == "header":
+            f.write(b"not a database at all" * 4)
+        else:  # a page in the middle, zeroed
+            f.seek(4096 * 3)
+            f.write(b"\0" * 4096)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("how", ["header", "page"])
+def test_a_damaged_database_is_kept_aside_under_a_dated_name_and_a_fresh_one_started(tmp_path, how):
+    path = tmp_path / "conversations.db"
+    damaged = _damage(path, how)
+    with ConversationStore(path) as s:
+        assert s.list() == [] and s.create(title="new") == 1
+        kept = s.moved_aside
+        assert kept is not None and kept.parent == tmp_path and kept.name.startswith("conversations.db.damaged-")
+        assert str(path) in s.notice and str(kept) in s.notice
+    assert kept.read_bytes() == damaged  # kept as it was, never deleted
+    with ConversationStore(path) as s:  # the fresh one is fine: nothing more is moved
+        assert [c.title for c in s.list()] == ["new"] and s.moved_aside is None
+
+
+def test_a_read_only_database_is_a_store_error_naming_the_file(store):
+    cid = store.create(title="t")
+    store._db.execute("PRAGMA query_only = ON")  # as a file the user cannot write (root ignores chmod)
+    with pytest.raises(StoreError, match=f"{store.path}.*(read-only|cannot be written).*writable"):
+        store.append(cid, Message("user", "hi"))
+    assert store.messages(cid) == []  # reading still works
+
+
+def test_a_full_disk_is_a_store_error_naming_the_file(store):
+    cid = store.create(title="t")
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")  # as a full disk
+    with pytest.raises(StoreError, match=f"{store.path}.*full.*[Ff]ree"):
+        store.append(cid, Message("user", "x" * 100_000))
+
+
+@pytest.mark.parametrize("command", [["chats"], ["export", "1"], ["import", "{export}"]])
+def test_cli_on_a_damaged_database_says_where_the_old_one_went(tmp_path, monkeypatch, capsys, command):
+    from edgespec.cli import main
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / "data").mkdir(parents=True)
+    export = tmp_path / "e.json"
+    export.write_text(json.dumps({"format": "edgespec.conversation", "version": 1, "messages": []}))
+    _damage(tmp_path / "home" / "data" / "conversations.db", "header")
+    main([c.format(export=export) for c in command])
+    err = capsys.readouterr().err
+    assert "conversations.db.damaged-" in err and "Traceback" not in err

@@ -101,3 +101,64 @@ def test_sandbox_is_immutable():
 def test_transformers_helpers_are_available():
     source = "{{ strftime_now('%Y') | length }} {{ {'a': 'é'} | tojson }}"
     assert chat_template(FakeEngine(chat_template=source)).render([]) == '4 {"a": "é"}'
+
+
+# -- a template is untrusted: bounded in time, loop steps and size --------------------------
+
+def _render_in_time(source: str, messages=CONVERSATION, *, limit_s: float = 20.0):
+    """Render on a thread (a runaway template must not hang the test run); the result or the exception."""
+    import threading
+
+    outcome = []
+
+    def render():
+        try:
+            outcome.append(chat_template(FakeEngine(chat_template=source), model="evil.gguf").render(messages))
+        except Exception as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=render, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    assert outcome, f"rendering ran past {limit_s} s"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("source", [
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "{% for m in messages %}{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}{% endfor %}",
+    "{% macro f(n) %}{% for i in range(30) %}{{ f(n + 1) if n < 40 else '' }}{% endfor %}{% endmacro %}{{ f(1) }}",
+])
+def test_a_template_that_runs_too_long_is_stopped_naming_the_model(source):
+    error = _render_in_time(source)
+    assert isinstance(error, TemplateError), error
+    assert "evil.gguf" in str(error) and "--template" in str(error)
+
+
+@pytest.mark.parametrize("source", [
+    "{{ 'x' * 10**8 }}",
+    "{{ 'x' * 10**10 }}",
+    "{{ [1] * 10**9 }}",
+    "{{ 'x'.ljust(10**9) }}",
+    "{{ 'x' | center(10**9) }}",
+    "{{ 'x' | indent(10**9, true) }}",
+    "{{ '%0999999999d' % 1 }}",
+    "{{ '{:>999999999}'.format(1) }}",
+    "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+    "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s %}{{ ns.s }}{{ ns.s }}{% endset %}"
+    "{% endfor %}",
+    "{{ ('x' * 4000000).replace('', 'y' * 1000) }}",
+    "{{ ('y' * 1000).join(['x'] * 4000000) }}",
+    "{{ 7 ** 99999999 }}",
+])
+def test_a_template_that_grows_too_large_is_stopped_before_it_allocates(source):
+    error = _render_in_time(source)
+    assert isinstance(error, TemplateError), type(error)
+    assert "evil.gguf" in str(error)
+
+
+def test_bounds_leave_real_templates_on_long_conversations_alone():
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " * 20} for i in range(4000)]
+    text = _render_in_time(QWEN_LIKE, messages)
+    assert isinstance(text, str) and text.count("<|im_start|>") == 4001

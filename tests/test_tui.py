@@ -189,6 +189,44 @@ async def test_the_screen_draws_a_fast_stream_in_batches_without_holding_up_deco
         assert len(writes) < len(reply) / 10  # one chunk per character arrived
 
 
+async def test_a_damaged_conversation_store_is_moved_aside_and_said_so(home):
+    path = home / "data" / "conversations.db"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"this is not SQLite" * 300)
+    app = make_app(None)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        assert any("damaged" in n.message and ".damaged-" in n.message for n in app._notifications)
+        await send(pilot, "Hi")
+        assert len(app.store.list()) == 1
+    assert len(list(path.parent.glob("conversations.db.damaged-*"))) == 1
+
+
+async def test_a_store_that_cannot_be_opened_leaves_the_app_chatting_in_memory(home):
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "data").write_text("a file where the data folder should be")
+    app = make_app(None)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        assert any("not saved" in n.message and "data" in n.message for n in app._notifications)
+        await send(pilot, "Hi")
+        await wait_for(pilot, lambda: not app.generating)
+        assert len(boxes(app)) == 2 and boxes(app)[1].status == "done"
+
+
+async def test_a_store_failing_mid_chat_is_shown_not_a_crash(store):
+    app = make_app(store)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Hi")
+        await wait_for(pilot, lambda: not app.generating)
+        store._db.execute("PRAGMA query_only = ON")  # the file became read-only
+        await send(pilot, "Again")
+        await wait_for(pilot, lambda: not app.generating)
+        assert any("read-only" in n.message for n in app._notifications)
+        assert app.is_running
+
+
 async def test_escape_stops_the_reply_and_keeps_it(store):
     app = make_app(store, reply="word " * 400, delay_s=0.003)
     async with app.run_test() as pilot:
@@ -372,6 +410,22 @@ def test_exact_kernels_are_a_setting_that_reloads_the_models():
     assert exact.exact is True and exact.hardware() != ChatSettings().hardware()
     with pytest.raises(ValueError, match="exact"):
         ChatSettings.from_dict({"exact": "no"})  # bool("no") would be True
+
+
+@pytest.mark.parametrize("text", ["max_tokens: .inf\n", "k: -.inf\n", "temperature: .nan\n", "threads: 1e400\n"])
+def test_a_settings_value_that_does_not_convert_is_reported_naming_the_file(tmp_path, text):
+    path = tmp_path / "settings.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="settings.yaml.*fix or delete"):
+        load_defaults(path)
+    with pytest.raises(ValueError):
+        ChatSettings.from_dict(yaml.safe_load(text))
+
+
+def test_a_settings_file_that_is_a_directory_is_reported_naming_it(tmp_path):
+    (tmp_path / "settings.yaml").mkdir()
+    with pytest.raises(ValueError, match="settings.yaml.*(directory|not a file)"):
+        load_defaults(tmp_path / "settings.yaml")
 
 
 # -- models ----------------------------------------------------------------------------

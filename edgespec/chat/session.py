@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from edgespec.chat.prefix import PrefixTokenizer
 from edgespec.chat.store import ConversationStore, Message
@@ -48,18 +48,23 @@ class ChatSession:
 
     def __init__(self, engine, *, store: ConversationStore | None = None, conversation_id: int | None = None,
                  system_prompt: str | None = None, params: GenerationParams | None = None,
-                 template: str | None = None, model_name: str = "the model"):
+                 template: str | None = None, model_name: str = "the model",
+                 on_wait: Callable[[], None] | None = None):
         """`template`: a built-in format's name (or Jinja source) to use instead of the
         model's own; required when the GGUF has none. `system_prompt` starts new
-        conversations. Raises TemplateError when there is no usable template."""
+        conversations. `on_wait` is called when a turn has to wait for another
+        process replying in the same conversation. Raises TemplateError when there
+        is no usable template."""
         self.engine = engine
+        self.on_wait = on_wait
         self.store = store
         self.params = params or GenerationParams()
         self.template = chat_template(engine, template=template, model=model_name)
         self.system_prompt = system_prompt
         self.messages: list[Message] = []
         self.conversation_id: int | None = None
-        self._dropped = 0
+        self._dropped: int | None = 0
+        """Turns the last prompt left out; None when unknown (a conversation just loaded)."""
         self._prefix = PrefixTokenizer(engine)
         if conversation_id is not None:
             self.load(conversation_id)
@@ -81,35 +86,56 @@ class ChatSession:
             raise ValueError("load() needs a ConversationStore")
         self.messages = self.store.messages(conversation_id)
         self.conversation_id = conversation_id
-        self._dropped = 0
+        self._dropped = None
 
     # -- turns -------------------------------------------------------------------------
     def send(self, text: str) -> Iterator[Chunk]:
         """Append a user message and stream the reply."""
-        candidate = [*self.messages, Message("user", text)]
-        prompt = self._fit(candidate, self._dropped)
-        self.messages = candidate
-        yield from self._reply(prompt)
+        with self._turn():
+            candidate = [*self.messages, Message("user", text)]
+            prompt = self._fit(candidate, self._dropped)
+            self.messages = candidate
+            yield from self._reply(prompt)
 
     def regenerate(self) -> Iterator[Chunk]:
         """Drop the last assistant reply (if any) and reply to the last user message again."""
-        keep = self.messages[:-1] if self.messages and self.messages[-1].role == "assistant" else self.messages
-        if not keep or keep[-1].role != "user":
-            raise ValueError("regenerate() needs a conversation that ends with a user message")
-        prompt = self._fit(keep, self._dropped)
-        self._forget(self.messages[len(keep):])
-        self.messages = list(keep)
-        yield from self._reply(prompt)
+        with self._turn():
+            keep = self.messages[:-1] if self.messages and self.messages[-1].role == "assistant" else self.messages
+            if not keep or keep[-1].role != "user":
+                raise ValueError("regenerate() needs a conversation that ends with a user message")
+            prompt = self._fit(keep, self._dropped)
+            self._forget(self.messages[len(keep):])
+            self.messages = list(keep)
+            yield from self._reply(prompt)
 
     def edit(self, index: int, text: str) -> Iterator[Chunk]:
         """Replace user message `index`, drop every message after it, and reply."""
+        with self._turn():
+            yield from self._edit(index, text)
+
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """One turn holds its stored conversation (another process replying there is
+        waited for), and starts from what is stored: messages another process added
+        meanwhile are read, so that the prompt holds finished turns only."""
+        if self.store is None or self.conversation_id is None:
+            yield
+            return
+        with self.store.reply_lock(self.conversation_id, on_wait=self.on_wait):
+            ours = max((m.id for m in self.messages if m.id is not None), default=None)
+            if self.store.last_message_id(self.conversation_id) != ours:
+                self.load(self.conversation_id)
+            yield
+
+    def _edit(self, index: int, text: str) -> Iterator[Chunk]:
         old = self.messages[index]
         if old.role != "user":
             raise ValueError(f"message {index} is a {old.role} message; only user messages can be edited")
         index %= len(self.messages)
         edited = dataclasses.replace(old, content=text)
         candidate = [*self.messages[:index], edited]
-        prompt = self._fit(candidate, min(self._dropped, index - self._n_system(candidate)))
+        keep = index - self._n_system(candidate)
+        prompt = self._fit(candidate, None if self._dropped is None else min(self._dropped, keep))
         self._forget(self.messages[index + 1:])
         if self.store is not None and edited.id is not None:
             self.store.update(edited)
@@ -117,27 +143,52 @@ class ChatSession:
         yield from self._reply(prompt)
 
     # -- the prompt --------------------------------------------------------------------
-    def _fit(self, messages: list[Message], dropped: int) -> _Prompt:
+    def _fit(self, messages: list[Message], dropped: int | None) -> _Prompt:
         """The prompt for `messages`, leaving out the oldest turns (never the system
-        prompt, never the last message) until it fits with room for the reply."""
+        prompt, never the last message) until it fits with room for the reply.
+
+        Costs a few renders of about the window, whatever the conversation's length:
+        the previous cut (`dropped`) is tried first (it nearly always still fits),
+        else the cut is searched from the newest message back (doubling, then
+        bisecting), so no render holds much more than a context's worth of turns.
+        `dropped` None (not known): the search alone."""
         n_system = self._n_system(messages)
         turns = messages[n_system:]
         room = min(self.params.max_tokens, self.engine.n_ctx // REPLY_SHARE)
-        dropped = min(dropped, len(turns) - 1)
-        while True:
-            window = messages[:n_system] + turns[dropped:]
-            text = self.template.render([{"role": m.role, "content": m.content} for m in window])
-            tokens = self._tokenize(text)
-            if len(tokens) + room <= self.engine.n_ctx:
-                return _Prompt(text, tokens, dropped)
-            if dropped >= len(turns) - 1:
-                raise ContextFullError(
-                    f"The message does not fit: the prompt is {len(tokens)} tokens and a reply needs room "
-                    f"for {room} more, but the context holds {self.engine.n_ctx}. Shorten the message"
-                    + (" or the system prompt" if n_system else "") + ", or load the model with a larger context.")
-            dropped += 1
-            while dropped < len(turns) - 1 and turns[dropped].role != "user":
-                dropped += 1  # a window starts with a user turn: some templates insist on alternation
+        # A window starts with a user turn (some templates insist on alternation),
+        # or is the last message alone.
+        cuts = [i for i, m in enumerate(turns[:-1]) if m.role == "user" and i >= (dropped or 0)] + [len(turns) - 1]
+        tried: dict[int, _Prompt | None] = {}
+
+        def fits(c: int) -> bool:
+            if c not in tried:
+                window = messages[:n_system] + turns[cuts[c]:]
+                text = self.template.render([{"role": m.role, "content": m.content} for m in window])
+                tokens = self._tokenize(text)
+                tried[c] = _Prompt(text, tokens, cuts[c]) if len(tokens) + room <= self.engine.n_ctx else None
+                if c == len(cuts) - 1 and tried[c] is None:
+                    raise ContextFullError(
+                        f"The message does not fit: the prompt is {len(tokens)} tokens and a reply needs room "
+                        f"for {room} more, but the context holds {self.engine.n_ctx}. Shorten the message"
+                        + (" or the system prompt" if n_system else "") + ", or load the model with a larger context.")
+            return tried[c] is not None
+
+        # Each turn costs at least one token, so a window of more turns than the
+        # context holds cannot fit: do not render it.
+        if dropped is not None and len(turns) - cuts[0] <= self.engine.n_ctx and fits(0):
+            return tried[0]
+        fits(len(cuts) - 1)
+        good, step = len(cuts) - 1, 1  # good fits; bad (below it) does not, or is out of bounds
+        while good - step > 0 and fits(good - step):
+            good, step = good - step, step * 2
+        bad = max(good - step, 0) if 0 in tried or good - step > 0 else -1
+        while good - bad > 1:
+            mid = (good + bad) // 2
+            if fits(mid):
+                good = mid
+            else:
+                bad = mid
+        return tried[good]
 
     def _tokenize(self, text: str) -> list[int]:
         bos = self.template.bos_token

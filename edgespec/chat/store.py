@@ -11,6 +11,7 @@ database from version i to i + 1, in its own transaction.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -18,7 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
+
+from filelock import FileLock, Timeout
 
 from edgespec.engine.events import stats_line
 from edgespec.errors import EdgespecError
@@ -90,14 +93,64 @@ class ConversationStore:
     """Conversations and their messages. Safe to share between threads."""
 
     def __init__(self, path: str | Path | None = None):
+        """Open (or create) the store. A damaged file is never deleted: it is moved
+        aside under a dated name and a fresh one started (see `notice`). Raises
+        StoreError, naming the file and what to do, when it cannot be opened."""
         self.path = Path(path) if path is not None else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = NORMAL")  # in WAL mode: durable across app crashes
-        self._db.execute("PRAGMA foreign_keys = ON")
-        self._migrate()
+        self.moved_aside: Path | None = None
+        """Where a damaged database found at `path` was moved to, if one was."""
+        self.notice = ""
+        """What the faces should tell the user about opening the store (a damaged file moved aside)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"Cannot create the folder of {self.path}: {e.strerror or e}. Make it writable, or "
+                             f"set EDGESPEC_HOME to a folder you can write.") from None
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as e:
+            if getattr(e, "sqlite_errorcode", None) not in (SQLITE_CORRUPT, SQLITE_NOTADB):
+                raise _store_error(self.path, e) from e
+            self.moved_aside = self._move_aside()
+            self.notice = (f"{self.path} was damaged ({e}); it was kept as {self.moved_aside} and a fresh one "
+                           "started. `sqlite3 OLD .recover | sqlite3 NEW` may salvage its conversations.")
+            try:
+                self._db = self._open()
+            except sqlite3.Error as e2:
+                raise _store_error(self.path, e2) from e2
+
+    def _open(self) -> sqlite3.Connection:
+        """Connect, check the file is sound (quick_check: one read of every page) and migrate."""
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = NORMAL")  # in WAL mode: durable across app crashes
+            db.execute("PRAGMA foreign_keys = ON")
+            problems = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if problems != "ok":
+                error = sqlite3.DatabaseError(f"integrity check: {problems}")
+                error.sqlite_errorcode = SQLITE_CORRUPT
+                raise error
+            self._db = db
+            self._migrate()
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _move_aside(self) -> Path:
+        """Rename the damaged database (and its WAL files) to `<name>.damaged-<date>`."""
+        aside = self.path.with_name(f"{self.path.name}.damaged-{datetime.now():%Y%m%d-%H%M%S}")
+        try:
+            for suffix in ("", "-wal", "-shm"):
+                part = self.path.with_name(self.path.name + suffix)
+                if part.exists():
+                    part.rename(aside.with_name(aside.name + suffix))
+        except OSError as e:
+            raise StoreError(f"{self.path} is damaged and could not be moved aside ({e.strerror or e}). Move it "
+                             f"away yourself (keep it: `sqlite3 FILE .recover` may salvage it) and start again.") from None
+        return aside
 
     # -- conversations -----------------------------------------------------------------
     def create(self, *, title: str = "New chat", settings: dict | None = None) -> int:
@@ -119,15 +172,15 @@ class ConversationStore:
             sql += (" WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m "
                     "WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\')")
             args = (pattern,)
-        with self._lock:
-            rows = self._db.execute(sql + " ORDER BY c.updated DESC, c.id DESC", args).fetchall()
+        with self._reading() as db:
+            rows = db.execute(sql + " ORDER BY c.updated DESC, c.id DESC", args).fetchall()
         return [ConversationInfo(r[0], r[1], datetime.fromtimestamp(r[2]), datetime.fromtimestamp(r[3]), r[4])
                 for r in rows]
 
     def latest(self) -> int | None:
         """The most recently updated conversation's id, or None when there is none."""
-        with self._lock:
-            row = self._db.execute("SELECT id FROM conversations ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
+        with self._reading() as db:
+            row = db.execute("SELECT id FROM conversations ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
         return row[0] if row else None
 
     def rename(self, conversation_id: int, title: str) -> None:
@@ -141,8 +194,9 @@ class ConversationStore:
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     def settings(self, conversation_id: int) -> dict:
-        with self._lock:
-            return json.loads(self._require(self._db, conversation_id)[4])
+        with self._reading() as db:
+            settings = json.loads(self._require(db, conversation_id)[4])
+        return settings if isinstance(settings, dict) else {}  # an earlier edgespec let other shapes in
 
     def save_settings(self, conversation_id: int, settings: dict) -> None:
         with self._tx() as db:
@@ -151,9 +205,9 @@ class ConversationStore:
 
     # -- messages ----------------------------------------------------------------------
     def messages(self, conversation_id: int) -> list[Message]:
-        with self._lock:
-            self._require(self._db, conversation_id)
-            rows = self._db.execute(
+        with self._reading() as db:
+            self._require(db, conversation_id)
+            rows = db.execute(
                 "SELECT id, role, content, status, stats, from_draft FROM messages "
                 "WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
         return [Message(role, content, id=mid, status=status, stats=json.loads(stats) if stats else None,
@@ -189,17 +243,48 @@ class ConversationStore:
         with self._tx() as db:
             db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (conversation_id, message_id))
 
+    def last_message_id(self, conversation_id: int) -> int | None:
+        """The id of the conversation's latest message (None: it has none)."""
+        with self._reading() as db:
+            return db.execute("SELECT MAX(id) FROM messages WHERE conversation_id = ?", (conversation_id,)).fetchone()[0]
+
+    @contextmanager
+    def reply_lock(self, conversation_id: int, *, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+        """Hold conversation `conversation_id` for one turn, across processes: a
+        second process answering in it waits here until the first one's reply is
+        stored (calling `on_wait` once, when it has to wait), so that its prompt
+        holds that reply rather than a half-written one."""
+        if str(self.path) == ":memory:":  # no other process can see it
+            yield
+            return
+        folder = self.path.with_name(self.path.name + ".locks")
+        try:
+            folder.mkdir(exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"Cannot create {folder}: {e.strerror or e}. Make {self.path.parent} writable.") from None
+        lock = FileLock(folder / f"{conversation_id}.lock", thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            if on_wait is not None:
+                on_wait()
+            lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
+
     # -- export / import ---------------------------------------------------------------
     def export_json(self, conversation_id: int) -> dict:
-        with self._lock:
-            row = self._require(self._db, conversation_id)
+        with self._reading() as db:
+            row = self._require(db, conversation_id)
         return {
             "format": EXPORT_FORMAT,
             "version": EXPORT_VERSION,
             "title": row[1],
             "created": datetime.fromtimestamp(row[2]).astimezone().isoformat(),
             "updated": datetime.fromtimestamp(row[3]).astimezone().isoformat(),
-            "settings": json.loads(row[4]),
+            "settings": self.settings(conversation_id),
             "messages": [
                 {"role": m.role, "content": m.content, "status": m.status, "stats": m.stats,
                  "from_draft": m.from_draft}
@@ -241,8 +326,8 @@ class ConversationStore:
 
     # -- plumbing ----------------------------------------------------------------------
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        with self._reading() as db:
+            db.close()
 
     def __enter__(self):
         return self
@@ -252,20 +337,30 @@ class ConversationStore:
 
     @property
     def schema_version(self) -> int:
-        with self._lock:
-            return self._db.execute("PRAGMA user_version").fetchone()[0]
+        with self._reading() as db:
+            return db.execute("PRAGMA user_version").fetchone()[0]
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction: everything in the block is stored, or nothing."""
+        with self._reading() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The connection, to one thread at a time; SQLite's errors become StoreErrors for people."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+            except sqlite3.Error as e:
+                raise _store_error(self.path, e) from e
 
     def _require(self, db: sqlite3.Connection, conversation_id: int) -> tuple:
         row = db.execute("SELECT id, title, created, updated, settings FROM conversations WHERE id = ?",
@@ -290,6 +385,31 @@ class ConversationStore:
                 raise StoreError(f"Could not upgrade {self.path} to schema version {target}: {e}") from e
 
 
+SQLITE_PERM, SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR, SQLITE_CORRUPT, SQLITE_FULL, \
+    SQLITE_CANTOPEN, SQLITE_NOTADB = 3, 5, 6, 8, 10, 11, 13, 14, 26
+"""SQLite's primary result codes (sqlite3.Error.sqlite_errorcode, extended codes reduced by & 0xFF)."""
+
+
+def _store_error(path: Path, e: sqlite3.Error) -> StoreError:
+    """A StoreError that names the file and says what to do about `e`."""
+    code = (getattr(e, "sqlite_errorcode", None) or 0) & 0xFF
+    if code in (SQLITE_READONLY, SQLITE_PERM, SQLITE_CANTOPEN):
+        what = (f"{path} is read-only or cannot be written ({e}). Make it and its folder writable, or set "
+                f"EDGESPEC_HOME to a folder you can write.")
+    elif code == SQLITE_FULL:
+        what = f"{path}: the disk is full ({e}). Free some space and try again; what was stored is kept."
+    elif code in (SQLITE_CORRUPT, SQLITE_NOTADB):
+        what = (f"{path} is damaged ({e}). Restart edgespec: it keeps the damaged file aside under a dated name "
+                f"and starts a fresh one.")
+    elif code in (SQLITE_BUSY, SQLITE_LOCKED):
+        what = f"{path} is locked by another program ({e}). Close it and try again."
+    elif code == SQLITE_IOERR:
+        what = f"{path}: the disk could not be read or written ({e}). Check the disk and free space, then try again."
+    else:
+        what = f"{path}: {e}"
+    return StoreError(what)
+
+
 def _dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
@@ -301,12 +421,56 @@ def _message_extras(m: Message) -> tuple[str | None, str | None]:
 
 
 
+_NUMBER, _INT, _TEXT = "a number", "a whole number", "a text"
+SETTINGS_TYPES = {
+    "target": _TEXT, "draft": _TEXT, "template": _TEXT, "system_prompt": _TEXT, "mode": _TEXT,
+    "temperature": _NUMBER, "top_p": _NUMBER, "top_k": _INT, "max_tokens": _INT, "k": _INT,
+    "gpu_layers_target": _INT, "gpu_layers_draft": _INT, "threads": _INT,
+}
+"""What a conversation's settings may hold (the session's and the app's); other keys are kept as they are."""
+PARAMS_TYPES = {
+    "mode": _TEXT, "k": _INT, "temperature": _NUMBER, "top_k": _INT, "top_p": _NUMBER, "seed": _INT,
+    "max_tokens": _INT, "p_min": _NUMBER, "p_draft": _NUMBER,
+}
+"""The generation parameters stored in settings["params"]."""
+STATS_TYPES = {
+    "mode": _TEXT, "drafter": _TEXT, "reason": _TEXT, "stop_reason": _TEXT, "ttft_s": _NUMBER, "decode_s": _NUMBER,
+    "acceptance_rate": _NUMBER, "tokens_per_pass": _NUMBER, "tokens_per_s": _NUMBER,
+    **{name: _INT for name in ("prompt_tokens", "prompt_evaluated", "generated_tokens", "drafted", "accepted",
+                               "target_passes", "k", "dropped_messages")},
+}
+"""A reply's statistics (Stats.to_dict())."""
+
+
+def _check_fields(values, types: dict[str, str], where: str) -> None:
+    """Raise StoreError unless `values` is an object whose known fields (null or) have their type."""
+    if not isinstance(values, dict):
+        raise StoreError(f"{where} must be an object, not {type(values).__name__}.")
+    for name, kind in types.items():
+        value = values.get(name)
+        ok = (value is None or (kind == _TEXT and isinstance(value, str))
+              or (kind == _INT and isinstance(value, int) and not isinstance(value, bool))
+              or (kind == _NUMBER and isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value)))
+        if not ok:
+            raise StoreError(f"{where}: {name} must be {kind}, not {value!r}.")
+
+
 def _validated_messages(data) -> list[Message]:
+    """The messages of an export_json() document, after checking all of it: an
+    import is written whole or not at all, and nothing later trips on its shape."""
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         raise StoreError(f"Not an edgespec conversation export (expected \"format\": \"{EXPORT_FORMAT}\").")
     if not isinstance(data.get("version"), int) or data["version"] > EXPORT_VERSION:
         raise StoreError(f"This export has version {data.get('version')!r}; this edgespec reads up to "
                          f"{EXPORT_VERSION}. Upgrade edgespec to import it.")
+    for key in ("title", "created", "updated"):
+        if not isinstance(data.get(key), (str, type(None))):
+            raise StoreError(f"The export's {key} must be a text, not {data[key]!r}.")
+    settings = data.get("settings") or {}
+    _check_fields(settings, SETTINGS_TYPES, "The export's settings")
+    if settings.get("params") is not None:
+        _check_fields(settings["params"], PARAMS_TYPES, "The export's settings: params")
     raw = data.get("messages")
     if not isinstance(raw, list):
         raise StoreError("The export has no \"messages\" list.")
@@ -314,12 +478,17 @@ def _validated_messages(data) -> list[Message]:
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise StoreError(f"Message {i} of the export needs a role ({', '.join(ROLES)}) and a text content.")
-        status = m.get("status", "done")
-        origins = m.get("from_draft")
-        messages.append(Message(
-            m["role"], m["content"], status=status if status in STATUSES else "done",
-            stats=m.get("stats") if isinstance(m.get("stats"), dict) else None,
-            from_draft=[bool(x) for x in origins] if isinstance(origins, list) else None))
+        if m["role"] == "system" and i > 0:
+            raise StoreError(f"Message {i} of the export is a system message; only the first message may be one.")
+        status, stats, origins = m.get("status", "done"), m.get("stats"), m.get("from_draft")
+        if status not in STATUSES:
+            raise StoreError(f"Message {i} of the export has status {status!r}; expected one of {', '.join(STATUSES)}.")
+        if stats is not None:
+            _check_fields(stats, STATS_TYPES, f"Message {i} of the export: stats")
+        if origins is not None and not (isinstance(origins, list) and all(x in (0, 1) for x in origins)):
+            raise StoreError(f"Message {i} of the export: from_draft must be a list of true/false, one per token.")
+        messages.append(Message(m["role"], m["content"], status=status, stats=stats,
+                                from_draft=[bool(x) for x in origins] if origins is not None else None))
     return messages
 
 

@@ -10,14 +10,22 @@ the user names it: a guessed format would be silently wrong.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+import re
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Mapping, Sequence
 
 import jinja2
 import jinja2.ext
+from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.visitor import NodeTransformer
 
 from edgespec.errors import TemplateError
 
@@ -76,18 +84,25 @@ class ChatTemplate:
     def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
         """The prompt text for `messages` (dicts with "role" and "content")."""
         try:
-            return _compile(self.source).render(
-                messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+            return _render(
+                _compile(self.source),
+                [{"role": m["role"], "content": m["content"]} for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
             )
+        except _TooCostly as e:
+            raise TemplateError(
+                f"The chat template of {self.model} was stopped: {e}, more than a chat prompt needs. "
+                f"A template comes with the model file; choose a built-in format with --template instead "
+                f"({', '.join(BUILTIN_FORMATS)})."
+            ) from None
         except TemplateError as e:
             raise TemplateError(f"The chat template of {self.model} refused the conversation: {e}") from None
         except Exception as e:  # an untrusted template may fail in any way
             raise TemplateError(
                 f"The chat template of {self.model} failed to render ({type(e).__name__}: {e}). "
-                f"Choose a built-in format instead: {', '.join(BUILTIN_FORMATS)}."
+                f"Choose a built-in format with --template instead: {', '.join(BUILTIN_FORMATS)}."
             ) from None
 
 
@@ -120,6 +135,171 @@ def chat_template(engine, *, template: str | None = None, model: str = "the mode
 
 
 # -- the sandbox -------------------------------------------------------------------------
+#
+# A template from a downloaded GGUF is untrusted. The sandbox keeps it away from
+# Python's internals and from changing the messages; the bounds below keep it
+# from hanging the app or exhausting memory. Every render gets a budget: a
+# deadline, a number of loop steps and calls, and a size no value or output may
+# pass, checked before an operation that could allocate past it (`'x' * 10**10`,
+# `ljust(10**9)`, `'%0999999999d'`) and after any other.
+
+RENDER_SECONDS = 10.0
+"""Wall-clock time one render may take (a chat turn renders a few times)."""
+RENDER_STEPS = 5_000_000
+"""Loop iterations, calls and attribute reads one render may make."""
+RENDER_CHARS = 8_000_000
+"""Characters (or items) any value or the output may hold, beyond twice the conversation's own size."""
+
+
+class _TooCostly(Exception):
+    """A render went past its budget."""
+
+
+class _Budget(threading.local):
+    deadline: float = 0.0
+    steps: int = 0
+    max_size: int = RENDER_CHARS
+
+
+_budget = _Budget()
+
+
+@contextmanager
+def _budgeted(messages: Sequence[Mapping[str, str]]):
+    """The budget of one render (of `messages`), for this thread."""
+    saved = (_budget.deadline, _budget.steps, _budget.max_size)
+    _budget.deadline = time.monotonic() + RENDER_SECONDS
+    _budget.steps = RENDER_STEPS
+    _budget.max_size = RENDER_CHARS + 2 * sum(len(m["content"]) for m in messages)
+    try:
+        yield
+    finally:
+        _budget.deadline, _budget.steps, _budget.max_size = saved
+
+
+def _step() -> None:
+    _budget.steps -= 1
+    if _budget.steps < 0:
+        raise _TooCostly(f"it took more than {RENDER_STEPS:,} steps")
+    if _budget.steps % 1024 == 0 and time.monotonic() > _budget.deadline:
+        raise _TooCostly(f"it ran for more than {RENDER_SECONDS:g} s")
+
+
+def _sized(value):
+    """`value`, unless it is larger than a render may hold."""
+    if isinstance(value, (str, bytes, list, tuple, dict)) and len(value) > _budget.max_size:
+        raise _TooCostly(f"it built a value of {len(value):,} characters or items")
+    return value
+
+
+def _check_size(n: int) -> None:
+    if n > _budget.max_size:
+        raise _TooCostly(f"it asked for {n:,} characters or items")
+
+
+_WIDTH = re.compile(r"\d{7,}")
+"""A width or precision of a million or more in a format string."""
+
+
+def _check_args(args, kwargs) -> None:
+    """Refuse, before the call, arguments that make a result too large to hold."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) > _budget.max_size:
+            _check_size(abs(a))  # a width, a count, a repeat: ljust(10**9), indent(10**9), range(10**9)
+        elif isinstance(a, str) and _WIDTH.search(a) and ("{" in a or "%" in a):
+            raise _TooCostly("its format string asks for a width of a million or more")
+
+
+def _check_call(obj, args) -> None:
+    """Size checks for the calls whose result can be far larger than their arguments."""
+    self = getattr(obj, "__self__", None)
+    name = getattr(obj, "__name__", "")
+    if isinstance(self, str) and name == "replace" and len(args) >= 2:
+        old, new = str(args[0]), str(args[1])
+        count = self.count(old) if old else len(self) + 1
+        _check_size(len(self) + count * max(len(new) - len(old), 0))
+    elif isinstance(self, str) and name == "join" and args:
+        items = args[0] if isinstance(args[0], (list, tuple, str)) else ()
+        _check_size(len(self) * len(items))
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, with every render held to its _Budget."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def call_binop(self, context, operator, left, right):
+        _step()
+        numbers = (int, float)
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
+                    _check_size(len(seq) * n)
+        elif operator == "**" and isinstance(left, numbers) and isinstance(right, numbers):
+            if abs(left) > 1 and right > 64 and right * math.log2(abs(left)) > 4096:
+                raise _TooCostly(f"it asked for {left} ** {right}")
+        elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+            _check_size(len(left) + len(right))
+        elif operator == "%" and isinstance(left, str):
+            _check_args((left, *(right if isinstance(right, tuple) else (right,))), {})
+        return _sized(super().call_binop(context, operator, left, right))
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's signature)
+        _step()
+        _check_args(args, kwargs)
+        _check_call(__obj, args)
+        return _sized(super().call(__context, __obj, *args, **kwargs))
+
+    def getattr(self, obj, attribute):
+        _step()
+        if isinstance(obj, str) and attribute in ("format", "format_map"):
+            _check_args((obj,), {})  # the sandbox wraps these methods: check the format string here
+        return _sized(super().getattr(obj, attribute))
+
+    def getitem(self, obj, argument):
+        _step()
+        return _sized(super().getitem(obj, argument))
+
+
+def _bounded_filter(f):
+    """A filter held to the budget like a call (filters do not go through Environment.call)."""
+    @functools.wraps(f)
+    def bounded(*args, **kwargs):
+        _step()
+        _check_args(args[1:], kwargs)  # args[0]: the value filtered (or the context)
+        return _sized(f(*args, **kwargs))
+    return bounded
+
+
+def _bounded_iter(iterable):
+    """What a template's for loop iterates: one step of the budget per item."""
+    for item in iterable:
+        _step()
+        yield item
+
+
+def _bounded_concat(parts) -> str:
+    """The `~` operator, refusing a result larger than a render may hold."""
+    texts = [str(p) for p in parts]
+    _check_size(sum(map(len, texts)))
+    return "".join(texts)
+
+
+class _Bound(NodeTransformer):
+    """Routes the two operations the sandbox does not intercept through the budget:
+    for loops (each item is a step) and `~` (its result is sized)."""
+
+    def visit_For(self, node: nodes.For) -> nodes.For:
+        node = self.generic_visit(node)
+        node.iter = nodes.Call(nodes.Name("_es_bounded_iter", "load"), [node.iter], [], None, None,
+                               lineno=node.lineno)
+        return node
+
+    def visit_Concat(self, node: nodes.Concat) -> nodes.Call:
+        node = self.generic_visit(node)
+        return nodes.Call(nodes.Name("_es_bounded_concat", "load"), [nodes.List(node.nodes, lineno=node.lineno)],
+                          [], None, None, lineno=node.lineno)
+
 
 def _raise_exception(message: str):
     raise TemplateError(message)
@@ -133,14 +313,30 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-_ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+_ENV = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
 _ENV.filters["tojson"] = _tojson
+_ENV.filters = {name: _bounded_filter(f) for name, f in _ENV.filters.items()}
 _ENV.globals["raise_exception"] = _raise_exception
 _ENV.globals["strftime_now"] = _strftime_now
+_ENV.globals["_es_bounded_iter"] = _bounded_iter
+_ENV.globals["_es_bounded_concat"] = _bounded_concat
 _COMPILED: dict[str, jinja2.Template] = {}
 
 
 def _compile(source: str) -> jinja2.Template:
     if source not in _COMPILED:
-        _COMPILED[source] = _ENV.from_string(source)
+        tree = _Bound().visit(_ENV.parse(source))
+        tree.set_environment(_ENV)
+        _COMPILED[source] = _ENV.from_string(tree)
     return _COMPILED[source]
+
+
+def _render(template: jinja2.Template, messages, **context) -> str:
+    """Render within the budget; the output is checked as it grows."""
+    out, size = [], 0
+    with _budgeted(messages):
+        for piece in template.generate(messages=messages, **context):
+            size += len(piece)
+            _check_size(size)
+            out.append(piece)
+    return "".join(out)

@@ -187,8 +187,10 @@ class Engine:
             raise ValueError(f"unknown mode {params.mode!r}: choose one of {', '.join(MODES)}")
         if params.mode == "draft" and self.draft_model is None:
             raise ValueError("mode 'draft' needs a draft model: pass one, or use mode 'lookup' or 'auto'")
-        if params.mode == "plain" or params.k == 0:
+        if params.mode == "plain":
             return FixedPolicy(None, 0)
+        if params.k == 0:
+            return FixedPolicy(None, 0, f"plain decoding: k is 0, so {params.mode} mode drafts nothing")
         k_cap = self.max_verify_batch() - 1
         if k_cap < 1:
             return FixedPolicy(None, 0, "plain: no batch gives exact logits on this backend "

@@ -23,6 +23,7 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Header, Static
 
 from edgespec import __version__
+from edgespec.chat.store import StoreError
 from edgespec.errors import EdgespecError
 from edgespec.tui.catalog import Catalog, ModelChoice, load_engine
 from edgespec.tui.origin import chunk_spans, stored_spans
@@ -132,6 +133,8 @@ class EdgespecApp(App):
         """Decode speed of the last plain reply: the baseline for the speedup."""
         self._loaded_hardware: tuple | None = None
         self._stop = threading.Event()
+        self._store_problem = ""
+        """What opening the conversation store needed telling (shown once the app is up)."""
 
     def check_action(self, action: str, parameters) -> bool | None:
         """Chat actions only act on the chat screen, not behind a dialog."""
@@ -145,8 +148,16 @@ class EdgespecApp(App):
         if self._store is None:
             from edgespec.chat.store import ConversationStore
 
-            self._store = ConversationStore()
+            try:
+                self._store = ConversationStore()
+                self._store_problem = self._store.notice
+            except StoreError as e:  # chat on, in memory, and say why nothing is saved
+                self._store = ConversationStore(":memory:")
+                self._store_problem = f"{e}\nConversations are not saved until this is fixed."
         return self._store
+
+    def _store_failed(self, error: StoreError) -> None:
+        self.notify(str(error), title="Conversations", severity="error", timeout=20)
 
     @property
     def catalog(self) -> Catalog:
@@ -176,6 +187,8 @@ class EdgespecApp(App):
                 self.defaults = ChatSettings()
                 self.notify(str(e), title="Settings file ignored", severity="warning", timeout=10)
         self.settings = self.defaults
+        if self._store_problem:
+            self.notify(self._store_problem, title="Conversations", severity="error", timeout=30)
         self.query_one("#log", VerticalScroll).anchor()
         self.query_one(PromptInput).focus()
         self.load_models(self.choice)
@@ -259,8 +272,11 @@ class EdgespecApp(App):
     def _save_settings(self) -> None:
         """Store this conversation's settings (next to what the chat session stores there)."""
         if self.conversation_id is not None:
-            stored = self.store.settings(self.conversation_id)
-            self.store.save_settings(self.conversation_id, {**stored, **self.settings.to_dict()})
+            try:
+                stored = self.store.settings(self.conversation_id)
+                self.store.save_settings(self.conversation_id, {**stored, **self.settings.to_dict()})
+            except StoreError as e:
+                self._store_failed(e)
 
     def _apply_system_prompt(self) -> None:
         """Give an existing conversation the system prompt of its settings."""
@@ -281,14 +297,18 @@ class EdgespecApp(App):
     # -- conversations -----------------------------------------------------------------
     async def open_conversation(self, conversation_id: int | None) -> None:
         """Show a stored conversation (None: a new, empty chat) and make it current."""
+        try:
+            stored = self.store.settings(conversation_id) if conversation_id is not None else {}
+            messages = self.store.messages(conversation_id) if conversation_id is not None else []
+        except StoreError as e:
+            self._store_failed(e)
+            return
         self.conversation_id = conversation_id
-        stored = self.store.settings(conversation_id) if conversation_id is not None else {}
         try:
             self.settings = ChatSettings.from_dict(stored, defaults=self.defaults)
         except ValueError as e:
             self.settings = self.defaults
             self.notify(f"Stored settings ignored: {e}", severity="warning")
-        messages = self.store.messages(conversation_id) if conversation_id is not None else []
         await self.log_view.remove_children()
         await self.log_view.mount_all(self._message_boxes(messages))
         self.log_view.anchor()
@@ -350,7 +370,10 @@ class EdgespecApp(App):
 
         def done(title: str | None) -> None:
             if title:
-                self.store.rename(cid, title)
+                try:
+                    self.store.rename(cid, title)
+                except StoreError as e:
+                    self._store_failed(e)
                 self.query_one(ConversationList).refresh_list()
 
         self.push_screen(TextPromptScreen("Rename chat", current, ok="Rename"), done)
@@ -363,7 +386,11 @@ class EdgespecApp(App):
 
         async def done(yes: bool | None) -> None:
             if yes:
-                self.store.delete(cid)
+                try:
+                    self.store.delete(cid)
+                except StoreError as e:
+                    self._store_failed(e)
+                    return
                 self.query_one(ConversationList).refresh_list()
                 await self.open_conversation(None)
                 self.notify("Chat deleted.")
@@ -378,7 +405,14 @@ class EdgespecApp(App):
         title = next((c.title for c in self.store.list() if c.id == self.conversation_id), "chat")
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in title).strip("-")[:40] or "chat"
         path = self.export_dir / f"edgespec-{self.conversation_id}-{safe}.md"
-        path.write_text(self.store.export_markdown(self.conversation_id), encoding="utf-8")
+        try:
+            path.write_text(self.store.export_markdown(self.conversation_id), encoding="utf-8")
+        except StoreError as e:
+            self._store_failed(e)
+            return
+        except OSError as e:
+            self.notify(f"Cannot write {path}: {e.strerror or e}", title="Export", severity="error", timeout=10)
+            return
         self.notify(f"Exported to {path}", title="Export")
 
     # -- sending and streaming -----------------------------------------------------------
@@ -571,8 +605,11 @@ class EdgespecApp(App):
         self._save_settings()
         if result.as_default:
             self.defaults = result.settings
-            path = save_defaults(result.settings, self.defaults_path)
-            self.notify(f"Saved as the default for new chats ({path}).")
+            try:
+                path = save_defaults(result.settings, self.defaults_path)
+                self.notify(f"Saved as the default for new chats ({path}).")
+            except ValueError as e:
+                self.notify(str(e), title="Defaults not saved", severity="error", timeout=10)
         if self.session is not None and not self.generating:
             self.session.params = result.settings.params()
             self._apply_system_prompt()

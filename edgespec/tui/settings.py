@@ -70,7 +70,7 @@ class ChatSettings:
                     if kind is bool and not isinstance(data[f.name], bool):
                         raise TypeError  # bool("no") is True
                     values[f.name] = kind(data[f.name])
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):  # OverflowError: int(.inf)
                     raise ValueError(f"{f.name.replace('_', ' ')}: {data[f.name]!r} is not a valid {kind.__name__}") from None
         return replace(base, **values)
 
@@ -110,17 +110,24 @@ def load_defaults(path: str | Path | None = None) -> ChatSettings:
     if not path.exists():
         return ChatSettings()
     try:
+        if not path.is_file():
+            raise ValueError("not a file")
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         if not isinstance(data, dict):
             raise ValueError("expected a mapping of setting: value")
         return ChatSettings.from_dict(data)
-    except (yaml.YAMLError, ValueError) as e:
-        raise ValueError(f"{path}: {e} (fix or delete the file to use the built-in defaults)") from None
+    except (yaml.YAMLError, ValueError, OSError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+        raise ValueError(f"{path}: {reason} (fix or delete the file to use the built-in defaults)") from None
 
 
 def save_defaults(settings: ChatSettings, path: str | Path | None = None) -> Path:
-    """Write the app-wide defaults; returns the file written."""
+    """Write the app-wide defaults; returns the file written. Raises ValueError naming
+    the file when it cannot be written."""
     path = Path(path) if path is not None else defaults_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(settings.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(settings.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"could not write {path}: {e.strerror or e}") from None
     return path

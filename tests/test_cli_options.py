@@ -1,0 +1,92 @@
+"""`edgespec generate` / `chat` options checked before any model loads, with a fake engine."""
+
+import io
+import sys
+
+import pytest
+from tests.fakes import FakeEngine
+
+from edgespec import cli
+from edgespec.engine.events import GenerationParams, Stats
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """The engine every command gets; it replies with the prompt it was given."""
+    fake = FakeEngine(reply=lambda prompt: "[" + prompt + "]")
+    monkeypatch.setattr(cli, "load_engine", lambda args, progress=None: fake)
+    return fake
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    def load(args, progress=None):
+        raise AssertionError("the models were loaded before the options were checked")
+    monkeypatch.setattr(cli, "load_engine", load)
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--top-p", "2"], "top-p"), (["--temperature", "-1"], "temperature"), (["--max-tokens", "0"], "max tokens"),
+    (["--top-k", "-3"], "top-k"), (["--k", "-1"], "k must be"),
+])
+@pytest.mark.parametrize("command", [["generate", "hi"], ["chat", "--once", "hi"]])
+def test_bad_sampling_options_are_refused_before_the_models_load(capsys, no_load, home, command, option, message):
+    assert cli.main([*command, *option]) == cli.EXIT_ERROR
+    assert message in capsys.readouterr().err
+
+
+def test_k_above_what_a_verify_pass_holds_is_clamped_with_a_note(capsys, engine):
+    from edgespec.engine.runtime import FAST_MAX_BATCH
+
+    assert cli.main(["generate", "hi", "--template", "chatml", "--k", "500", "--mode", "lookup"]) == 0
+    err = capsys.readouterr().err
+    assert "--k 500" in err and f"using {FAST_MAX_BATCH - 1}" in err
+
+
+def test_threads_are_checked_and_clamped_to_the_cores(capsys, monkeypatch):
+    import os
+
+    args = cli.build_parser().parse_args(["generate", "hi", "--threads", "4096"])
+    cli.check_model_options(args)
+    assert args.threads == os.cpu_count() and "--threads 4096" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="threads"):
+        cli.check_model_options(cli.build_parser().parse_args(["generate", "hi", "--threads", "-2"]))
+
+
+def test_k_0_outside_plain_mode_says_it_is_plain_decoding():
+    from edgespec.engine.runtime import Engine
+
+    plan = Engine(None, None).policy(GenerationParams(mode="lookup", k=0)).plan([])
+    assert plan.k == 0 and "k is 0" in plan.reason
+    stats = Stats(mode="lookup", drafter="none", reason=plan.reason, generated_tokens=3)
+    assert "k is 0" in cli.format_stats(stats)
+
+
+def test_generate_takes_a_template_for_a_model_without_one(capsys, engine):
+    assert cli.main(["generate", "hi"]) == cli.EXIT_ERROR
+    assert "--template" in capsys.readouterr().err
+    assert cli.main(["generate", "hi", "--template", "chatml"]) == 0
+    assert "<|im_start|>user\nhi<|im_end|>" in capsys.readouterr().out
+    help_text = cli.build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
+    assert "--template FORMAT" in help_text
+
+
+def test_invalid_utf8_on_stdin_is_replaced_and_reported(capsys, engine, monkeypatch):
+    raw = io.BytesIO("héllo ".encode() + b"\xff\xfe world")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape"))
+    assert cli.main(["generate", "--template", "chatml"]) == 0
+    out, err = capsys.readouterr()
+    assert "héllo \ufffd\ufffd world" in out
+    assert "not valid UTF-8" in err and "byte 7" in err
+
+
+def test_gpu_layers_on_a_build_without_gpu_say_so_once(capsys, monkeypatch, synth_target):
+    import edgespec.llama
+
+    monkeypatch.setattr(edgespec.llama, "system_info", lambda: {"backend": "cpu", "gpu_offload": False})
+    args = cli.build_parser().parse_args(["generate", "hi", "--n-gpu-layers", "-1", "--n-gpu-layers-draft", "-1"])
+    cli.check_model_options(args)
+    err = capsys.readouterr().err
+    assert err.count("no GPU backend") == 1 and "GGML_METAL" in err and "GGML_CUDA" in err
+    cli.check_model_options(cli.build_parser().parse_args(["generate", "hi"]))
+    assert capsys.readouterr().err == ""
