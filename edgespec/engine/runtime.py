@@ -46,15 +46,17 @@ class ModelSettings:
     """CPU threads; None for all cores."""
     n_batch: int = 512
     exact: bool = False
-    """Batch-invariant kernels: a pass over k tokens gives, bit for bit, the
-    logits of k single-token passes (plain weight layouts, a Q8_0 KV cache,
-    untiled attention), so greedy speculation is token for token plain greedy
-    decoding; verify passes are capped at the largest batch measured to be
-    exact. Off (the default), llama.cpp picks its fastest kernels for each
-    batch size, as plain llama.cpp does: every token is still the target's own
-    choice from its own logits, but a batch rounds differently from single
-    tokens, so a near-tie can flip. Only a target needs it: a draft model only
-    guesses."""
+    """Verify passes that give, bit for bit, the logits of single-token passes,
+    so that greedy speculation is token for token plain greedy decoding: a Q8_0
+    KV cache (llama.cpp then does not split single-token attention across
+    threads) and verify passes capped at the largest batch measured to be exact
+    (llama.cpp's repacked CPU weights take another path from 4 columns on: 2-3
+    tokens stay exact on AVX-512 CPUs at ~0.97x the speed; plain weight layouts
+    would keep 7 exact but cost ~20% of every pass: scripts/exact_kernels.py).
+    Off (the default), llama.cpp runs as plain llama.cpp does: every token is
+    still the target's own choice from its own logits, but a batch rounds
+    differently from single tokens, so a near-tie can flip. Only a target
+    needs it: a draft model only guesses."""
 
 
 def vocab_info(model: LlamaModel) -> VocabInfo:
@@ -73,8 +75,7 @@ class _Loaded:
     def __init__(self, settings: ModelSettings):
         self.settings = settings
         self.exact = settings.exact
-        self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers,
-                                extra_bufts=not self.exact)
+        self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers)
         try:
             self.ctx = self._context()
         except BaseException:
