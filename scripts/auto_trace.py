@@ -51,7 +51,7 @@ def main() -> int:
     with load_engine(args) as engine:
         print(f"{machine()}; exact kernels: {engine.describe()['exact']}")
         for prompt in load_prompts(categories=args.category):
-            tokens = _prompt_tokens(engine, prompt.prompt, raw=False, system=None)[0]
+            tokens = _prompt_tokens(engine, prompt.prompt, raw=False, system=None, template=None)[0]
             cost, total, ratios = defaultdict(float), defaultdict(int), []
             for r in range(args.repeats):
                 runs = {}

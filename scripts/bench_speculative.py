@@ -57,7 +57,7 @@ def main() -> int:
               f"{'overhead/cycle':>15} {'same':>5}")
         overheads, passes = [], []
         for prompt in prompts:
-            tokens = _prompt_tokens(engine, prompt.prompt, raw=False, system=None)[0]
+            tokens = _prompt_tokens(engine, prompt.prompt, raw=False, system=None, template=None)[0]
             run(engine, tokens, GenerationParams(mode="plain", max_tokens=8))  # warm-up
             rows = {m: [] for m in modes}
             for r in range(args.repeats):

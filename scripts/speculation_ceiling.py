@@ -82,7 +82,7 @@ def main() -> int:
         k_max = min(engine.max_verify_batch() - 1, 16)
         k = min(args.k, k_max)
         prompts = load_prompts(categories=args.category)
-        encoded = [(p, _prompt_tokens(engine, p.prompt, raw=False, system=None)[0]) for p in prompts]
+        encoded = [(p, _prompt_tokens(engine, p.prompt, raw=False, system=None, template=None)[0]) for p in prompts]
         costs = measure_costs(engine, encoded[0][1], k_max)
         print("costs: target pass " + ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in sorted(costs.target.items()))
               + f"; draft token {costs.per_draft_token['draft'] * 1000:.1f} ms, catch-up "
