@@ -17,9 +17,8 @@ STEADY_CATCH_UP = 2
 """Tokens a draft model in use every cycle evaluates before drafting: the last
 draft token (drafted, never fed to it) and the target's own token. Part of
 the cost of drafting. A catch-up over more tokens, after auto left the draft
-model idle, is the price of switching back to it: measured and charged apart
-(charged per drafted token it made drafting look 2.5x dearer than it is;
-ignored, auto switched back at the price of reading a whole prompt)."""
+model idle, is the price of switching back to it, measured and charged apart:
+it is paid once per switch, not per drafted token, and it is not free."""
 
 
 class Costs:
@@ -51,9 +50,9 @@ class Costs:
     def break_even(self, name: str) -> float:
         """How likely a drafter's next guess must be to be accepted for drafting
         it to pay on this machine: it costs a draft step and a verify column, and
-        saves a target pass when it and every guess before it are right. About
-        0.6 on a 2-core CPU (a column is a third of a pass), 0.1-0.2 on a GPU
-        (a column is almost free)."""
+        saves a target pass when it and every guess before it are right. High
+        where a verify column costs nearly a pass (a compute-bound CPU), low
+        where it is almost free (a GPU)."""
         single, largest = self.target_pass(1), max(self.target)
         column = (self.target_pass(largest) - single) / (largest - 1) if largest > 1 else single
         return min(1.0, (self.per_draft_token.get(name, 0.0) + column) / single)
