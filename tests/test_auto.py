@@ -174,6 +174,7 @@ def test_a_draft_model_that_stops_when_unsure_is_priced_by_what_it_drafts():
                        k_max=6, priors={"lookup": 0.0})
         a = p.acceptance["draft"] = Acceptance(0.6, weight=100.0)
         a.drafted, a.stops = continuation * 100.0, (1.0 - continuation) * 100.0
+        p.ledger.saved = 10.0  # a reply that has saved plenty: pricing alone decides
         return p.plan([1, 2, 3, 4, 5, 6])
 
     careful = choice(0.6)
@@ -194,8 +195,9 @@ def test_a_new_reply_forgets_most_of_what_the_last_one_taught():
     run(p, history, 1000)  # plain cycles: the ledger has made up for those losses
     p.prefill(history)  # the next reply
     plans = [p.plan(history) for _ in range(AutoPolicy.PROBE_FIRST)]
-    assert plans[-1].kind == "probe" and plans[-1].drafter is draft
-    p.observe(CycleReport(plans[-1], drafted=2, accepted=2, draft_s=0.048, verify_s=0.151))
+    [probe] = [plan for plan in plans if plan.kind == "probe"]  # early in the reply
+    assert probe.drafter is draft
+    p.observe(CycleReport(probe, drafted=2, accepted=2, draft_s=0.048, verify_s=0.151))
     assert p.plan(history).drafter is draft
 
 
@@ -252,6 +254,7 @@ def test_switching_back_to_a_draft_model_spreads_its_catch_up_over_the_cycles_it
     costs = Costs({1: 0.10, 5: 0.23}, {"draft": 0.03, "lookup": 0.0}, {"draft": 0.01})
     draft = FakeDraftModel()
     p = AutoPolicy(costs, [PromptLookup(), draft], k_max=4, priors={"draft": 0.99, "lookup": 0.5})
+    p.ledger.saved = 10.0  # the lookup run saved plenty: pricing alone decides
     draft.missed = 20
     assert p.plan([1, 2, 3, 4, 5, 6]).drafter is draft
     one_cycle = expected_tokens(0.99, 4) / (0.23 + 4 * 0.03 + costs.catch_up("draft", 20))
@@ -356,4 +359,18 @@ def test_each_reply_has_its_own_exploration_budget():
     p.ledger.saved = 100.0  # a long, lucky reply
     p.prefill([1, 2, 3])
     assert p.ledger.saved == 0.0
-    assert p.ledger.credit == pytest.approx(Ledger.ALLOWANCE * AutoPolicy.TYPICAL_REPLY * CPU[1])
+    assert p.ledger.credit == pytest.approx(Ledger.ALLOWANCE * AutoPolicy.TYPICAL_REPLY * CPU[1] / 2)
+
+
+def test_no_cycle_risks_more_than_the_ledger_can_lose():
+    """A long lookup draft that would cost nine plain passes if wrong is not
+    bet on a fresh reply, however sure auto is of it; once shorter drafts have
+    saved enough, it is."""
+    costs = Costs({1: 0.033, 2: 0.040, 9: 0.120, 17: 0.150}, {"draft": 0.011, "lookup": 0.0})
+    p = AutoPolicy(costs, [PromptLookup()], k_max=8, lookup_k_max=16, priors={"lookup": 0.5})
+    p.acceptance["lookup/8-gram"] = Acceptance(0.999, weight=100.0)
+    history = list(range(40)) + list(range(20))  # the reply copies what came before
+    fresh = p.plan(history)
+    assert fresh.kind == "chosen" and 1 <= fresh.k <= 4  # a 5-token pass risks what a fresh reply can lose
+    p.ledger.saved = 1.0
+    assert p.plan(history).k == 16

@@ -80,11 +80,12 @@ class Ledger:
     cycle's time against the single-token passes its tokens would have cost, and
     the plain decode time that all cycles stand for.
 
-    Exploration (probing a drafter that auto stopped using) is paid from what
-    drafting has saved in this reply plus ALLOWANCE of the reply's plain decode
-    time (as long as replies have been so far, until it runs longer), so that it
-    can never cost a reply more than that; and while drafting as a whole has
-    lost more than that, only a drafter far ahead of plain decoding is chosen."""
+    No cycle may risk more, if every guess it drafts is rejected, than the
+    credit: what drafting has saved in this reply plus ALLOWANCE of its plain
+    decode time, half of it lent at the start (from the length of earlier
+    replies) and half earned as the reply goes on. So a reply of the usual
+    length never falls more than ALLOWANCE behind plain decoding, whatever the
+    estimates said, and long drafts are paid from what shorter ones saved."""
 
     ALLOWANCE = 0.02
 
@@ -99,7 +100,7 @@ class Ledger:
     @property
     def credit(self) -> float:
         """Seconds that exploration may still cost."""
-        return self.saved + self.ALLOWANCE * max(self.plain_s, self.expected_s)
+        return self.saved + self.ALLOWANCE * (self.plain_s + self.expected_s) / 2
 
     def observe(self, report: CycleReport, single_s: float) -> None:
         """`single_s`: what a single-token pass costs now."""
@@ -167,9 +168,9 @@ class AutoPolicy(Policy):
         self._idle = {d.name: 0 for d in self.drafters}
         self._probe_wait = {d.name: self.PROBE_EVERY for d in self.drafters}
         self._shadow: tuple[int, list[int], str] | None = None
-        self.ledger = Ledger()
-        self._reply_s: float | None = None
+        self._reply_s = self.TYPICAL_REPLY * costs.target_pass(1)
         """Plain decode seconds of a reply, averaged over the replies so far."""
+        self.ledger = Ledger(self._reply_s)
 
     def prefill(self, prompt):
         """A new reply: warm the drafters that can pay on this machine, and
@@ -179,8 +180,8 @@ class AutoPolicy(Policy):
         so a cold draft model would hardly ever be chosen; and its acceptance
         depends on the prompt (high when the reply copies, lower in free text),
         so what the last reply taught is checked early in this one."""
-        self._reply_s = (self.TYPICAL_REPLY * self.costs.target_pass(1) if self._reply_s is None
-                         else self._reply_s + 0.5 * (self.ledger.plain_s - self._reply_s))
+        if self.ledger.plain_s > 0:  # a reply went before this one
+            self._reply_s += 0.5 * (self.ledger.plain_s - self._reply_s)
         self.ledger = Ledger(self._reply_s)
         for bucket, acceptance in self.acceptance.items():
             if acceptance.rate < self._prior(bucket):
@@ -225,7 +226,7 @@ class AutoPolicy(Policy):
                       if k_cap > 0 else 0.0)
             for k in range(1, k_cap + 1):
                 rate = self._rate(drafter, a, k, switch)
-                if rate > best_rate:
+                if rate > best_rate and self._worst_loss(drafter, k, history) <= self.ledger.credit:
                     best, best_rate = Plan(drafter, k, bucket=bucket, proposal=proposal), rate
                 if runner_up is None or rate > runner_up[1]:
                     runner_up = (Plan(drafter, k, bucket=bucket), rate)
@@ -241,7 +242,7 @@ class AutoPolicy(Policy):
             probe = next(((d, min(self.PROBE_K, k_cap), bucket) for d, k_cap, bucket, proposal in options
                           if proposal is None and self._idle[d.name] >= self._probe_wait[d.name] and k_cap > 0
                           and self._could_pay(d)), None)
-            if probe is not None and self._probe_cost(*probe[:2], history) <= self.ledger.credit:
+            if probe is not None and self._worst_loss(*probe[:2], history) <= self.ledger.credit:
                 drafter, k, bucket = probe
                 self._idle[drafter.name] = 0
                 self._probe_wait[drafter.name] = min(2 * self._probe_wait[drafter.name], self.PROBE_MAX)
@@ -252,8 +253,9 @@ class AutoPolicy(Policy):
                 best.reason = "plain: nothing to draft"
             else:
                 plan, rate = runner_up
-                best.reason = (f"plain: drafting would not pay (best {plan.drafter.name} k={plan.k}: "
-                               f"{rate / plain_rate:.2f}x)")
+                why = ("would risk more than this reply's ledger allows" if rate > plain_rate * (1.0 + margin)
+                       else "would not pay")
+                best.reason = f"plain: drafting {why} (best {plan.drafter.name} k={plan.k}: {rate / plain_rate:.2f}x)"
             return best
         a = self._acceptance(best.bucket).rate
         best.reason = f"{best.bucket} k={best.k}: {best_rate / plain_rate:.2f}x plain expected, acceptance {a:.0%}"
@@ -262,8 +264,12 @@ class AutoPolicy(Policy):
             best.reason += f", drafting while {best.p_draft:.0%} sure"
         return best
 
-    def _probe_cost(self, drafter: Drafter, k: int, history: Sequence[int]) -> float:
-        """What a probe loses against plain decoding if every guess is rejected."""
+    def _worst_loss(self, drafter: Drafter, k: int, history: Sequence[int]) -> float:
+        """What a cycle drafting k tokens loses against plain decoding if every
+        guess is rejected. No cycle may risk more than the ledger's credit, so a
+        reply never falls further behind plain decoding than its allowance, and
+        long drafts, dear where verify columns cost nearly a pass (a CPU), are
+        paid from what shorter ones saved."""
         return (self.costs.catch_up(drafter.name, drafter.behind(history)) + self.costs.draft(drafter.name, k)
                 + self.costs.target_pass(k + 1) - self.costs.target_pass(1))
 
