@@ -114,12 +114,13 @@ def test_exploration_never_costs_more_than_the_ledger_allows():
     assert -p.ledger.saved <= Ledger.ALLOWANCE * p.ledger.plain_s
 
 
-def test_while_drafting_has_lost_only_a_drafter_far_ahead_is_chosen():
+def test_once_the_ledger_is_spent_nothing_is_drafted():
     p = policy(GPU, 0.010, prior=0.7)
     history = [1, 2, 3, 4, 5, 6]
     assert p.plan(history).kind == "chosen"  # the prior says it pays, by ~10%
     p.ledger.saved = -1.0  # far behind
-    assert p.plan(history).kind == "plain"
+    plan = p.plan(history)
+    assert plan.kind == "plain" and "ledger" in plan.reason
 
 
 def test_costs_follow_measured_cycles():

@@ -130,10 +130,6 @@ class AutoPolicy(Policy):
     """How much faster than plain decoding a drafter must be expected to be. The
     estimates are noisy, and the best of several noisy estimates is too high on
     average (the winner's curse): without a margin, near-ties cost speed."""
-    BEHIND_MARGIN = 0.25
-    """The margin while drafting has lost more than the ledger allows: the
-    estimates have been too hopeful on this machine or reply, so only a drafter
-    expected to be far ahead is trusted until the ledger recovers."""
     SWITCH_CYCLES = 4
     """Cycles a drafter switched to is expected to stay in use: the price of
     switching (a draft model reading what it missed) is spread over them. Charged
@@ -216,17 +212,15 @@ class AutoPolicy(Policy):
     def plan(self, history: Sequence[int]) -> Plan:
         self._score_shadow(history)
         plain_rate = 1.0 / self.costs.target_pass(1)
-        margin = self.MARGIN if self.ledger.credit >= 0 else self.BEHIND_MARGIN
-        best, best_rate = Plan(None, 0), plain_rate * (1.0 + margin)
+        best, best_rate = Plan(None, 0), plain_rate * (1.0 + self.MARGIN)
         runner_up = None
         options = [(d, *self._options(d, history)) for d in self.drafters]
         for drafter, k_cap, bucket, proposal in options:
             a = self._acceptance(bucket)
-            switch = (self.costs.catch_up(drafter.name, drafter.behind(history)) / self.SWITCH_CYCLES
-                      if k_cap > 0 else 0.0)
+            catch_up = self.costs.catch_up(drafter.name, drafter.behind(history)) if k_cap > 0 else 0.0
             for k in range(1, k_cap + 1):
-                rate = self._rate(drafter, a, k, switch)
-                if rate > best_rate and self._worst_loss(drafter, k, history) <= self.ledger.credit:
+                rate = self._rate(drafter, a, k, catch_up / self.SWITCH_CYCLES)
+                if rate > best_rate and self._worst_loss(drafter, k, catch_up) <= self.ledger.credit:
                     best, best_rate = Plan(drafter, k, bucket=bucket, proposal=proposal), rate
                 if runner_up is None or rate > runner_up[1]:
                     runner_up = (Plan(drafter, k, bucket=bucket), rate)
@@ -242,7 +236,8 @@ class AutoPolicy(Policy):
             probe = next(((d, min(self.PROBE_K, k_cap), bucket) for d, k_cap, bucket, proposal in options
                           if proposal is None and self._idle[d.name] >= self._probe_wait[d.name] and k_cap > 0
                           and self._could_pay(d)), None)
-            if probe is not None and self._worst_loss(*probe[:2], history) <= self.ledger.credit:
+            if probe is not None and self._worst_loss(*probe[:2], self.costs.catch_up(
+                    probe[0].name, probe[0].behind(history))) <= self.ledger.credit:
                 drafter, k, bucket = probe
                 self._idle[drafter.name] = 0
                 self._probe_wait[drafter.name] = min(2 * self._probe_wait[drafter.name], self.PROBE_MAX)
@@ -253,7 +248,7 @@ class AutoPolicy(Policy):
                 best.reason = "plain: nothing to draft"
             else:
                 plan, rate = runner_up
-                why = ("would risk more than this reply's ledger allows" if rate > plain_rate * (1.0 + margin)
+                why = ("would risk more than this reply's ledger allows" if rate > plain_rate * (1.0 + self.MARGIN)
                        else "would not pay")
                 best.reason = f"plain: drafting {why} (best {plan.drafter.name} k={plan.k}: {rate / plain_rate:.2f}x)"
             return best
@@ -264,14 +259,14 @@ class AutoPolicy(Policy):
             best.reason += f", drafting while {best.p_draft:.0%} sure"
         return best
 
-    def _worst_loss(self, drafter: Drafter, k: int, history: Sequence[int]) -> float:
+    def _worst_loss(self, drafter: Drafter, k: int, catch_up_s: float) -> float:
         """What a cycle drafting k tokens loses against plain decoding if every
-        guess is rejected. No cycle may risk more than the ledger's credit, so a
-        reply never falls further behind plain decoding than its allowance, and
-        long drafts, dear where verify columns cost nearly a pass (a CPU), are
-        paid from what shorter ones saved."""
-        return (self.costs.catch_up(drafter.name, drafter.behind(history)) + self.costs.draft(drafter.name, k)
-                + self.costs.target_pass(k + 1) - self.costs.target_pass(1))
+        guess is rejected (`catch_up_s`: what the drafter must read first). No
+        cycle may risk more than the ledger's credit, so a reply never falls
+        further behind plain decoding than its allowance, and long drafts, dear
+        where a verify column costs nearly a pass (a CPU), are paid from what
+        shorter ones saved."""
+        return catch_up_s + self.costs.draft(drafter.name, k) + self.costs.target_pass(k + 1) - self.costs.target_pass(1)
 
     def _options(self, drafter: Drafter, history: Sequence[int]) -> tuple[int, str, list[int] | None]:
         """The longest draft worth considering, the acceptance bucket, and for
