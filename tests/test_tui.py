@@ -228,7 +228,7 @@ async def test_a_store_failing_mid_chat_is_shown_not_a_crash(store):
 
 
 async def test_escape_stops_the_reply_and_keeps_it(store):
-    app = make_app(store, reply="word " * 400, delay_s=0.003)
+    app = make_app(store, reply="word " * 400, delay_s=0.02)  # long enough to be stopped whatever the redraw rate
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "Talk", key=False)

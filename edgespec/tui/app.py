@@ -3,16 +3,17 @@ status line of speculation, and screens for models, settings and help.
 
 Decoding and model loading run in thread workers; they touch widgets only via
 `call_from_thread`. A reply's chunks go into a `ReplyBuffer` that the screen
-drains at most RENDER_HZ times a second: the decode thread never waits for a
-render, and rendering Markdown costs no decode speed. The app is given how to
+drains on a timer: the decode thread never waits for a render, and the screen
+redraws only as often as keeps its own CPU time within RENDER_SHARE. The app is given how to
 load an engine and how to make a chat session, so tests run it on a fake engine.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Awaitable, Callable, Iterable, Iterator
 
 from rich.text import Text
 from textual import on, work
@@ -41,8 +42,17 @@ EngineLoader = Callable[[ModelChoice, ChatSettings], object]
 
 
 RENDER_HZ = 15
-"""How often a streaming reply is redrawn: smooth to the eye, and few enough
-Markdown renders that the screen takes little CPU from llama.cpp's threads."""
+"""The most a streaming reply is redrawn per second (smooth to the eye)."""
+
+RENDER_WAIT_MAX = 1.0
+"""The longest wait between redraws, whatever they cost: the reply must be seen to move."""
+
+RENDER_SHARE = 0.03
+"""The most of a CPU the screen may spend while a reply streams. On a CPU
+llama.cpp decodes on every core, so what the screen draws is taken from
+decoding: re-rendering a long Markdown reply 15 times a second cost 30-40% of
+the decode speed on 2 cores. The screen measures its own CPU time and waits
+long enough after each redraw to stay within this share."""
 
 
 class ReplyBuffer:
@@ -66,6 +76,29 @@ class ReplyBuffer:
             taken = "".join(self._text), self._runs, self._stats
             self._text, self._runs, self._stats = [], [], None
         return taken
+
+
+class RedrawTimer:
+    """Calls `redraw` while a reply streams: at most RENDER_HZ times a second,
+    and after each call waits until the screen's CPU time since the previous
+    one is at most RENDER_SHARE of the time that passed, or RENDER_WAIT_MAX
+    (Textual draws on the app's thread, so that thread's CPU time is what the
+    screen costs)."""
+
+    def __init__(self, app: App, redraw: Callable[[], Awaitable[None]]) -> None:
+        self._app, self._redraw = app, redraw
+        self._cpu = time.thread_time()
+        self._timer = app.set_timer(1 / RENDER_HZ, self._tick)
+
+    async def _tick(self) -> None:
+        await self._redraw()
+        cpu = time.thread_time()
+        spent, self._cpu = cpu - self._cpu, cpu
+        wait = min(max(1 / RENDER_HZ, spent / RENDER_SHARE), RENDER_WAIT_MAX)
+        self._timer = self._app.set_timer(wait, self._tick)
+
+    def stop(self) -> None:
+        self._timer.stop()
 
 
 def default_session_factory(engine, **kwargs):
@@ -444,12 +477,12 @@ class EdgespecApp(App):
         self._stop.clear()
         self.generating = True
         pending = ReplyBuffer()
-        timer = self.set_interval(1 / RENDER_HZ, lambda: self._show_pending(box, pending))
-        self._reply_worker(make_chunks, box, pending, timer)
+        redraws = RedrawTimer(self, lambda: self._show_pending(box, pending))
+        self._reply_worker(make_chunks, box, pending, redraws)
 
     @work(thread=True, exclusive=True, group="reply")
     def _reply_worker(self, make_chunks: Callable[[], Iterator], box: MessageBox, pending: ReplyBuffer,
-                      timer) -> None:
+                      redraws: "RedrawTimer") -> None:
         error = None
         chunks = None
         try:
@@ -468,7 +501,7 @@ class EdgespecApp(App):
         finally:
             if chunks is not None and hasattr(chunks, "close"):
                 chunks.close()  # a partial reply is stored as "stopped"
-            self.call_from_thread(self._reply_done, box, error, pending, timer)
+            self.call_from_thread(self._reply_done, box, error, pending, redraws)
 
     async def _show_pending(self, box: MessageBox, pending: ReplyBuffer) -> None:
         text, runs, stats = pending.take()
@@ -487,8 +520,9 @@ class EdgespecApp(App):
             self.query_one(ConversationList).refresh_list()
             self.query_one(ConversationList).highlight(cid)
 
-    async def _reply_done(self, box: MessageBox, error: str | None, pending: ReplyBuffer, timer) -> None:
-        timer.stop()
+    async def _reply_done(self, box: MessageBox, error: str | None, pending: ReplyBuffer,
+                          redraws: "RedrawTimer") -> None:
+        redraws.stop()
         await self._show_pending(box, pending)
         messages = self.session.messages if self.session is not None else []
         last = messages[-1] if messages else None
