@@ -13,10 +13,6 @@ from dataclasses import asdict, dataclass, field
 MODES = ("plain", "draft", "lookup", "auto")
 """Speculation modes: no drafter, a draft model, prompt lookup, or chosen per cycle."""
 
-FINISH_REASONS = ("eog", "max_tokens", "stop", "context", "cancelled")
-"""Why a generation ended: end-of-generation token, token budget, a stop string,
-a full context window, or the consumer stopped it."""
-
 
 @dataclass
 class GenerationParams:
@@ -74,6 +70,9 @@ class Stats:
     """The latest cycle's kind of plan: "plain", "chosen" (the best expected rate) or
     "probe" (auto mode checking a drafter it stopped using)."""
     stop_reason: str | None = None
+    """Why it ended: "eog" (end-of-generation token), "max_tokens", "stop" (a stop
+    string), "context" (the context window is full) or "cancelled" (the consumer
+    stopped it)."""
     dropped_messages: int = 0
     """Oldest messages left out so that a chat fits in the context (chat sessions)."""
 

@@ -13,7 +13,6 @@ class LlamaBatch:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self._batch = llama_cpp.llama_batch_init(capacity, 0, 1)
-        self.n_outputs = 0
 
     @property
     def struct(self) -> llama_cpp.llama_batch:
@@ -33,7 +32,6 @@ class LlamaBatch:
             b.seq_id[i][0] = 0
             b.logits[i] = all_logits
         b.logits[n - 1] = True
-        self.n_outputs = n if all_logits else 1
 
     def close(self) -> None:
         if self._batch is not None:
