@@ -11,7 +11,10 @@ runs also check that every mode produced exactly the plain tokens.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -120,8 +123,6 @@ class LlamaCppBaseline:
     def __init__(self, path: str, *, n_ctx: int, n_threads: int | None, is_eog: Callable[[int], bool],
                  **llama_options):
         """`llama_options` go to `Llama` as they are (none: its defaults)."""
-        import os
-
         from llama_cpp import Llama
 
         threads = n_threads or os.cpu_count() or 1
@@ -130,16 +131,14 @@ class LlamaCppBaseline:
         self.is_eog = is_eog
 
     def generate(self, tokens: Sequence[int], params: GenerationParams) -> tuple[list[int], Stats]:
-        import time
-
         self.llm.reset()
         self.llm.eval(list(tokens[:-1]))
+        if params.seed is not None:
+            self.llm.set_seed(params.seed)
         stats = Stats(mode=BASELINE, prompt_tokens=len(tokens))
         out: list[int] = []
         start = time.perf_counter()
         # generate() finds the prompt but its last token already evaluated (prefix match) and reads only that one.
-        if params.seed is not None:
-            self.llm.set_seed(params.seed)
         for token in self.llm.generate(list(tokens), temp=params.temperature, top_k=params.top_k,
                                        top_p=params.top_p, min_p=0.0):
             if self.is_eog(token):
@@ -157,9 +156,6 @@ class LlamaCppBaseline:
 
 def machine() -> str:
     """The CPU, for people reading figures: they change from machine to machine."""
-    import os
-    import platform
-
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

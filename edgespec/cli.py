@@ -663,8 +663,7 @@ def _add_serve(sub) -> None:
                    help="allow a non-loopback --host with no API key: anyone who can reach the port can use it")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN call the API (repeatable; default: none)")
-    p.add_argument("--template", metavar="FORMAT", help="chat format for a model whose GGUF has no template "
-                   "(chatml, llama3, gemma, plain)")
+    add_template_option(p)
     p.add_argument("--verbose", action="store_true", help="log every HTTP request")
     add_model_options(p)
     add_sampling_options(p)

@@ -74,7 +74,6 @@ class _Loaded:
 
     def __init__(self, settings: ModelSettings):
         self.settings = settings
-        self.exact = settings.exact
         self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers)
         try:
             self.ctx = self._context()
@@ -82,6 +81,10 @@ class _Loaded:
             self.model.close()
             raise
         self.seq = KVSequence(self.ctx)
+
+    @property
+    def exact(self) -> bool:
+        return self.settings.exact
 
     def _context(self) -> LlamaContext:
         s = self.settings

@@ -36,8 +36,8 @@ class LlamaModel:
     def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, vocab_only: bool = False,
                  extra_bufts: bool = True):
         """extra_bufts=False keeps the weights in plain layouts (no CPU repacking):
-        slower, but each token's logits then come out bit-identical whatever
-        the batch size, which token-exact speculation on the CPU relies on."""
+        slower, but every batch size then takes the same matrix kernels
+        (scripts/exact_kernels.py measures what that costs and keeps exact)."""
         self.path = Path(path)
         check_gguf_file(self.path)
         backend_init()

@@ -4,8 +4,9 @@ status line of speculation, and screens for models, settings and help.
 Decoding and model loading run in thread workers; they touch widgets only via
 `call_from_thread`. A reply's chunks go into a `ReplyBuffer` that the screen
 drains on a timer: the decode thread never waits for a render, and the screen
-redraws only as often as keeps its own CPU time within RENDER_SHARE. The app is given how to
-load an engine and how to make a chat session, so tests run it on a fake engine.
+redraws only as often as keeps its own CPU time within RENDER_SHARE. The app
+is given how to load an engine and how to make a chat session, so tests run
+it on a fake engine.
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ RENDER_WAIT_MAX = 1.0
 RENDER_SHARE = 0.03
 """The most of a CPU the screen may spend while a reply streams. On a CPU
 llama.cpp decodes on every core, so what the screen draws is taken from
-decoding: re-rendering a long Markdown reply 15 times a second cost 30-40% of
-the decode speed on 2 cores. The screen measures its own CPU time and waits
-long enough after each redraw to stay within this share."""
+decoding, and re-rendering a growing Markdown reply costs more each time. The
+screen measures its own CPU time and waits long enough after each redraw to
+stay within this share."""
 
 
 class ReplyBuffer:
@@ -482,7 +483,7 @@ class EdgespecApp(App):
 
     @work(thread=True, exclusive=True, group="reply")
     def _reply_worker(self, make_chunks: Callable[[], Iterator], box: MessageBox, pending: ReplyBuffer,
-                      redraws: "RedrawTimer") -> None:
+                      redraws: RedrawTimer) -> None:
         error = None
         chunks = None
         try:
@@ -521,7 +522,7 @@ class EdgespecApp(App):
             self.query_one(ConversationList).highlight(cid)
 
     async def _reply_done(self, box: MessageBox, error: str | None, pending: ReplyBuffer,
-                          redraws: "RedrawTimer") -> None:
+                          redraws: RedrawTimer) -> None:
         redraws.stop()
         await self._show_pending(box, pending)
         messages = self.session.messages if self.session is not None else []
