@@ -251,7 +251,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _read_stdin() -> str:
     """stdin as UTF-8; bytes that are not UTF-8 become U+FFFD, with a note naming the first."""
-    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    stdin = sys.stdin
+    data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -310,8 +311,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     print(bench.summarize(results))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    bench.write_json(results, out / "results.json", meta={"models": info, "machine": bench.machine(), "repeats": args.repeats,
-                                                          "max_tokens": args.max_tokens, "k": args.k})
+    meta = {"models": info, "machine": bench.machine(), "repeats": args.repeats, "max_tokens": args.max_tokens,
+            "k": args.k}
+    bench.write_json(results, out / "results.json", meta=meta)
     bench.write_chart(results, out / "speedup.png")
     print(f"\nwrote {out / 'results.json'} and {out / 'speedup.png'}")
     return 0

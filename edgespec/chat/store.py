@@ -149,7 +149,8 @@ class ConversationStore:
                     part.rename(aside.with_name(aside.name + suffix))
         except OSError as e:
             raise StoreError(f"{self.path} is damaged and could not be moved aside ({e.strerror or e}). Move it "
-                             f"away yourself (keep it: `sqlite3 FILE .recover` may salvage it) and start again.") from None
+                             f"away yourself (keep it: `sqlite3 FILE .recover` may salvage it) and start "
+                             f"again.") from None
         return aside
 
     # -- conversations -----------------------------------------------------------------
@@ -246,7 +247,8 @@ class ConversationStore:
     def last_message_id(self, conversation_id: int) -> int | None:
         """The id of the conversation's latest message (None: it has none)."""
         with self._reading() as db:
-            return db.execute("SELECT MAX(id) FROM messages WHERE conversation_id = ?", (conversation_id,)).fetchone()[0]
+            row = db.execute("SELECT MAX(id) FROM messages WHERE conversation_id = ?", (conversation_id,)).fetchone()
+            return row[0]
 
     @contextmanager
     def reply_lock(self, conversation_id: int, *, on_wait: Callable[[], None] | None = None) -> Iterator[None]:

@@ -266,7 +266,8 @@ class AutoPolicy(Policy):
         further behind plain decoding than its allowance, and long drafts, dear
         where a verify column costs nearly a pass (a CPU), are paid from what
         shorter ones saved."""
-        return catch_up_s + self.costs.draft(drafter.name, k) + self.costs.target_pass(k + 1) - self.costs.target_pass(1)
+        verify = self.costs.target_pass(k + 1) - self.costs.target_pass(1)
+        return catch_up_s + self.costs.draft(drafter.name, k) + verify
 
     def _options(self, drafter: Drafter, history: Sequence[int]) -> tuple[int, str, list[int] | None]:
         """The longest draft worth considering, the acceptance bucket, and for
