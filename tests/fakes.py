@@ -8,6 +8,7 @@ had to evaluate (everything after the longest common prefix with the cache).
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -23,7 +24,8 @@ class FakeEngine:
     def __init__(self, *, n_ctx: int = 4096, chat_template: str | None = None,
                  specials: tuple[str, ...] = CHATML["specials"], bos_text: str = CHATML["bos"],
                  eos_text: str = CHATML["eos"], reply: Callable[[str], str] | None = None,
-                 delay_s: float = 0.0, has_draft: bool = False):
+                 delay_s: float = 0.0, has_draft: bool = False, hold: threading.Event | None = None,
+                 hold_after: int = 0):
         self.n_ctx = n_ctx
         self.chat_template = chat_template
         self.has_draft = has_draft
@@ -32,10 +34,16 @@ class FakeEngine:
         self.eos = self._specials[eos_text]
         self._reply = reply
         self._delay_s = delay_s
+        self._hold = hold
+        self._hold_after = hold_after
+        """With `hold`, a reply pauses after `hold_after` characters until the test sets it:
+        a test sees the reply mid-stream however slow the machine."""
         self.cache: list[int] = []
         self.prompts: list[list[int]] = []
         """The prompt tokens of every generate() call, in order."""
         self.closed = False
+        self.generating = False
+        self.closed_while_generating = False
 
     # -- tokenizer ---------------------------------------------------------------------
     def token_text(self, token: int) -> str:
@@ -62,6 +70,13 @@ class FakeEngine:
 
     # -- generation --------------------------------------------------------------------
     def generate(self, prompt_tokens: list[int], params: GenerationParams) -> Iterator[Chunk]:
+        self.generating = True
+        try:
+            yield from self._generate(prompt_tokens, params)
+        finally:
+            self.generating = False
+
+    def _generate(self, prompt_tokens: list[int], params: GenerationParams) -> Iterator[Chunk]:
         prompt = list(prompt_tokens)
         self.prompts.append(prompt)
         common = 0
@@ -78,6 +93,8 @@ class FakeEngine:
             if i >= params.max_tokens:
                 finish = "max_tokens"
                 break
+            if self._hold is not None and i == self._hold_after:
+                self._hold.wait(timeout=30)
             if self._delay_s:
                 time.sleep(self._delay_s)
             stats.generated_tokens += 1
@@ -96,6 +113,7 @@ class FakeEngine:
         self.cache = []
 
     def close(self) -> None:
+        self.closed_while_generating |= self.generating  # a real engine would free memory a decode is using
         self.closed = True
 
     def __enter__(self):

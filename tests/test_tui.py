@@ -4,6 +4,7 @@ downloads, failures (Textual Pilot), plus the app's pure helpers."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -69,6 +70,7 @@ class FakeCatalog:
         self.installed = {"tiny-target": True, "tiny-draft": False}
         self.fail = fail
         self.step_s = step_s
+        self.pull_ended = threading.Event()
 
     def rows(self):
         pair_installed = all(self.installed.values())
@@ -79,13 +81,17 @@ class FakeCatalog:
         ]
 
     def pull(self, name, *, progress):
-        total = 1_000_000_000
-        for i in range(1, 11):
-            time.sleep(self.step_s)
-            if self.fail and i == 3:
-                raise DownloadError(self.fail)
-            progress(PullProgress(done=i * total // 10, total=total, speed=50e6, eta=(10 - i) * 2.0, what=name))
-        self.installed[name] = True
+        self.pull_ended.clear()
+        try:
+            total = 1_000_000_000
+            for i in range(1, 11):
+                time.sleep(self.step_s)
+                if self.fail and i == 3:
+                    raise DownloadError(self.fail)
+                progress(PullProgress(done=i * total // 10, total=total, speed=50e6, eta=(10 - i) * 2.0, what=name))
+            self.installed[name] = True
+        finally:
+            self.pull_ended.set()
 
     def resolve(self, name):
         return f"/models/{name}.gguf"
@@ -103,11 +109,13 @@ def store(tmp_path):
         yield s
 
 
-def make_app(store, *, reply=REPLY, delay_s=0.0, engine_cls=SpecFakeEngine, load=None, catalog=None, **kwargs):
+def make_app(store, *, reply=REPLY, delay_s=0.0, engine_cls=SpecFakeEngine, load=None, catalog=None,
+             hold=None, hold_after=0, **kwargs):
     engines = []
 
     def default_load(choice, settings):
-        engine = engine_cls(reply=lambda prompt: reply, delay_s=delay_s, has_draft=True)
+        engine = engine_cls(reply=lambda prompt: reply, delay_s=delay_s, has_draft=True, hold=hold,
+                            hold_after=hold_after)
         engines.append(engine)
         return engine
 
@@ -146,16 +154,17 @@ def boxes(app) -> list[MessageBox]:
 # -- chat ------------------------------------------------------------------------------
 
 async def test_send_streams_the_reply_and_stores_it(store):
-    app = make_app(store, delay_s=0.004)
+    hold = threading.Event()  # the reply pauses half way until released: seen mid-stream on any machine
+    app = make_app(store, hold=hold, hold_after=len(REPLY) // 2)
     async with app.run_test(size=(110, 36)) as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "Write add()", key=False)
         await wait_for(pilot, lambda: len(boxes(app)) == 2 and boxes(app)[1].content)
         reply = boxes(app)[1]
         assert app.generating and reply.streaming, (reply.status, reply.content)
-        assert 0 < len(reply.content) < len(REPLY)  # seen mid-stream
-        # The status line follows the stream (updated from the worker thread, so it may lag a chunk).
+        assert 0 < len(reply.content) < len(REPLY)
         await wait_for(pilot, lambda: "tok/pass" in app.query_one(StatusLine).detail, timeout=5)
+        hold.set()
         await wait_for(pilot, lambda: not app.generating)
         assert reply.content == REPLY and reply.status == "done"
         assert "accepted" in format_stats(reply.stats)
@@ -245,6 +254,22 @@ async def test_escape_stops_the_reply_and_keeps_it(store):
         await wait_for(pilot, lambda: len(boxes(app)) == 4)
         await pilot.press("escape")
         await wait_for(pilot, lambda: not app.generating)
+
+
+async def test_quitting_mid_reply_keeps_the_reply_and_frees_the_models_after_the_decode(store):
+    hold = threading.Event()
+    app = make_app(store, reply="word " * 200, hold=hold, hold_after=40)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Talk", key=False)
+        await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) >= 40)
+        threading.Timer(0.3, hold.set).start()  # the decode step in flight ends a moment after the quit
+        await pilot.press("ctrl+q")
+    [engine] = app.engines
+    assert engine.closed and not engine.closed_while_generating
+    [info] = store.list()
+    stored = store.messages(info.id)[-1]
+    assert stored.role == "assistant" and stored.status == "stopped" and stored.content.startswith("word word")
 
 
 async def test_switching_conversations(store):
@@ -456,6 +481,20 @@ async def test_download_progress_cancel_and_finish(store):
         assert "installed" in str(screen.query_one("#download-status").render())
         await pilot.press("up", "up", "u")  # the pair, now installed: switch to it
         await wait_for(pilot, lambda: app.choice.pair == "tiny-pair" and app.model_state == "ready")
+
+
+async def test_quitting_mid_download_cancels_it(store):
+    catalog = FakeCatalog(step_s=0.2)
+    app = make_app(store, catalog=catalog)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await pilot.press("ctrl+o")
+        screen = app.screen
+        await pilot.press("down", "down", "p")
+        await wait_for(pilot, lambda: (screen.query_one("#download-progress").progress or 0) >= 100_000_000)
+        await pilot.press("ctrl+q")
+    assert catalog.pull_ended.wait(timeout=1.0)  # not left running to the end of a 2 s download
+    assert not catalog.installed["tiny-draft"]
 
 
 async def test_failed_download_says_why(store):

@@ -1,8 +1,9 @@
 """The chat app: conversations in a sidebar, replies streamed as Markdown, a live
 status line of speculation, and screens for models, settings and help.
 
-Decoding and model loading run in thread workers; they touch widgets only via
-`call_from_thread`. A reply's chunks go into a `ReplyBuffer` that the screen
+Decoding and model loading run in thread workers; they touch widgets only by
+posting messages, which never wait for the screen (a worker that waited on a
+screen that is closing would never end). A reply's chunks go into a `ReplyBuffer` that the screen
 drains on a timer: the decode thread never waits for a render, and the screen
 redraws only as often as keeps its own CPU time within RENDER_SHARE. The app
 is given how to load an engine and how to make a chat session, so tests run
@@ -21,6 +22,7 @@ from textual import on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Footer, Header, Static
 
@@ -47,6 +49,10 @@ RENDER_HZ = 15
 
 RENDER_WAIT_MAX = 1.0
 """The longest wait between redraws, whatever they cost: the reply must be seen to move."""
+
+QUIT_WAIT_S = 30.0
+"""How long quitting waits for the decode step in flight before leaving the
+models to the process's exit: freeing them under a running decode would crash."""
 
 RENDER_SHARE = 0.03
 """The most of a CPU the screen may spend while a reply streams. On a CPU
@@ -132,6 +138,21 @@ class EdgespecApp(App):
         Binding("f8", "delete", "Delete chat", show=False, priority=True),
     ]
 
+    class ModelsLoaded(Message):
+        def __init__(self, engine, hardware: tuple) -> None:
+            super().__init__()
+            self.engine, self.hardware = engine, hardware
+
+    class ModelsFailed(Message):
+        def __init__(self, reason: str) -> None:
+            super().__init__()
+            self.reason = reason
+
+    class ReplyEnded(Message):
+        def __init__(self, box: MessageBox, error: str | None, pending: ReplyBuffer, redraws: RedrawTimer) -> None:
+            super().__init__()
+            self.box, self.error, self.pending, self.redraws = box, error, pending, redraws
+
     SCREEN_ACTIONS = {"help"}
     """Actions that also work while a dialog or another screen is open (others are for the chat)."""
 
@@ -167,6 +188,8 @@ class EdgespecApp(App):
         """Decode speed of the last plain reply: the baseline for the speedup."""
         self._loaded_hardware: tuple | None = None
         self._stop = threading.Event()
+        self._decoding = threading.Lock()
+        """Held by the reply worker while it uses the engine."""
         self._store_problem = ""
         """What opening the conversation store needed telling (shown once the app is up)."""
 
@@ -258,14 +281,17 @@ class EdgespecApp(App):
         try:
             engine = self._load(choice, settings)
         except EdgespecError as e:
-            self.call_from_thread(self._models_failed, str(e))
+            self.post_message(self.ModelsFailed(str(e)))
             return
         except Exception as e:  # a bug or an unexpected library error: show it, don't crash
-            self.call_from_thread(self._models_failed, f"{type(e).__name__}: {e}")
+            self.post_message(self.ModelsFailed(f"{type(e).__name__}: {e}"))
             return
-        self.call_from_thread(self._models_ready, engine, settings.hardware())
+        if not self.post_message(self.ModelsLoaded(engine, settings.hardware())):
+            engine.close()  # the app has closed meanwhile
 
-    def _models_ready(self, engine, hardware: tuple) -> None:
+    @on(ModelsLoaded)
+    def _models_ready(self, event: ModelsLoaded) -> None:
+        engine, hardware = event.engine, event.hardware
         self.engine = engine
         self._loaded_hardware = hardware
         self.model_error = ""
@@ -278,6 +304,10 @@ class EdgespecApp(App):
         where = hardware_label(info)
         self.status.model_label = f"{self.choice.label}" + (f" ({where})" if where else "")
         self.session = self._make_session(self.conversation_id)
+
+    @on(ModelsFailed)
+    def _on_models_failed(self, event: ModelsFailed) -> None:
+        self._models_failed(event.reason)
 
     def _models_failed(self, reason: str) -> None:
         self.model_error = reason
@@ -486,6 +516,7 @@ class EdgespecApp(App):
                       redraws: RedrawTimer) -> None:
         error = None
         chunks = None
+        self._decoding.acquire()
         try:
             chunks = make_chunks()
             for chunk in chunks:
@@ -500,9 +531,14 @@ class EdgespecApp(App):
         except Exception as e:  # keep the app alive; the session stored the partial reply
             error = f"{type(e).__name__}: {e}"
         finally:
-            if chunks is not None and hasattr(chunks, "close"):
-                chunks.close()  # a partial reply is stored as "stopped"
-            self.call_from_thread(self._reply_done, box, error, pending, redraws)
+            try:
+                if chunks is not None and hasattr(chunks, "close"):
+                    chunks.close()  # a partial reply is stored as "stopped"
+            except EdgespecError as e:
+                error = error or str(e)
+            finally:
+                self._decoding.release()
+            self.post_message(self.ReplyEnded(box, error, pending, redraws))
 
     async def _show_pending(self, box: MessageBox, pending: ReplyBuffer) -> None:
         text, runs, stats = pending.take()
@@ -521,8 +557,9 @@ class EdgespecApp(App):
             self.query_one(ConversationList).refresh_list()
             self.query_one(ConversationList).highlight(cid)
 
-    async def _reply_done(self, box: MessageBox, error: str | None, pending: ReplyBuffer,
-                          redraws: RedrawTimer) -> None:
+    @on(ReplyEnded)
+    async def _reply_done(self, event: ReplyEnded) -> None:
+        box, error, pending, redraws = event.box, event.error, event.pending, event.redraws
         redraws.stop()
         await self._show_pending(box, pending)
         messages = self.session.messages if self.session is not None else []
@@ -685,5 +722,5 @@ class EdgespecApp(App):
 
     def on_unmount(self) -> None:
         self._stop.set()
-        if self.engine is not None:
+        if self.engine is not None and self._decoding.acquire(timeout=QUIT_WAIT_S):
             self.engine.close()

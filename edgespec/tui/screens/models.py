@@ -7,9 +7,10 @@ from __future__ import annotations
 import threading
 
 from rich.text import Text
-from textual import work
+from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Label, ProgressBar, Static
 
@@ -47,6 +48,16 @@ class ModelsScreen(Screen[ModelChoice | None]):
         Binding("u", "use", "Use"),
         Binding("c", "cancel", "Cancel download"),
     ]
+
+    class Progressed(Message):
+        def __init__(self, progress: PullProgress) -> None:
+            super().__init__()
+            self.progress = progress
+
+    class PullEnded(Message):
+        def __init__(self, name: str, problem: str | None) -> None:
+            super().__init__()
+            self.name, self.problem = name, problem
 
     def __init__(self, catalog: Catalog, *, current: ModelChoice | None = None) -> None:
         super().__init__()
@@ -131,25 +142,32 @@ class ModelsScreen(Screen[ModelChoice | None]):
         if self.pulling:
             self._cancel.set()
 
+    def on_unmount(self) -> None:
+        self._cancel.set()  # a download nobody can see any more stops (what it fetched is kept to resume)
+
     @work(thread=True, exclusive=True, group="pull")
     def _pull_worker(self, name: str) -> None:
         def show(p: PullProgress) -> None:
-            self.app.call_from_thread(self._show_progress, p)
+            self.post_message(self.Progressed(p))
 
         try:
             self.catalog.pull(name, progress=cancellable(show, self._cancel))
         except PullCancelled:
-            self.app.call_from_thread(self._pull_done, name, "Download cancelled.")
+            self.post_message(self.PullEnded(name, "Download cancelled."))
         except Exception as e:  # DownloadError and friends: say why
-            self.app.call_from_thread(self._pull_done, name, f"Download failed: {e}")
+            self.post_message(self.PullEnded(name, f"Download failed: {e}"))
         else:
-            self.app.call_from_thread(self._pull_done, name, None)
+            self.post_message(self.PullEnded(name, None))
 
-    def _show_progress(self, p: PullProgress) -> None:
+    @on(Progressed)
+    def _show_progress(self, event: Progressed) -> None:
+        p = event.progress
         self.query_one("#download-progress", ProgressBar).update(total=p.total, progress=p.done)
         self.query_one("#download-status", Static).update(describe_progress(p))
 
-    def _pull_done(self, name: str, problem: str | None) -> None:
+    @on(PullEnded)
+    def _pull_done(self, event: PullEnded) -> None:
+        name, problem = event.name, event.problem
         self.pulling = None
         self.query_one("#cancel", Button).disabled = True
         status = self.query_one("#download-status", Static)

@@ -92,7 +92,7 @@ class MessageBox(Vertical, can_focus=True):
         self.query_one(".header", Static).update(self._header_text())
 
     async def write(self, text: str, runs: list[tuple[str, bool]]) -> None:
-        """Append streamed text (called from the decoding worker via call_from_thread)."""
+        """Append streamed text (the app's redraw timer hands over what the decode thread produced)."""
         self.content += text
         self.runs.extend(runs)
         if self.show_origin:
