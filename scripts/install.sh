@@ -3,6 +3,8 @@
 #   scripts/install.sh          the app, `edgespec serve` and the bundled offline model pair
 #   scripts/install.sh --test   also what the test suite and benchmarks need
 # For Apple Metal or NVIDIA CUDA set CMAKE_ARGS first (see README.md).
+# llama.cpp's RPC backend (ggml-rpc) is always built in, so any install can be
+# a worker (`edgespec worker`) or use workers (`--rpc`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,8 +34,20 @@ cpu_args() {
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 
-if ! .venv/bin/python -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$llama_cpp_version')" 2>/dev/null; then
-    export CMAKE_ARGS="${CMAKE_ARGS:-$(cpu_args)}"
+# An installed build is kept only if it is this version and has ggml-rpc.
+has_build() {
+    .venv/bin/python -c "
+import glob, os, sys, llama_cpp
+lib = os.path.join(os.path.dirname(llama_cpp.__file__), 'lib')
+sys.exit(llama_cpp.__version__ != '$llama_cpp_version' or not glob.glob(os.path.join(lib, '*ggml-rpc*')))
+" 2>/dev/null
+}
+
+if ! has_build; then
+    # llama.cpp's RPC backend is always on, next to any CPU/GPU flags.
+    CMAKE_ARGS="${CMAKE_ARGS:-$(cpu_args)}"
+    case " $CMAKE_ARGS " in *" -DGGML_RPC="*) ;; *) CMAKE_ARGS="${CMAKE_ARGS:+$CMAKE_ARGS }-DGGML_RPC=ON" ;; esac
+    export CMAKE_ARGS
     echo "Building llama-cpp-python $llama_cpp_version (a few minutes) with CMAKE_ARGS='${CMAKE_ARGS}'"
     # No wheel cache: a cached build may have been made with other CMAKE_ARGS.
     .venv/bin/python -m pip install -q --no-cache-dir "llama-cpp-python==$llama_cpp_version"
