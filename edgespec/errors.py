@@ -39,3 +39,11 @@ class TemplateError(EdgespecError):
 
 class ServeError(EdgespecError):
     """The server cannot start as asked (an address in use, an exposed address without an API key)."""
+
+
+class WorkerUnreachableError(EdgespecError):
+    """An RPC worker (`edgespec worker`, llama.cpp's rpc-server) cannot be reached, or RPC is not built in."""
+
+
+class WorkerLostError(EdgespecError):
+    """An RPC worker holding some of the target's layers went away while in use."""

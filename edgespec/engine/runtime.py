@@ -24,6 +24,7 @@ from edgespec.errors import ModelLoadError
 from edgespec.llama import system_info
 from edgespec.llama.context import LlamaContext
 from edgespec.llama.model import LlamaModel
+from edgespec.llama.rpc import Split
 
 
 FAST_MAX_BATCH = 17
@@ -57,6 +58,9 @@ class ModelSettings:
     still the target's own choice from its own logits, but a batch rounds
     differently from single tokens, so a near-tie can flip. Only a target
     needs it: a draft model only guesses."""
+    rpc: Split | None = None
+    """RPC workers (and this machine's GPUs) for the n_gpu_layers offloaded layers;
+    the rest stay on this machine's CPU. Only a target: the draft stays local."""
 
 
 def vocab_info(model: LlamaModel) -> VocabInfo:
@@ -74,7 +78,7 @@ class _Loaded:
 
     def __init__(self, settings: ModelSettings):
         self.settings = settings
-        self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers)
+        self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers, split=settings.rpc)
         try:
             self.ctx = self._context()
         except BaseException:
@@ -104,6 +108,27 @@ class _Loaded:
         self.seq.close()
         self.ctx.close()
         self.model.close()
+
+
+def _placement(model: LlamaModel) -> list[dict]:
+    """How many layers (the output layer counts as one) each device holds, in
+    layer order: [{"device": "CPU", "worker": None, "layers": 12}, {"device": "RPC0",
+    "worker": "10.0.0.2:50052", "layers": 19}]."""
+    workers = {d.name: str(d.endpoint) if d.endpoint else None for d in model.devices}
+    rows: list[dict] = []
+    for _, name in sorted(model.layer_devices.items()):
+        if rows and rows[-1]["device"] == name:
+            rows[-1]["layers"] += 1
+        else:
+            rows.append({"device": name, "worker": workers.get(name), "layers": 1})
+    return rows
+
+
+def placement_line(info: dict) -> str:
+    """The target's layers for people: 'layers: CPU 12, RPC0@10.0.0.2:50052 19'."""
+    rows = info["models"]["target"].get("layers") or []
+    return "layers: " + ", ".join(f"{r['device']}{'@' + r['worker'] if r['worker'] else ''} {r['layers']}"
+                                  for r in rows)
 
 
 class Engine:
@@ -251,6 +276,7 @@ class Engine:
             "gpu_offload": info["gpu_offload"],
             "exact": self._target.exact,
             "max_verify_batch": self._exact_batch if self._target.exact else FAST_MAX_BATCH,
+            "workers": [str(e) for e in self._target.settings.rpc.workers] if self._target.settings.rpc else [],
             "models": {
                 role: {
                     "path": str(m.settings.path),
@@ -261,12 +287,14 @@ class Engine:
                     else min(m.settings.n_gpu_layers, m.model.n_layer() + 1),
                     "n_ctx": m.seq.n_ctx,
                     "exact": m.exact,
+                    "layers": _placement(m.model),
                 }
                 for role, m in models.items()
             },
         }
 
     def close(self) -> None:
+        """Free the models (a target whose RPC worker was lost is abandoned: see LlamaModel.close)."""
         if self._draft:
             self._draft.close()
             self._draft = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 from collections import deque
 
@@ -22,6 +23,9 @@ _init_lock = threading.Lock()
 _initialised = False
 _recent_errors: deque[str] = deque(maxlen=8)
 _last_level = 0
+_layer_devices: dict[int, str] = {}
+"""Where llama.cpp's last model load put each layer (from its debug log)."""
+_LAYER_LINE = re.compile(r"load_tensors: layer +(\d+) assigned to device (\S+),")
 _verbose = bool(os.environ.get("EDGESPEC_DEBUG"))
 
 
@@ -34,6 +38,9 @@ def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     level = _last_level if level == _LOG_CONT else level
     _last_level = level
     line = text.decode("utf-8", errors="replace")
+    placed = _LAYER_LINE.match(line)
+    if placed:
+        _layer_devices[int(placed.group(1))] = placed.group(2)
     if level in (_LOG_WARN, _LOG_ERROR) and any(c.isalpha() for c in line):
         _recent_errors.append(line.strip())
     if _verbose:
@@ -57,11 +64,23 @@ def recent_errors() -> str:
     return text
 
 
+def take_layer_devices() -> dict[int, str]:
+    """Which device llama.cpp's last model load gave each layer (the output layer is
+    number n_layer); clears the record."""
+    placed = dict(_layer_devices)
+    _layer_devices.clear()
+    return placed
+
+
 def system_info() -> dict:
     """Which backend llama.cpp was built with, for `edgespec --version` and the app."""
     backend_init()
     info = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
-    gpu = bool(llama_cpp.llama_supports_gpu_offload())
+    from edgespec.llama import rpc
+
+    # llama_supports_gpu_offload is also true for a CPU build with RPC: ask for a local GPU
+    gpu = bool(llama_cpp.llama_supports_gpu_offload()) and any(
+        d.kind in ("GPU", "iGPU") for _, d in rpc.local_devices())
     upper = info.upper()
     if "METAL" in upper or "MTL" in upper:
         backend = "metal"
@@ -74,6 +93,7 @@ def system_info() -> dict:
     return {
         "backend": backend,
         "gpu_offload": gpu,
+        "rpc": rpc.available(),
         "llama_cpp_python": llama_cpp.__version__,
         "system_info": info.strip(),
     }

@@ -36,7 +36,7 @@ class LlamaContext:
         params.type_k = params.type_v = self.KV_TYPES[kv_type]
         if flash_attn is not None:
             params.flash_attn_type = 1 if flash_attn else 0
-        self._ctx = llama_cpp.llama_init_from_model(model.ptr, params)
+        self._ctx = model.call(llama_cpp.llama_init_from_model, model.ptr, params)
         if not self._ctx:
             why = recent_errors() or "llama.cpp gave no reason"
             raise ModelLoadError(f"could not create a {n_ctx}-token context for {model.path.name}: {why}")
@@ -54,13 +54,17 @@ class LlamaContext:
     def decode(self, batch: LlamaBatch) -> None:
         """llama_decode; raises when llama.cpp refuses the batch."""
         start = time.perf_counter()
-        rc = llama_cpp.llama_decode(self._ctx, batch.struct)
-        llama_cpp.llama_synchronize(self._ctx)  # the work may finish after llama_decode returns
+        rc = self.model.call(self._decode, batch.struct)
         self.decode_s += time.perf_counter() - start
         if rc == 1:
             raise ContextFullError(f"no room in the {self.n_ctx()}-token context for {batch.struct.n_tokens} more tokens")
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}: {recent_errors()}")
+
+    def _decode(self, batch) -> int:
+        rc = llama_cpp.llama_decode(self._ctx, batch)
+        llama_cpp.llama_synchronize(self._ctx)  # the work may finish after llama_decode returns
+        return rc
 
     def get_logits_ith(self, i: int) -> np.ndarray:
         """Logits of the i-th output of the last batch (negative counts from the end).
@@ -72,17 +76,19 @@ class LlamaContext:
 
     def memory_seq_rm(self, p0: int, p1: int = -1) -> None:
         """Remove positions [p0, p1) of sequence 0 from the KV cache (p1 < 0: to the end)."""
-        if not llama_cpp.llama_memory_seq_rm(self._memory, 0, p0, p1):
+        if not self.model.call(llama_cpp.llama_memory_seq_rm, self._memory, 0, p0, p1):
             raise RuntimeError(f"llama.cpp could not remove KV positions {p0}..{p1} (a non-trimmable cache?)")
 
     def memory_clear(self) -> None:
-        llama_cpp.llama_memory_clear(self._memory, True)
+        self.model.call(llama_cpp.llama_memory_clear, self._memory, True)
 
     def close(self) -> None:
+        """llama_free; a context whose worker was lost is abandoned (see LlamaModel.close)."""
         if self._ctx is not None:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-            self._memory = None
+            ctx, self._ctx, self._memory = self._ctx, None, None
+            guard = self.model.guard
+            if not (guard and guard.lost):
+                self.model.call(llama_cpp.llama_free, ctx)
 
     def __enter__(self) -> "LlamaContext":
         return self

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 from pathlib import Path
 
 import llama_cpp
 
 from edgespec.errors import ModelFileError, ModelLoadError
-from edgespec.llama import backend_init, recent_errors
+from edgespec.llama import backend_init, recent_errors, rpc, take_layer_devices
 
 GGUF_MAGIC = b"GGUF"
 VOCAB_TYPES = {0: "none", 1: "llama", 2: "gpt2", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
@@ -30,14 +31,21 @@ def check_gguf_file(path: Path) -> None:
         )
 
 
+_load_lock = threading.Lock()
+"""One load at a time: the layer placement is read from the load's log."""
+
+
 class LlamaModel:
     """A loaded GGUF model: llama_model_load_from_file ... llama_model_free."""
 
     def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, vocab_only: bool = False,
-                 extra_bufts: bool = True):
+                 extra_bufts: bool = True, split: rpc.Split | None = None):
         """extra_bufts=False keeps the weights in plain layouts (no CPU repacking):
         slower, but every batch size then takes the same matrix kernels
-        (scripts/exact_kernels.py measures what that costs and keeps exact)."""
+        (scripts/exact_kernels.py measures what that costs and keeps exact).
+        `split` puts the offloaded layers (n_gpu_layers) on RPC workers' devices
+        and this machine's GPUs, weighted by split.tensor_split (default: by free
+        memory); the other layers stay on this machine's CPU."""
         self.path = Path(path)
         check_gguf_file(self.path)
         backend_init()
@@ -45,13 +53,42 @@ class LlamaModel:
         params.n_gpu_layers = 2**31 - 1 if n_gpu_layers < 0 else n_gpu_layers
         params.vocab_only = vocab_only
         params.use_extra_bufts = extra_bufts
-        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        self.guard: rpc.Guard | None = None
+        """Runs llama.cpp calls that may reach a worker (None: the model is all local)."""
+        self.devices: list[rpc.Device] = []
+        """The devices in llama_model_params.devices (with a split)."""
+        if split is not None:
+            keep = self._set_devices(params, split)  # noqa: F841 (the arrays must outlive the load)
+        with _load_lock:
+            take_layer_devices()
+            self._model = self.call(llama_cpp.llama_model_load_from_file, str(self.path).encode(), params)
+            self.layer_devices = take_layer_devices()
+            """Which device each layer is on (layer n_layer is the output layer); {} if llama.cpp did not say."""
         if not self._model:
             why = recent_errors() or "llama.cpp gave no reason"
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {why}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_gpu_layers = n_gpu_layers
+
+    def _set_devices(self, params, split: rpc.Split):
+        """The workers' devices, then this machine's GPUs, into params (as llama.cpp's --rpc orders them)."""
+        found = rpc.add_servers(split.workers) + rpc.offload_devices()
+        if split.tensor_split and len(split.tensor_split) != len(found):
+            raise ModelLoadError(
+                f"--tensor-split has {len(split.tensor_split)} weights for {len(found)} devices "
+                f"({', '.join(d.label for _, d in found)}): give one weight per device")
+        self.guard = rpc.Guard(split.workers)
+        self.devices = [d for _, d in found]
+        ptrs = (ctypes.c_void_p * (len(found) + 1))(*[p for p, _ in found], None)
+        params.devices = ctypes.cast(ptrs, ctypes.c_void_p)
+        weights = (ctypes.c_float * llama_cpp.llama_max_devices())(*split.tensor_split)
+        params.tensor_split = weights
+        return ptrs, weights
+
+    def call(self, fn, *args):
+        """fn(*args), through the guard when the model has layers on workers."""
+        return self.guard.call(fn, *args) if self.guard is not None else fn(*args)
 
     # -- model -----------------------------------------------------------
     @property
@@ -124,10 +161,12 @@ class LlamaModel:
 
     # -- lifetime --------------------------------------------------------
     def close(self) -> None:
+        """llama_model_free; a model whose worker was lost is abandoned instead
+        (freeing it would wait forever on the lost connection)."""
         if self._model is not None:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
-            self._vocab = None
+            model, self._model, self._vocab = self._model, None, None
+            if not (self.guard and self.guard.lost):
+                self.call(llama_cpp.llama_model_free, model)
 
     def __enter__(self) -> "LlamaModel":
         return self

@@ -1,0 +1,416 @@
+"""llama.cpp's RPC backend (ggml-rpc): workers' devices for a model, and the worker itself.
+
+A worker (`rpc-server`, or `edgespec worker`) exposes its CPU or GPU as
+devices; a model loaded with them in llama_model_params.devices keeps some of
+its layers there. ggml-rpc has no transport errors: a connection that fails
+calls ggml_abort, which ends the process. Guard turns that into
+WorkerLostError: it runs the model's llama.cpp calls on a helper thread, and
+an abort callback parks whichever thread hit the broken connection (the helper
+or ggml-rpc's own dispatcher thread) instead of letting abort() run. The
+parked threads and the model's native objects are then abandoned: freeing them
+would talk to the lost worker again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Queue
+from typing import Callable, TypeVar
+
+import llama_cpp
+from llama_cpp._ctypes_extensions import load_shared_library
+
+from edgespec.errors import WorkerLostError, WorkerUnreachableError
+from edgespec.llama import backend_init
+
+DEFAULT_PORT = 50052
+CONNECT_TIMEOUT_S = 3.0
+"""How long a TCP connect to a worker may take before it counts as unreachable."""
+WATCH_S = 2.0
+"""While a call over RPC runs, how often the workers are checked to be reachable
+(a worker whose machine vanished never closes its socket)."""
+HELLO_TIMEOUT_S = 15.0
+"""How long a reachable worker may take to answer the first request."""
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+_DEV_CPU, _DEV_GPU, _DEV_IGPU = 0, 1, 2
+_DEV_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator"}
+
+T = TypeVar("T")
+
+
+# -- endpoints ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One worker: host and port."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
+    """'HOST:PORT[,HOST:PORT...]' as llama.cpp's --rpc takes it; ValueError says what is wrong."""
+    endpoints = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or ":" in host:  # ggml-rpc splits at the first ':' (no IPv6 literals)
+            raise ValueError(f"RPC worker {item!r}: expected HOST:PORT, e.g. 192.168.1.7:{DEFAULT_PORT}")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"RPC worker {item!r}: the port must be a number from 1 to 65535")
+        endpoint = Endpoint(host, int(port))
+        if endpoint in endpoints:
+            raise ValueError(f"RPC worker {endpoint} is listed twice")
+        endpoints.append(endpoint)
+    if not endpoints:
+        raise ValueError(f"no RPC worker given: expected HOST:PORT[,HOST:PORT...], e.g. 127.0.0.1:{DEFAULT_PORT}")
+    return tuple(endpoints)
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK or host.startswith("127.")
+
+
+def unreachable(endpoints, *, timeout: float = CONNECT_TIMEOUT_S) -> dict[Endpoint, str]:
+    """The endpoints a TCP connect does not reach within `timeout`, with why."""
+    failed = {}
+    for endpoint in endpoints:
+        try:
+            socket.create_connection((endpoint.host, endpoint.port), timeout=timeout).close()
+        except socket.timeout:
+            failed[endpoint] = f"no answer within {timeout:g} s"
+        except OSError as e:
+            failed[endpoint] = e.strerror or str(e)
+    return failed
+
+
+def check_reachable(endpoints, *, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise WorkerUnreachableError naming each worker a TCP connect does not reach.
+    (Handed an unreachable endpoint, ggml-rpc would end the process.)"""
+    failed = unreachable(endpoints, timeout=timeout)
+    if failed:
+        which = "; ".join(f"{e} ({why})" for e, why in failed.items())
+        raise WorkerUnreachableError(
+            f"cannot reach the RPC worker{'s' if len(failed) > 1 else ''} at {which}. Start one there with "
+            f"`edgespec worker --port PORT` (or llama.cpp's rpc-server), or check the address and the firewall")
+
+
+# -- the libraries -------------------------------------------------------------
+
+_lib_lock = threading.Lock()
+_libs: dict[str, ctypes.CDLL | None] = {}
+
+
+def _lib(name: str) -> ctypes.CDLL | None:
+    """One of llama-cpp-python's ggml libraries, or None if this build lacks it.
+
+    The very file libllama was linked against: the wheel holds libggml-base.so
+    and libggml-base.so.0 as two copies, and loading the other one would give a
+    second ggml with its own state (an abort callback set there is never called)."""
+    with _lib_lock:
+        if name not in _libs:
+            folder = Path(llama_cpp.__file__).parent / "lib"
+            linked = [folder / f"lib{name}.so.0", folder / f"lib{name}.0.dylib"]
+            try:
+                found = next((p for p in linked if p.exists()), None)
+                _libs[name] = ctypes.CDLL(str(found)) if found else load_shared_library(name, folder)
+            except (FileNotFoundError, OSError, RuntimeError):
+                _libs[name] = None
+        return _libs[name]
+
+
+def _fn(lib: str, name: str, restype, *argtypes):
+    library = _lib(lib)
+    if library is None or not hasattr(library, name):
+        return None
+    fn = getattr(library, name)
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+class _Ggml:
+    """The few ggml calls this module makes (ctypes signatures from ggml-backend.h and ggml-rpc.h)."""
+
+    def __init__(self):
+        vp, sz = ctypes.c_void_p, ctypes.c_size_t
+        self.dev_count = _fn("ggml", "ggml_backend_dev_count", sz)
+        self.dev_get = _fn("ggml", "ggml_backend_dev_get", vp, sz)
+        self.dev_name = _fn("ggml-base", "ggml_backend_dev_name", ctypes.c_char_p, vp)
+        self.dev_description = _fn("ggml-base", "ggml_backend_dev_description", ctypes.c_char_p, vp)
+        self.dev_memory = _fn("ggml-base", "ggml_backend_dev_memory", None, vp, ctypes.POINTER(sz),
+                              ctypes.POINTER(sz))
+        self.dev_type = _fn("ggml-base", "ggml_backend_dev_type", ctypes.c_int, vp)
+        self.reg_dev_count = _fn("ggml-base", "ggml_backend_reg_dev_count", sz, vp)
+        self.reg_dev_get = _fn("ggml-base", "ggml_backend_reg_dev_get", vp, vp, sz)
+        self.set_abort_callback = _fn("ggml-base", "ggml_set_abort_callback", vp, vp)
+        self.add_server = _fn("ggml-rpc", "ggml_backend_rpc_add_server", vp, ctypes.c_char_p)
+        self.start_server = _fn("ggml-rpc", "ggml_backend_rpc_start_server", None, ctypes.c_char_p,
+                                ctypes.c_char_p, sz, sz, ctypes.POINTER(vp))
+
+
+_ggml: _Ggml | None = None
+
+
+def _g() -> _Ggml:
+    global _ggml
+    if _ggml is None:
+        backend_init()
+        _ggml = _Ggml()
+    return _ggml
+
+
+def available() -> bool:
+    """Whether this llama.cpp build has the RPC backend (built with -DGGML_RPC=ON)."""
+    g = _g()
+    return bool(llama_cpp.llama_supports_rpc()) and g.add_server is not None and g.start_server is not None
+
+
+def require() -> _Ggml:
+    if not available():
+        raise WorkerUnreachableError(
+            "this llama.cpp build has no RPC backend: reinstall with scripts/install.sh (it builds with "
+            "-DGGML_RPC=ON), or CMAKE_ARGS=\"-DGGML_RPC=ON\" pip install --force-reinstall --no-cache-dir "
+            "llama-cpp-python")
+    return _g()
+
+
+# -- devices -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Device:
+    """A device a model can keep layers on: a worker's, or a local GPU."""
+
+    name: str
+    """llama.cpp's name for it (RPC0, CUDA0, ...), as its load logs say."""
+    description: str
+    kind: str
+    """CPU, GPU, iGPU."""
+    free: int
+    total: int
+    endpoint: Endpoint | None = None
+    """The worker it is on; None: this machine."""
+
+    @property
+    def label(self) -> str:
+        """For people: 'RPC0 (10.0.0.2:50052)', 'CUDA0 (local)'."""
+        return f"{self.name} ({self.endpoint or 'local'})"
+
+
+@dataclass(frozen=True)
+class Split:
+    """Where a model's offloaded layers go: RPC workers' devices (llama.cpp's --rpc),
+    then this machine's GPUs, weighted by tensor_split (llama.cpp's --tensor-split;
+    empty: by free memory)."""
+
+    workers: tuple[Endpoint, ...]
+    tensor_split: tuple[float, ...] = ()
+
+
+def _device(ptr, endpoint: Endpoint | None) -> Device:
+    g = _g()
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    g.dev_memory(ptr, ctypes.byref(free), ctypes.byref(total))
+    return Device(name=g.dev_name(ptr).decode(), description=g.dev_description(ptr).decode(),
+                  kind=_DEV_TYPES.get(g.dev_type(ptr), "?"), free=free.value, total=total.value, endpoint=endpoint)
+
+
+def local_devices() -> list[tuple[int, Device]]:
+    """This machine's devices (pointer, Device), as llama.cpp registered them."""
+    g = _g()
+    found = []
+    for i in range(g.dev_count()):
+        ptr = g.dev_get(i)
+        found.append((ptr, _device(ptr, None)))
+    return found
+
+
+def offload_devices() -> list[tuple[int, Device]]:
+    """This machine's GPUs (else its integrated GPUs), which llama.cpp would offload to."""
+    devices = local_devices()
+    gpus = [(p, d) for p, d in devices if d.kind == "GPU"]
+    return gpus or [(p, d) for p, d in devices if d.kind == "iGPU"]
+
+
+_epochs: dict[Endpoint, int] = {}
+"""How often each worker was lost in this process. ggml-rpc keeps one connection
+per endpoint string, and the lost one is held by the abandoned model; the next
+load spells the endpoint anew (the port with leading zeros, which ggml-rpc's
+stoi reads as the same port) to get a fresh connection."""
+
+
+def _spelling(endpoint: Endpoint) -> bytes:
+    return f"{endpoint.host}:{'0' * _epochs.get(endpoint, 0)}{endpoint.port}".encode()
+
+
+def add_servers(endpoints) -> list[tuple[int, Device]]:
+    """ggml_backend_rpc_add_server for each worker (as llama.cpp's --rpc does):
+    its devices, in order. Checks each is reachable first."""
+    g = require()
+    check_reachable(endpoints)
+    found = []
+    for endpoint in endpoints:
+        guard = Guard((endpoint,))  # a handshake that fails would abort the process
+        try:
+            reg = guard.call(g.add_server, _spelling(endpoint), timeout=HELLO_TIMEOUT_S)
+        except TimeoutError:
+            raise WorkerUnreachableError(
+                f"the RPC worker at {endpoint} took the connection but did not answer within "
+                f"{HELLO_TIMEOUT_S:g} s. A worker serves one client at a time: is another edgespec or llama.cpp "
+                f"using it? Free it, then restart edgespec (llama.cpp keeps waiting for that answer)") from None
+        if not reg:
+            raise WorkerUnreachableError(f"the RPC worker at {endpoint} offers no devices")
+        for i in range(g.reg_dev_count(reg)):
+            ptr = g.reg_dev_get(reg, i)
+            found.append((ptr, guard.call(_device, ptr, endpoint)))
+    return found
+
+
+# -- turning ggml-rpc's abort into an exception --------------------------------------
+
+_RPC_ABORTS = ("Remote RPC server", "Failed to connect to", "RPC handshake failed")
+_aborts = 0
+_last_abort = ""
+_abort_lock = threading.Lock()
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+def _on_abort(message: bytes) -> None:
+    """ggml_abort's callback. abort() follows when it returns: for a broken RPC
+    connection it never returns (the thread waits forever and Guard.call raises);
+    any other abort goes ahead as llama.cpp means it to."""
+    global _aborts, _last_abort
+    text = (message or b"").decode("utf-8", errors="replace")
+    if not any(marker in text for marker in _RPC_ABORTS):
+        sys.stderr.write(text + "\n")
+        return
+    with _abort_lock:
+        _aborts += 1
+        last = text.strip().splitlines()[-1] if text.strip() else "connection lost"
+        _last_abort = re.sub(r"^\S+:\d+: ", "", last)  # without ggml's source file and line
+    threading.Event().wait()
+
+
+_callback_set = False
+
+
+def _install_abort_callback() -> None:
+    global _callback_set
+    with _abort_lock:
+        if not _callback_set:
+            _g().set_abort_callback(ctypes.cast(_on_abort, ctypes.c_void_p))
+            _callback_set = True
+
+
+class _Runner:
+    """One daemon thread that runs calls in order (a thread stuck on a lost worker
+    is abandoned, and never holds up the interpreter's exit)."""
+
+    def __init__(self):
+        self._jobs: Queue = Queue()
+        threading.Thread(target=self._work, name="edgespec-rpc", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            self._jobs.get()()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+
+class Guard:
+    """Runs the llama.cpp calls of one model that has layers on workers, so that
+    a lost worker raises WorkerLostError (naming it) instead of ending the process."""
+
+    def __init__(self, endpoints):
+        self.endpoints = tuple(endpoints)
+        self.lost: str | None = None
+        """Why the model is unusable, once a worker was lost."""
+        _install_abort_callback()
+        self._runner = _Runner()
+
+    def call(self, fn: Callable[..., T], *args, timeout: float | None = None) -> T:
+        """fn(*args) on the guard's thread. Raises WorkerLostError if a worker is
+        lost meanwhile (or was before), TimeoutError after `timeout` seconds."""
+        if self.lost:
+            raise WorkerLostError(self.lost)
+        done = threading.Event()
+        box: dict = {}
+
+        def job() -> None:
+            try:
+                box["value"] = fn(*args)
+            except BaseException as e:  # handed back to the caller below
+                box["error"] = e
+            finally:
+                done.set()
+
+        aborts = _aborts
+        self._runner.submit(job)
+        start = last_check = time.monotonic()
+        while not done.wait(0.05):
+            if timeout is not None and time.monotonic() - start > timeout:
+                self._runner = _Runner()  # the old thread stays stuck in the call
+                raise TimeoutError
+            if _aborts != aborts:
+                self._lose(_last_abort)
+            if time.monotonic() - last_check > WATCH_S:
+                gone = unreachable(self.endpoints)
+                if gone:
+                    self._lose("; ".join(f"{e}: {why}" for e, why in gone.items()), gone)
+                last_check = time.monotonic()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def _lose(self, why: str, gone: dict | None = None) -> None:
+        gone = gone if gone is not None else unreachable(self.endpoints, timeout=1.0)
+        lost = list(gone) or list(self.endpoints)
+        for endpoint in lost:  # the next load connects to them afresh; the others' connections still work
+            _epochs[endpoint] = _epochs.get(endpoint, 0) + 1
+        names = ", ".join(str(e) for e in lost)
+        self.lost = (f"lost the RPC worker at {names} ({why}). Start it again, then reload the model "
+                     f"(the models screen, or run the command again)")
+        raise WorkerLostError(self.lost)
+
+
+# -- the worker ----------------------------------------------------------------
+
+def worker_devices(names: list[str] | None = None) -> list[tuple[int, Device]]:
+    """The devices a worker serves: those named, else its GPUs, else its CPU (as rpc-server)."""
+    devices = local_devices()
+    if names:
+        by_name = {d.name.lower(): (p, d) for p, d in devices}
+        missing = [n for n in names if n.lower() not in by_name]
+        if missing:
+            raise ValueError(f"unknown device {', '.join(missing)}: this machine has "
+                             f"{', '.join(d.name for _, d in devices)}")
+        return [by_name[n.lower()] for n in names]
+    gpus = [(p, d) for p, d in devices if d.kind in ("GPU", "iGPU")]
+    return gpus or [(p, d) for p, d in devices if d.kind == "CPU"][:1]
+
+
+def start_server(endpoint: Endpoint, devices: list[tuple[int, Device]], *, n_threads: int,
+                 cache_dir: str | None = None) -> threading.Thread:
+    """ggml_backend_rpc_start_server on a daemon thread (it serves until the process ends)."""
+    g = require()
+    ptrs = (ctypes.c_void_p * len(devices))(*[p for p, _ in devices])
+    cache = cache_dir.encode() if cache_dir else None
+    thread = threading.Thread(target=g.start_server, args=(str(endpoint).encode(), cache, n_threads,
+                                                             len(devices), ptrs),
+                              name="edgespec-worker", daemon=True)
+    thread._edgespec_keep = ptrs  # the device array must outlive the call
+    thread.start()
+    return thread

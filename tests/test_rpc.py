@@ -1,0 +1,206 @@
+"""The target on llama.cpp RPC workers: workers started here on loopback ports,
+the target split over them and this machine's CPU, and what a lost worker does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from edgespec.cli import main
+from edgespec.engine.events import GenerationParams
+from edgespec.engine.runtime import Engine, ModelSettings
+from edgespec.errors import WorkerLostError
+from edgespec.llama import rpc
+from edgespec.llama.rpc import Endpoint, Split, parse_endpoints
+from edgespec.tui.settings import ChatSettings
+
+needs_rpc = pytest.mark.skipif(not rpc.available(), reason="llama.cpp was built without RPC (scripts/install.sh)")
+
+PROMPT = "The history of the printing press begins"
+
+
+# -- workers started by the tests ----------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_worker(port: int | None = None) -> tuple[subprocess.Popen, Endpoint]:
+    """`edgespec worker` on a loopback port, listening when this returns (or the test fails)."""
+    endpoint = Endpoint("127.0.0.1", port or free_port())
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec", "worker", "--port", str(endpoint.port),
+                             "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"worker on {endpoint} exited: {proc.stderr.read().decode(errors='replace')}")
+        if not rpc.unreachable([endpoint], timeout=0.5):
+            return proc, endpoint
+        time.sleep(0.2)
+    stop(proc)
+    pytest.fail(f"worker on {endpoint} did not listen within 60 s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+
+
+@pytest.fixture
+def two_workers():
+    started = []
+    try:
+        started = [start_worker(), start_worker()]
+        yield [endpoint for _, endpoint in started]
+    finally:
+        for proc, _ in started:
+            stop(proc)
+
+
+def generate(engine, tokens, **kw):
+    out, last = [], None
+    for last in engine.generate(tokens, GenerationParams(**kw)):
+        out += last.tokens
+    return out, last.stats
+
+
+# -- pure ------------------------------------------------------------------------------------
+
+def test_endpoints_parse_as_llama_cpp_takes_them():
+    assert parse_endpoints("127.0.0.1:50052, gpu-box:6000") == (Endpoint("127.0.0.1", 50052),
+                                                                 Endpoint("gpu-box", 6000))
+    for bad, says in [("gpu-box", "HOST:PORT"), ("h:0", "port"), ("h:99999", "port"), ("h:x", "port"),
+                      ("::1:50052", "HOST:PORT"), ("h:1,h:1", "twice"), (" , ", "no RPC worker")]:
+        with pytest.raises(ValueError, match=says):
+            parse_endpoints(bad)
+
+
+def test_a_worker_on_a_non_loopback_address_needs_allow_remote(capsys):
+    assert main(["worker", "--host", "0.0.0.0", "--port", str(free_port())]) == 1
+    err = capsys.readouterr().err
+    assert "refusing to listen on 0.0.0.0" in err and "no authentication" in err and "--allow-remote" in err
+
+
+def test_rpc_options_are_checked_before_loading(capsys, synth_target):
+    assert main(["generate", "hi", "--target", str(synth_target), "--tensor-split", "1,1"]) == 1
+    assert "--tensor-split weights the devices of --rpc" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "hi", "--rpc", "nohost"])
+    assert "expected HOST:PORT" in capsys.readouterr().err
+
+
+def test_the_app_settings_hold_workers_and_reload_when_they_change():
+    assert ChatSettings(rpc="127.0.0.1:50052").hardware() != ChatSettings().hardware()
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        ChatSettings(rpc="127.0.0.1")
+    assert ChatSettings.from_dict({"rpc": "10.0.0.2:50052"}).rpc == "10.0.0.2:50052"
+
+
+# -- real workers ---------------------------------------------------------------------------------
+
+@needs_rpc
+def test_an_unreachable_worker_is_named_within_seconds(capsys, synth_target):
+    port = free_port()
+    start = time.monotonic()
+    assert main(["generate", "hi", "--raw", "--target", str(synth_target), "--rpc", f"127.0.0.1:{port}"]) == 1
+    assert time.monotonic() - start < 10
+    err = capsys.readouterr().err
+    assert f"cannot reach the RPC worker at 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+@needs_rpc
+def test_version_says_rpc_is_available(capsys):
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "RPC available" in capsys.readouterr().out
+
+
+@needs_rpc
+@pytest.mark.slow
+def test_target_split_over_two_workers_and_the_cpu_decodes_as_on_one_machine(smollm2, two_workers):
+    """Plain greedy over the split equals plain greedy here, and every mode
+    equals plain over the same split (exact kernels, as on one machine)."""
+    settings = dict(n_ctx=512, exact=True)
+    with Engine.load(ModelSettings(smollm2, **settings)) as local:
+        tokens = local.tokenize(PROMPT, add_bos=True, special=False)
+        alone, _ = generate(local, tokens, mode="plain", max_tokens=32)
+        n_layer = local.describe()["models"]["target"]["n_layer"]
+    split = Split(tuple(two_workers), (1.0, 1.0))
+    target = ModelSettings(smollm2, n_gpu_layers=n_layer - 10, rpc=split, **settings)
+    with Engine.load(target, ModelSettings(smollm2, n_ctx=512)) as engine:
+        info = engine.describe()
+        layers = info["models"]["target"]["layers"]
+        assert layers[0]["device"] == "CPU"
+        assert [r["worker"] for r in layers] == [None, str(two_workers[0]), str(two_workers[1])]
+        assert sum(r["layers"] for r in layers) == n_layer + 1  # the output layer counts as one
+        assert info["workers"] == [str(e) for e in two_workers]
+        assert info["models"]["draft"]["layers"][0]["worker"] is None  # the draft stays here
+        plain, _ = generate(engine, tokens, mode="plain", max_tokens=32)
+        assert plain == alone
+        for mode in ("draft", "lookup", "auto"):
+            assert generate(engine, tokens, mode=mode, k=4, max_tokens=32)[0] == plain, mode
+
+
+@needs_rpc
+@pytest.mark.slow
+def test_a_worker_killed_mid_reply_is_an_error_the_reply_so_far_kept_and_a_reload_works(smollm2):
+    """ggml-rpc ends the process on a broken connection; the engine turns that
+    into WorkerLostError naming the worker, and loads again once it is back."""
+    proc, endpoint = start_worker()
+    try:
+        target = ModelSettings(smollm2, n_ctx=512, n_gpu_layers=-1, rpc=Split((endpoint,)))
+        engine = Engine.load(target)
+        tokens = engine.tokenize(PROMPT, add_bos=True, special=False)
+        got = []
+        with pytest.raises(WorkerLostError, match=str(endpoint)):
+            for chunk in engine.generate(tokens, GenerationParams(mode="plain", max_tokens=400)):
+                got += chunk.tokens
+                if len(got) >= 4 and proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+        assert len(got) >= 4  # what came before the loss stays with the caller
+        with pytest.raises(WorkerLostError):  # the engine stays unusable, and says so at once
+            generate(engine, tokens, mode="plain", max_tokens=4)
+        start = time.monotonic()
+        engine.close()  # abandons the target's native objects instead of waiting on the lost worker
+        assert time.monotonic() - start < 5
+        proc.wait(10)
+
+        proc, _ = start_worker(endpoint.port)
+        with Engine.load(target) as again:
+            out, _ = generate(again, tokens, mode="plain", max_tokens=8)
+            assert len(out) == 8
+    finally:
+        stop(proc)
+
+
+@needs_rpc
+@pytest.mark.slow
+def test_the_cli_reports_a_lost_worker_and_keeps_the_partial_reply(smollm2):
+    proc, endpoint = start_worker()
+    cli = None
+    try:
+        cli = subprocess.Popen([sys.executable, "-m", "edgespec", "generate", "--raw", PROMPT, "--target",
+                                str(smollm2), "--rpc", str(endpoint), "--mode", "plain", "--max-tokens", "400",
+                                "--ctx", "512"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        first = cli.stdout.read(20)  # the reply has begun
+        proc.kill()
+        rest, err = cli.communicate(timeout=60)
+        assert cli.returncode == 1, err
+        err = err.decode(errors="replace")
+        assert f"lost the RPC worker at {endpoint}" in err and "Traceback" not in err
+        assert len(first + rest) >= 20
+    finally:
+        if cli is not None and cli.poll() is None:
+            cli.kill()
+        stop(proc)
+
