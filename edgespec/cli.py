@@ -55,12 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--pair", metavar="NAME", help="a target + draft pair from the registry (default: the bundled pair)")
     app.add_argument("--target", metavar="PATH_OR_NAME", help=f"target model: {MODEL_NAMES}")
     app.add_argument("--draft", metavar="PATH_OR_NAME", help=f"draft model: {MODEL_NAMES}")
+    add_rpc_options(app)
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_generate(sub)
     _add_bench(sub)
     _add_model_commands(sub)
     _add_chat_commands(sub)
     _add_serve(sub)
+    _add_worker(sub)
     return parser
 
 
@@ -72,8 +74,9 @@ class _VersionAction(argparse.Action):
 
         info = system_info()
         gpu = "GPU offload available" if info["gpu_offload"] else "no GPU offload"
+        rpc = "RPC available (edgespec worker, --rpc)" if info["rpc"] else "no RPC (scripts/install.sh builds it)"
         print(f"edgespec {__version__}\nllama-cpp-python {info['llama_cpp_python']}, "
-              f"backend {info['backend']} ({gpu})\n{info['system_info']}")
+              f"backend {info['backend']} ({gpu}; {rpc})\n{info['system_info']}")
         parser.exit()
 
 
@@ -81,7 +84,7 @@ def _cmd_app(args: argparse.Namespace) -> int:
     """The chat app; a missing or broken model is shown there (with how to get it), not raised."""
     from edgespec.tui import run_app
 
-    run_app(pair=args.pair, target=args.target, draft=args.draft)
+    run_app(pair=args.pair, target=args.target, draft=args.draft, rpc=_rpc_text(args))
     return 0
 
 
@@ -94,7 +97,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", metavar="PATH_OR_NAME", help=f"target model: {MODEL_NAMES}")
     g.add_argument("--draft", metavar="PATH_OR_NAME", help=f"draft model: {MODEL_NAMES}")
     g.add_argument("--no-draft", action="store_true", help="load no draft model (plain or lookup only)")
-    g.add_argument("--n-gpu-layers", type=int, default=0, metavar="N", help="target layers on the GPU (-1: all)")
+    g.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
+                   help="target layers on the GPU, or with --rpc on the workers and GPUs (-1: all; "
+                        "default 0, with --rpc all)")
     g.add_argument("--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU (-1: all)")
     g.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
     g.add_argument("--ctx", type=_context_size, default=4096, metavar="N",
@@ -102,6 +107,49 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exact", action="store_true",
                    help="batch-invariant kernels for the target: greedy speculation then equals plain greedy decoding "
                         "token for token (slower on some machines; verify batches capped at those measured exact)")
+    add_rpc_options(g)
+
+
+def add_rpc_options(g) -> None:
+    """--rpc and --tensor-split: the target's layers on llama.cpp RPC workers (`edgespec worker`)."""
+    g.add_argument("--rpc", type=_rpc_workers, default=None, metavar="HOST:PORT[,HOST:PORT...]",
+                   help="put the target's offloaded layers on these llama.cpp RPC workers (`edgespec worker` or "
+                        "rpc-server) and this machine's GPUs; the draft model stays here")
+    g.add_argument("--tensor-split", type=_weights, default=None, metavar="W[,W...]",
+                   help="with --rpc: how to weight the devices (the workers' in --rpc order, then local GPUs); "
+                        "default: by free memory, as llama.cpp does")
+
+
+def _rpc_workers(text: str):
+    from edgespec.llama.rpc import parse_endpoints
+
+    try:
+        return parse_endpoints(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _weights(text: str) -> tuple[float, ...]:
+    try:
+        weights = tuple(float(w) for w in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, e.g. 3,1 (got {text!r})") from None
+    if any(not w >= 0 for w in weights) or not sum(weights) > 0:
+        raise argparse.ArgumentTypeError(f"the weights must be 0 or more, and not all 0 (got {text!r})")
+    return weights
+
+
+def _rpc_text(args: argparse.Namespace) -> str | None:
+    return ",".join(str(e) for e in args.rpc) if getattr(args, "rpc", None) else None
+
+
+def rpc_split(args: argparse.Namespace):
+    """--rpc/--tensor-split as a Split for the target (None without --rpc)."""
+    from edgespec.llama.rpc import Split
+
+    if args.tensor_split and not args.rpc:
+        raise ValueError("--tensor-split weights the devices of --rpc: pass --rpc HOST:PORT too")
+    return Split(args.rpc, args.tensor_split or ()) if args.rpc else None
 
 
 def _context_size(text: str) -> int:
@@ -166,7 +214,9 @@ def check_model_options(args: argparse.Namespace) -> None:
     if args.threads is not None and args.threads > cores:
         _note(f"--threads {args.threads}: this machine has {cores} cores; using {cores}")
         args.threads = cores
-    if (args.n_gpu_layers or args.n_gpu_layers_draft) and not system_info()["gpu_offload"]:
+    if args.n_gpu_layers is None:
+        args.n_gpu_layers = -1 if args.rpc else 0  # with workers, every layer goes to them (and local GPUs)
+    if ((args.n_gpu_layers and not args.rpc) or args.n_gpu_layers_draft) and not system_info()["gpu_offload"]:
         _note("this llama.cpp build has no GPU backend, so --n-gpu-layers is ignored and the models run on "
               "the CPU. To use the GPU, rebuild llama-cpp-python for it (README, \"Installing for your "
               "hardware\"): CMAKE_ARGS=\"-DGGML_METAL=on\" (Apple Silicon) or CMAKE_ARGS=\"-DGGML_CUDA=on\" "
@@ -194,7 +244,7 @@ def load_engine(args: argparse.Namespace, *, progress=None):
         draft = None
     common = dict(n_ctx=args.ctx, n_threads=args.threads)
     return Engine.load(
-        ModelSettings(target, n_gpu_layers=args.n_gpu_layers, exact=args.exact, **common),
+        ModelSettings(target, n_gpu_layers=args.n_gpu_layers, exact=args.exact, rpc=rpc_split(args), **common),
         ModelSettings(draft, n_gpu_layers=args.n_gpu_layers_draft, **common) if draft else None,
     )
 
@@ -294,6 +344,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"backend {info['backend']}; {bench.machine()}; " + "; ".join(
             f"{role} {Path(m['path']).name} ({m['n_gpu_layers']}/{m['n_layer'] + 1} layers on GPU)"
             for role, m in info["models"].items()))
+        if args.rpc:
+            from edgespec.engine.runtime import placement_line
+
+            print(f"target {placement_line(info)}")
+            if bench.BASELINE in modes:  # llama-cpp-python's Llama would load the whole target here
+                _note(f"--rpc: no {bench.BASELINE} row (scripts/bench_rpc.py compares with llama.cpp over RPC)")
+                modes.remove(bench.BASELINE)
         baseline = None
         if bench.BASELINE in modes:
             baseline = bench.LlamaCppBaseline(info["models"]["target"]["path"], n_ctx=args.ctx,
@@ -717,6 +774,88 @@ def _served_model_id(args: argparse.Namespace) -> str:
         named = not (is_path_like(args.target) or args.target.startswith(HUB_PREFIX))
         return args.target if named else Path(args.target).stem
     return args.pair or DEFAULT_PAIR
+
+
+# -- worker ------------------------------------------------------------------------
+
+def _add_worker(sub) -> None:
+    from edgespec.llama.rpc import DEFAULT_PORT
+
+    p = sub.add_parser("worker", help="serve this machine's CPU or GPU to another edgespec (llama.cpp RPC)",
+                       description="Run llama.cpp's RPC server: another machine's `edgespec --rpc HOST:PORT` then "
+                                   "keeps some of its target's layers here. llama.cpp's RPC has no authentication "
+                                   "and no encryption: anyone who reaches the port can use this machine's devices "
+                                   "and memory. Ctrl+C stops it.")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; any other needs --allow-remote)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback --host: anyone who can reach the port can use the worker "
+                        "(only on a network you trust)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
+    p.add_argument("--device", metavar="NAME[,NAME...]", default=None,
+                   help="devices to serve (default: the GPUs, else the CPU); --list-devices names them")
+    p.add_argument("--list-devices", action="store_true", help="list this machine's devices and exit")
+    p.add_argument("--cache", metavar="DIR", default=None,
+                   help="keep the tensors clients send in DIR, so that a reload sends hashes instead of weights")
+    p.set_defaults(handler=_cmd_worker)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import os
+    import socket
+    import time
+
+    from edgespec.llama import rpc
+    from edgespec.models.progress import human_bytes
+
+    if args.list_devices:
+        for _, d in rpc.local_devices():
+            print(f"{d.name}: {d.description} ({d.kind}, {human_bytes(d.free)} free of {human_bytes(d.total)})")
+        return 0
+    warning = check_worker_exposure(args.host, allow_remote=args.allow_remote)
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be from 1 to 65535, got {args.port}")
+    if not rpc.available():
+        rpc.require()  # raises with how to get a build that has it
+    devices = rpc.worker_devices(args.device.split(",") if args.device else None)
+    threads = args.threads or os.cpu_count() or 1
+    endpoint = rpc.Endpoint(args.host, args.port)
+    try:  # ggml-rpc only says "Failed to create server socket": find out why first
+        with socket.create_server((args.host, args.port)):
+            pass
+    except OSError as e:
+        raise EdgespecError(f"cannot listen on {endpoint}: {e.strerror or e}") from None
+    if warning:
+        print(f"\n{'!' * 78}\n{warning}\n{'!' * 78}\n", file=sys.stderr)
+    if args.cache:
+        os.makedirs(args.cache, exist_ok=True)
+    for _, d in devices:
+        print(f"edgespec worker: serving {d.name} ({d.description}, {d.kind}): {human_bytes(d.free)} free of "
+              f"{human_bytes(d.total)}", file=sys.stderr)
+    thread = rpc.start_server(endpoint, devices, n_threads=threads, cache_dir=args.cache)
+    cache = f", cache {args.cache}" if args.cache else ""
+    print(f"edgespec worker: listening on {endpoint} ({threads} threads{cache}); use it with --rpc {endpoint}. "
+          "Ctrl+C stops it", file=sys.stderr, flush=True)
+    while thread.is_alive():
+        thread.join(0.5)
+    time.sleep(0.1)
+    raise EdgespecError(f"the RPC server on {endpoint} stopped (see llama.cpp's message above)")
+
+
+def check_worker_exposure(host: str, *, allow_remote: bool) -> str | None:
+    """Refuse a non-loopback address without --allow-remote; with it, the warning to print."""
+    from edgespec.llama.rpc import is_loopback
+
+    if is_loopback(host):
+        return None
+    if not allow_remote:
+        raise EdgespecError(f"refusing to listen on {host}: llama.cpp's RPC has no authentication and no "
+                            "encryption, so anyone who can reach the port could use this machine's devices and "
+                            "memory. Pass --allow-remote to do it anyway, on a network you trust")
+    return (f"WARNING: the worker listens on {host}. llama.cpp's RPC has NO authentication and NO encryption:\n"
+            "anyone who can reach this port can use this machine's devices and memory, and read what it computes.\n"
+            "Only do this on a network you trust, or behind a firewall / SSH tunnel.")
 
 
 if __name__ == "__main__":
