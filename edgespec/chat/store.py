@@ -427,7 +427,7 @@ _NUMBER, _INT, _TEXT = "a number", "a whole number", "a text"
 SETTINGS_TYPES = {
     "target": _TEXT, "draft": _TEXT, "template": _TEXT, "system_prompt": _TEXT, "mode": _TEXT,
     "temperature": _NUMBER, "top_p": _NUMBER, "top_k": _INT, "max_tokens": _INT, "k": _INT,
-    "gpu_layers_target": _INT, "gpu_layers_draft": _INT, "threads": _INT,
+    "gpu_layers_target": _INT, "gpu_layers_draft": _INT, "threads": _INT, "rpc": _TEXT,
 }
 """What a conversation's settings may hold (the session's and the app's); other keys are kept as they are."""
 PARAMS_TYPES = {

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 
 def run_app(*, pair: str | None = None, target: str | None = None, draft: str | None = None,
-            template: str | None = None) -> None:
-    """Open the chat app on a registry pair (default: the bundled one) or on model files / names."""
+            template: str | None = None, rpc: str | None = None) -> None:
+    """Open the chat app on a registry pair (default: the bundled one) or on model files / names.
+    `rpc`: RPC workers for the target, instead of the settings' ('HOST:PORT[,...]')."""
     from edgespec.tui.app import EdgespecApp
     from edgespec.tui.catalog import ModelChoice
 
@@ -15,4 +16,4 @@ def run_app(*, pair: str | None = None, target: str | None = None, draft: str | 
         from edgespec.models.registry import DEFAULT_PAIR
 
         choice = ModelChoice(pair=pair or DEFAULT_PAIR, draft=draft)
-    EdgespecApp(choice, template=template).run()
+    EdgespecApp(choice, template=template, rpc=rpc).run()

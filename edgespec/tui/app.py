@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Awaitable, Callable, Iterable, Iterator
 
@@ -167,7 +168,8 @@ class EdgespecApp(App):
                  load: EngineLoader | None = None, session_factory: Callable | None = None,
                  catalog: Catalog | Callable[[], Catalog] | None = None,
                  defaults: ChatSettings | None = None, defaults_path: str | Path | None = None,
-                 export_dir: str | Path | None = None, template: str | None = None) -> None:
+                 export_dir: str | Path | None = None, template: str | None = None,
+                 rpc: str | None = None) -> None:
         super().__init__()
         self.choice = choice or ModelChoice()
         self._store = store
@@ -179,6 +181,8 @@ class EdgespecApp(App):
         self.export_dir = Path(export_dir) if export_dir else Path.cwd()
         self.template = template
         """A built-in chat format's name (or Jinja source) instead of the GGUF's own."""
+        self.rpc = rpc
+        """RPC workers given on the command line: they replace the settings' for this run."""
         self.engine = None
         self.session = None
         self.conversation_id: int | None = None
@@ -243,6 +247,8 @@ class EdgespecApp(App):
             except ValueError as e:
                 self.defaults = ChatSettings()
                 self.notify(str(e), title="Settings file ignored", severity="warning", timeout=10)
+        if self.rpc is not None:
+            self.defaults = replace(self.defaults, rpc=self.rpc)
         self.settings = self.defaults
         if self._store_problem:
             self.notify(self._store_problem, title="Conversations", severity="error", timeout=30)

@@ -141,6 +141,7 @@ def load_engine(choice: ModelChoice, settings, *, catalog: Catalog | None = None
     IncompatibleDraftError.
     """
     from edgespec.engine.runtime import Engine, ModelSettings
+    from edgespec.llama.rpc import Split, parse_endpoints
 
     target, draft = choice.target, choice.draft
     if choice.pair:
@@ -158,8 +159,9 @@ def load_engine(choice: ModelChoice, settings, *, catalog: Catalog | None = None
         return (catalog or RegistryCatalog()).resolve(name)
 
     threads = settings.threads or None
-    target_settings = ModelSettings(path_of(target), n_gpu_layers=settings.gpu_layers_target, n_threads=threads,
-                                    exact=settings.exact)
+    split = Split(parse_endpoints(settings.rpc)) if settings.rpc.strip() else None
+    target_settings = ModelSettings(path_of(target), n_threads=threads, exact=settings.exact, rpc=split,
+                                    n_gpu_layers=settings.gpu_layers_target or (-1 if split else 0))
     draft_settings = None
     if draft:
         draft_settings = ModelSettings(path_of(draft), n_gpu_layers=settings.gpu_layers_draft, n_threads=threads)

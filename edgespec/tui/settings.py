@@ -42,6 +42,9 @@ class ChatSettings:
     exact: bool = False
     """Batch-invariant kernels for the target: greedy speculation equals plain
     greedy decoding token for token (ModelSettings.exact)."""
+    rpc: str = ""
+    """llama.cpp RPC workers for the target's layers, 'HOST:PORT[,HOST:PORT...]'
+    ('': none). With workers, GPU layers (target) 0 means all of them."""
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.temperature <= 5.0, "temperature must be between 0 and 5")
@@ -53,6 +56,10 @@ class ChatSettings:
         _check(self.gpu_layers_target >= -1, "GPU layers (target) must be -1 (all) or more")
         _check(self.gpu_layers_draft >= -1, "GPU layers (draft) must be -1 (all) or more")
         _check(self.threads >= 0, "threads must be 0 (all cores) or more")
+        if self.rpc.strip():
+            from edgespec.llama.rpc import parse_endpoints
+
+            parse_endpoints(self.rpc)  # a ValueError says what is wrong
 
     @classmethod
     def from_dict(cls, data: dict | None, *, defaults: ChatSettings | None = None) -> ChatSettings:
@@ -84,9 +91,9 @@ class ChatSettings:
             top_k=self.top_k, top_p=self.top_p, max_tokens=self.max_tokens,
         )
 
-    def hardware(self) -> tuple[int, int, int, bool]:
+    def hardware(self) -> tuple[int, int, int, bool, str]:
         """The settings that need the models reloaded when they change."""
-        return (self.gpu_layers_target, self.gpu_layers_draft, self.threads, self.exact)
+        return (self.gpu_layers_target, self.gpu_layers_draft, self.threads, self.exact, self.rpc)
 
 
 def _check(ok: bool, message: str) -> None:

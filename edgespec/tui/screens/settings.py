@@ -26,6 +26,7 @@ LABELS = {
     "gpu_layers_target": "GPU layers, target (-1 = all)",
     "gpu_layers_draft": "GPU layers, draft (-1 = all)",
     "threads": "Threads (0 = all cores)",
+    "rpc": "RPC workers (host:port,...)",
 }
 
 

@@ -15,6 +15,11 @@ def hardware_label(info: dict) -> str:
     model with layers on a GPU how many ("cuda · target 29/29, draft 25/25 layers
     on GPU"), so that a model left on the CPU by mistake shows."""
     backend = info.get("backend") or ""
+    target = info.get("models", {}).get("target", {})
+    if any(row.get("worker") for row in target.get("layers") or []):
+        from edgespec.engine.runtime import placement_line
+
+        return f"{backend} · target {placement_line(info)}"
     offloaded = [
         f"{role} {m['n_gpu_layers']}/{m['n_layer'] + 1}"
         for role, m in info.get("models", {}).items()
