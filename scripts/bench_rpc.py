@@ -42,7 +42,6 @@ from edgespec.engine.runtime import Engine, ModelSettings, placement_line  # noq
 from edgespec.llama.rpc import Endpoint, Split  # noqa: E402
 from edgespec.models.fetch import resolve_model, resolve_pair  # noqa: E402
 
-
 # -- the relay ---------------------------------------------------------------------
 
 class Relay:
@@ -291,7 +290,8 @@ def main() -> int:
                                "plain_trips_per_token": plain["trips_per_token"],
                                "auto_trips_per_token": auto["trips_per_token"],
                                "identical": auto["tokens"] == plain["tokens"],
-                               "auto_chose": f"{auto['drafter'] or 'plain'} k={auto['k']}", "auto_reason": auto["reason"],
+                               "auto_chose": f"{auto['drafter'] or 'plain'} k={auto['k']}",
+                               "auto_reason": auto["reason"],
                                "tokens_per_pass": auto["tokens_per_pass"]}
                         rows.append(row)
                         print(f"  {prompt.category:10s} {prompt.id:22s} plain {row['plain_tps']:6.1f} tok/s "

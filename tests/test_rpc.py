@@ -154,18 +154,22 @@ def test_target_split_over_two_workers_and_the_cpu_decodes_as_on_one_machine(smo
 @pytest.mark.slow
 def test_a_worker_killed_mid_reply_is_an_error_the_reply_so_far_kept_and_a_reload_works(smollm2):
     """ggml-rpc ends the process on a broken connection; the engine turns that
-    into WorkerLostError naming the worker, and loads again once it is back."""
-    proc, endpoint = start_worker()
+    into WorkerLostError naming the worker, and loads again once it is back
+    (the surviving worker's connection is reused: it serves one client at a time)."""
+    (keep, kept), (proc, endpoint) = start_worker(), start_worker()
     try:
-        target = ModelSettings(smollm2, n_ctx=512, n_gpu_layers=-1, rpc=Split((endpoint,)))
+        target = ModelSettings(smollm2, n_ctx=512, n_gpu_layers=20, rpc=Split((kept, endpoint)))
         engine = Engine.load(target)
         tokens = engine.tokenize(PROMPT, add_bos=True, special=False)
         got = []
-        with pytest.raises(WorkerLostError, match=str(endpoint)):
+        start = None
+        with pytest.raises(WorkerLostError, match=f"lost the RPC worker at {endpoint} "):
             for chunk in engine.generate(tokens, GenerationParams(mode="plain", max_tokens=400)):
                 got += chunk.tokens
                 if len(got) >= 4 and proc.poll() is None:
                     proc.send_signal(signal.SIGKILL)
+                    start = time.monotonic()
+        assert time.monotonic() - start < 5
         assert len(got) >= 4  # what came before the loss stays with the caller
         with pytest.raises(WorkerLostError):  # the engine stays unusable, and says so at once
             generate(engine, tokens, mode="plain", max_tokens=4)
@@ -178,6 +182,34 @@ def test_a_worker_killed_mid_reply_is_an_error_the_reply_so_far_kept_and_a_reloa
         with Engine.load(target) as again:
             out, _ = generate(again, tokens, mode="plain", max_tokens=8)
             assert len(out) == 8
+            assert [r["worker"] for r in again.describe()["models"]["target"]["layers"]][1:] == [str(kept),
+                                                                                                  str(endpoint)]
+    finally:
+        stop(proc)
+        stop(keep)
+
+
+@needs_rpc
+@pytest.mark.slow
+def test_a_chat_keeps_the_partial_reply_of_a_lost_worker(smollm2):
+    """What the app shows and stores: the reply so far, marked interrupted."""
+    from edgespec.chat import ChatSession, ConversationStore
+
+    proc, endpoint = start_worker()
+    try:
+        store = ConversationStore(":memory:")
+        target = ModelSettings(smollm2, n_ctx=512, n_gpu_layers=-1, rpc=Split((endpoint,)))
+        with Engine.load(target) as engine:
+            session = ChatSession(engine, store=store, params=GenerationParams(mode="auto", max_tokens=400))
+            shown = ""
+            with pytest.raises(WorkerLostError, match=str(endpoint)):
+                for chunk in session.send("Tell me a long story about a lighthouse keeper."):
+                    shown += chunk.text
+                    if len(shown) > 20 and proc.poll() is None:
+                        proc.kill()
+            reply = store.messages(session.conversation_id)[-1]
+            assert reply.role == "assistant" and reply.status == "interrupted"
+            assert reply.content == shown and len(shown) > 20
     finally:
         stop(proc)
 
