@@ -127,11 +127,24 @@ class Relays:
         return sum(r.round_trips for r in self.relays)
 
     def close(self) -> None:
-        if self.loop.is_running():
-            for relay in self.relays:
-                self.loop.call_soon_threadsafe(relay.server.close)
-            self.loop.call_soon_threadsafe(self.loop.stop)
+        """Stop listening, drop the connections, end the loop thread."""
         self._timer.cancel()
+        if not self.loop.is_running():
+            return
+
+        async def shutdown() -> None:
+            for relay in self.relays:
+                relay.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
 
 
 # -- workers -------------------------------------------------------------------------
@@ -277,6 +290,7 @@ def main() -> int:
                                  ) as engine:
                     info = engine.describe()
                     print(f"\n== {delay:g} ms round trip; target {placement_line(info)}", flush=True)
+                    engine.policy(GenerationParams(mode="auto", k=args.k))  # auto calibrates once, before the clock
                     template = chat_template(engine)
                     texts = [template.render([{"role": "user", "content": p.prompt}]) for p in prompts]
                     rows = []
