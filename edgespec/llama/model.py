@@ -65,6 +65,8 @@ class LlamaModel:
             self.layer_devices = take_layer_devices()
             """Which device each layer is on (layer n_layer is the output layer); {} if llama.cpp did not say."""
         if not self._model:
+            if self.guard:
+                self.guard.close()
             why = recent_errors() or "llama.cpp gave no reason"
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {why}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -167,6 +169,8 @@ class LlamaModel:
             model, self._model, self._vocab = self._model, None, None
             if not (self.guard and self.guard.lost):
                 self.call(llama_cpp.llama_model_free, model)
+            if self.guard:
+                self.guard.close()
 
     def __enter__(self) -> "LlamaModel":
         return self

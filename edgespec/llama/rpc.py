@@ -265,16 +265,18 @@ def add_servers(endpoints) -> list[tuple[int, Device]]:
         guard = Guard((endpoint,))  # a handshake that fails would abort the process
         try:
             reg = guard.call(g.add_server, _spelling(endpoint), timeout=HELLO_TIMEOUT_S)
+            if reg:
+                found += [(ptr, guard.call(_device, ptr, endpoint))
+                          for ptr in (g.reg_dev_get(reg, i) for i in range(g.reg_dev_count(reg)))]
         except TimeoutError:
             raise WorkerUnreachableError(
                 f"the RPC worker at {endpoint} took the connection but did not answer within "
                 f"{HELLO_TIMEOUT_S:g} s. A worker serves one client at a time: is another edgespec or llama.cpp "
                 f"using it? Free it, then restart edgespec (llama.cpp keeps waiting for that answer)") from None
+        finally:
+            guard.close()
         if not reg:
             raise WorkerUnreachableError(f"the RPC worker at {endpoint} offers no devices")
-        for i in range(g.reg_dev_count(reg)):
-            ptr = g.reg_dev_get(reg, i)
-            found.append((ptr, guard.call(_device, ptr, endpoint)))
     return found
 
 
@@ -323,11 +325,15 @@ class _Runner:
         threading.Thread(target=self._work, name="edgespec-rpc", daemon=True).start()
 
     def _work(self) -> None:
-        while True:
-            self._jobs.get()()
+        while (job := self._jobs.get()) is not None:
+            job()
 
     def submit(self, job: Callable[[], None]) -> None:
         self._jobs.put(job)
+
+    def close(self) -> None:
+        """End the thread once the calls before are done."""
+        self._jobs.put(None)
 
 
 class Guard:
@@ -374,6 +380,11 @@ class Guard:
         if "error" in box:
             raise box["error"]
         return box["value"]
+
+    def close(self) -> None:
+        """End the guard's thread (left alone if a lost worker holds it)."""
+        if not self.lost:
+            self._runner.close()
 
     def _lose(self, why: str, gone: dict | None = None) -> None:
         gone = gone if gone is not None else unreachable(self.endpoints, timeout=1.0)
