@@ -121,3 +121,23 @@ class FakeEngine:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class SlowReader(FakeEngine):
+    """Reads every prompt for `batches` batches of 50 ms, each reported by an empty chunk (as
+    the engine reports a long prompt), then replies."""
+
+    def __init__(self, batches: int, **kwargs):
+        super().__init__(**kwargs)
+        self.batches = batches
+        self.batches_read = []
+
+    def generate(self, prompt_tokens, params):
+        read = 0
+        try:
+            for read in range(1, self.batches + 1):
+                time.sleep(0.05)
+                yield Chunk("", stats=Stats(prompt_tokens=len(prompt_tokens), prompt_evaluated=read * 512))
+            yield from super().generate(prompt_tokens, params)
+        finally:
+            self.batches_read.append(read)

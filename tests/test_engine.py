@@ -231,6 +231,28 @@ def test_cache_reuse_evaluates_only_the_new_suffix(engines):
     assert c.stats.prompt_evaluated == len(longer)
 
 
+def test_a_long_prompt_is_read_in_batches_that_report_progress_and_can_be_stopped(engines):
+    """A prompt longer than a batch (64 here) is read one batch at a time, each
+    reported by an empty chunk: a consumer sees how far reading has got and may
+    stop in between (Esc, a client gone) instead of waiting for the whole prompt."""
+    engine = engines["same"]
+    long_prompt = [1, *(W + (i * 7) % 50 for i in range(199))]
+    engine.reset()
+    expected, _, _ = run(engine, long_prompt, mode="plain", max_tokens=5)
+    engine.reset()
+    chunks = engine.generate(long_prompt, GenerationParams(mode="plain", max_tokens=5))
+    first = next(chunks)
+    assert (first.text, first.tokens, first.stats.prompt_cached, first.stats.prompt_evaluated) == ("", [], 0, 64)
+    second = next(chunks)
+    assert (second.tokens, second.stats.prompt_evaluated, second.stats.generated_tokens) == ([], 128, 0)
+    chunks.close()
+    assert first.stats.stop_reason == "cancelled"
+    again, _, last = run(engine, long_prompt, mode="plain", max_tokens=5)  # reads on from where it stopped
+    assert again == expected
+    assert (last.stats.prompt_cached, last.stats.prompt_evaluated) == (128, len(long_prompt) - 128)
+    assert all(c.tokens for c in engine.generate(PROMPTS[4], GenerationParams(mode="plain", max_tokens=3)))
+
+
 def test_max_tokens_and_stop_reasons(engines):
     tokens, _, last = run(engines["same"], PROMPTS[1], mode="draft", k=8, max_tokens=7)
     assert len(tokens) == 7 and last.finish_reason == "max_tokens"

@@ -23,7 +23,7 @@ from edgespec.tui.widgets.prompt import PromptInput
 from edgespec.tui.widgets.messages import MessageBox, code_blocks, format_stats
 from edgespec.tui.widgets.sidebar import ConversationList
 from edgespec.tui.widgets.status import StatusLine, format_live, hardware_label
-from tests.fakes import FakeEngine
+from tests.fakes import FakeEngine, SlowReader
 
 REPLY = "Here is one:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\nIt **adds** two numbers."
 
@@ -270,6 +270,19 @@ async def test_quitting_mid_reply_keeps_the_reply_and_frees_the_models_after_the
     [info] = store.list()
     stored = store.messages(info.id)[-1]
     assert stored.role == "assistant" and stored.status == "stopped" and stored.content.startswith("word word")
+
+
+async def test_escape_stops_the_reading_of_a_long_prompt(store):
+    engine = SlowReader(batches=100, reply=lambda prompt: "never shown")  # 5 s of reading
+    app = make_app(store, load=lambda choice, settings: engine)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Summarise this long file", key=False)
+        await wait_for(pilot, lambda: "reading the prompt" in app.query_one(StatusLine).detail)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.generating, timeout=2)
+        assert engine.batches_read[0] < 50
+        assert boxes(app)[1].status == "stopped"
 
 
 async def test_switching_conversations(store):
@@ -564,6 +577,8 @@ def test_origin_spans_and_helpers():
     line = format_live(stats, plain_tps=5.0)
     assert "10.0 tok/s" in line and "×2.00" in line and "accept 75%" in line and "2.75 tok/pass" in line
     assert "high acceptance" in line
+    reading = Stats(mode="auto", prompt_tokens=5000, prompt_cached=1000, prompt_evaluated=1024)
+    assert format_live(reading) == "mode auto │ reading the prompt: 1,024 of 4,000 tokens (26%)"
     assert describe_progress(PullProgress(412_000_000, 1_100_000_000, 23.5e6, 29.6, "m")) == \
         "m · 412.0 MB / 1.1 GB · 23.5 MB/s · 30 s left"
 

@@ -438,8 +438,8 @@ PARAMS_TYPES = {
 STATS_TYPES = {
     "mode": _TEXT, "drafter": _TEXT, "reason": _TEXT, "stop_reason": _TEXT, "ttft_s": _NUMBER, "decode_s": _NUMBER,
     "acceptance_rate": _NUMBER, "tokens_per_pass": _NUMBER, "tokens_per_s": _NUMBER,
-    **{name: _INT for name in ("prompt_tokens", "prompt_evaluated", "generated_tokens", "drafted", "accepted",
-                               "target_passes", "k", "dropped_messages")},
+    **{name: _INT for name in ("prompt_tokens", "prompt_evaluated", "prompt_cached", "generated_tokens", "drafted",
+                               "accepted", "target_passes", "k", "dropped_messages")},
 }
 """A reply's statistics (Stats.to_dict())."""
 

@@ -49,7 +49,9 @@ class Stats:
     prompt_tokens: int = 0
     """Tokens in the prompt (the whole conversation for a chat)."""
     prompt_evaluated: int = 0
-    """Prompt tokens the target actually evaluated (the rest came from its KV cache)."""
+    """Prompt tokens the target actually evaluated (so far, while it reads the prompt)."""
+    prompt_cached: int = 0
+    """Prompt tokens its KV cache already held (reused, not evaluated)."""
     generated_tokens: int = 0
     drafted: int = 0
     accepted: int = 0

@@ -103,7 +103,7 @@ class Completer:
                 reply_tokens += chunk.tokens
                 if chunk.finish_reason:
                     yield Done(chunk.text, FINISH_REASONS.get(chunk.finish_reason, "stop"), stats.to_dict())
-                elif chunk.text:
+                else:  # empty while a long prompt is read: each is a point where a client gone is noticed
                     yield Delta(chunk.text)
         finally:
             stream.close()  # the engine's caches are consistent from here on
