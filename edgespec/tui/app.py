@@ -50,16 +50,16 @@ RENDER_HZ = 15
 RENDER_WAIT_MAX = 1.0
 """The longest wait between redraws, whatever they cost: the reply must be seen to move."""
 
-QUIT_WAIT_S = 30.0
-"""How long quitting waits for the decode step in flight before leaving the
-models to the process's exit: freeing them under a running decode would crash."""
-
-RENDER_SHARE = 0.03
+RENDER_SHARE = 0.02
 """The most of a CPU the screen may spend while a reply streams. On a CPU
 llama.cpp decodes on every core, so what the screen draws is taken from
 decoding, and re-rendering a growing Markdown reply costs more each time. The
 screen measures its own CPU time and waits long enough after each redraw to
 stay within this share."""
+
+QUIT_WAIT_S = 30.0
+"""How long quitting waits for the decode step in flight before leaving the
+models to the process's exit: freeing them under a running decode would crash."""
 
 
 class ReplyBuffer:
@@ -314,6 +314,11 @@ class EdgespecApp(App):
         self.model_state = "failed"
         self.status.detail = reason
         self.show_banner(f"Model failed to load: {reason}\nctrl+o opens the model library (pull or switch models).")
+
+    def watch_generating(self, generating: bool) -> None:
+        # A blinking cursor redraws the prompt twice a second, CPU taken from decoding.
+        if self.is_mounted:
+            self.query_one(PromptInput).cursor_blink = not generating
 
     def watch_model_state(self, state: str) -> None:
         if self.is_mounted:
