@@ -28,7 +28,7 @@ from edgespec.chat.store import ConversationStore  # noqa: E402
 from edgespec.cli import add_model_options, load_engine  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 from edgespec.tui.app import EdgespecApp  # noqa: E402
-from edgespec.tui.catalog import ModelChoice  # noqa: E402
+from edgespec.tui.library import ModelChoice  # noqa: E402
 from edgespec.tui.settings import ChatSettings  # noqa: E402
 from edgespec.tui.widgets.prompt import PromptInput  # noqa: E402
 

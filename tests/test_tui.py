@@ -15,7 +15,7 @@ from edgespec.engine.events import Chunk, GenerationParams, Stats
 from edgespec.errors import DownloadError, ModelFileError
 from edgespec.tui import origin
 from edgespec.tui.app import EdgespecApp
-from edgespec.tui.catalog import CatalogRow, ModelChoice, PullProgress
+from edgespec.tui.library import LibraryRow, ModelChoice, PullProgress
 from edgespec.tui.screens.models import ModelsScreen, describe_progress
 from edgespec.tui.screens.settings import SettingsScreen
 from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
@@ -63,7 +63,7 @@ class SpecFakeEngine(FakeEngine):
                      from_draft=[True] * (n - 1) + [False], stats=stats)
 
 
-class FakeCatalog:
+class FakeLibrary:
     """Two models and a pair; pulls report progress in 10 steps of 100 MB."""
 
     def __init__(self, *, fail: str | None = None, step_s: float = 0.02):
@@ -75,9 +75,9 @@ class FakeCatalog:
     def rows(self):
         pair_installed = all(self.installed.values())
         return [
-            CatalogRow("tiny-pair", "pair", pair_installed, 1_500_000_000, "tiny-target + tiny-draft", "the test pair"),
-            CatalogRow("tiny-target", "model", self.installed["tiny-target"], 1_000_000_000, "hub test/tiny", "target"),
-            CatalogRow("tiny-draft", "model", self.installed["tiny-draft"], 500_000_000, "hub test/draft", "draft"),
+            LibraryRow("tiny-pair", "pair", pair_installed, 1_500_000_000, "tiny-target + tiny-draft", "the test pair"),
+            LibraryRow("tiny-target", "model", self.installed["tiny-target"], 1_000_000_000, "hub test/tiny", "target"),
+            LibraryRow("tiny-draft", "model", self.installed["tiny-draft"], 500_000_000, "hub test/draft", "draft"),
         ]
 
     def pull(self, name, *, progress):
@@ -109,7 +109,7 @@ def store(tmp_path):
         yield s
 
 
-def make_app(store, *, reply=REPLY, delay_s=0.0, engine_cls=SpecFakeEngine, load=None, catalog=None,
+def make_app(store, *, reply=REPLY, delay_s=0.0, engine_cls=SpecFakeEngine, load=None, library=None,
              hold=None, hold_after=0, **kwargs):
     engines = []
 
@@ -120,7 +120,7 @@ def make_app(store, *, reply=REPLY, delay_s=0.0, engine_cls=SpecFakeEngine, load
         return engine
 
     app = EdgespecApp(ModelChoice(target="tiny-target", draft="tiny-draft"), store=store, load=load or default_load,
-                      catalog=catalog or FakeCatalog(), template="chatml", defaults=kwargs.pop("defaults", ChatSettings()),
+                      library=library or FakeLibrary(), template="chatml", defaults=kwargs.pop("defaults", ChatSettings()),
                       **kwargs)
     app.engines = engines
     return app
@@ -456,8 +456,8 @@ def test_a_settings_file_that_is_a_directory_is_reported_naming_it(tmp_path):
 # -- models ----------------------------------------------------------------------------
 
 async def test_download_progress_cancel_and_finish(store):
-    catalog = FakeCatalog(step_s=0.05)
-    app = make_app(store, catalog=catalog)
+    library = FakeLibrary(step_s=0.05)
+    app = make_app(store, library=library)
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await pilot.press("ctrl+o")
@@ -474,18 +474,18 @@ async def test_download_progress_cancel_and_finish(store):
         await pilot.press("c")
         await wait_for(pilot, lambda: screen.pulling is None)
         assert "cancelled" in str(screen.query_one("#download-status").render())
-        assert not catalog.installed["tiny-draft"]
+        assert not library.installed["tiny-draft"]
         await pilot.press("p")
         await wait_for(pilot, lambda: screen.pulling is None, timeout=5)
-        assert catalog.installed["tiny-draft"]
+        assert library.installed["tiny-draft"]
         assert "installed" in str(screen.query_one("#download-status").render())
         await pilot.press("up", "up", "u")  # the pair, now installed: switch to it
         await wait_for(pilot, lambda: app.choice.pair == "tiny-pair" and app.model_state == "ready")
 
 
 async def test_quitting_mid_download_cancels_it(store):
-    catalog = FakeCatalog(step_s=0.2)
-    app = make_app(store, catalog=catalog)
+    library = FakeLibrary(step_s=0.2)
+    app = make_app(store, library=library)
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await pilot.press("ctrl+o")
@@ -493,12 +493,12 @@ async def test_quitting_mid_download_cancels_it(store):
         await pilot.press("down", "down", "p")
         await wait_for(pilot, lambda: (screen.query_one("#download-progress").progress or 0) >= 100_000_000)
         await pilot.press("ctrl+q")
-    assert catalog.pull_ended.wait(timeout=1.0)  # not left running to the end of a 2 s download
-    assert not catalog.installed["tiny-draft"]
+    assert library.pull_ended.wait(timeout=1.0)  # not left running to the end of a 2 s download
+    assert not library.installed["tiny-draft"]
 
 
 async def test_failed_download_says_why(store):
-    app = make_app(store, catalog=FakeCatalog(fail="checksum mismatch for tiny-draft.gguf", step_s=0.01))
+    app = make_app(store, library=FakeLibrary(fail="checksum mismatch for tiny-draft.gguf", step_s=0.01))
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await pilot.press("ctrl+o")

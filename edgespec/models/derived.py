@@ -18,7 +18,7 @@ from edgespec.models.bundled import write_in_place
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import Meter, ProgressCallback
 from edgespec.models.registry import ModelEntry, RequantizeSource
-from edgespec.models.verify import verify_file
+from edgespec.models.checksum import verify_file
 
 
 def derived_path(entry: ModelEntry, *, models_dir: Path | None = None) -> Path:

@@ -31,7 +31,7 @@ from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import ProgressCallback, human_bytes
 from edgespec.models.registry import (DEFAULT_PAIR, HUB_PREFIX, HubSource, ModelEntry, PackageFileSource, PairEntry,
                                       PartsSource, Registry, RequantizeSource, load_registry)
-from edgespec.models.verify import forget_verified, record_verified, verify_file
+from edgespec.models.checksum import forget_verified, record_verified, verify_file
 
 __all__ = ["resolve_model", "resolve_pair", "fetch", "pull", "installed_path", "available_offline", "remove",
            "is_path_like"]

@@ -29,7 +29,7 @@ from textual.widgets import Footer, Header, Static
 from edgespec import __version__
 from edgespec.chat.store import StoreError
 from edgespec.errors import EdgespecError
-from edgespec.tui.catalog import Catalog, ModelChoice, load_engine
+from edgespec.tui.library import Library, ModelChoice, load_engine
 from edgespec.tui.origin import chunk_spans, stored_spans
 from edgespec.tui.screens.dialogs import ConfirmScreen, TextPromptScreen
 from edgespec.tui.screens.help import HelpScreen
@@ -165,15 +165,15 @@ class EdgespecApp(App):
 
     def __init__(self, choice: ModelChoice | None = None, *, store=None,
                  load: EngineLoader | None = None, session_factory: Callable | None = None,
-                 catalog: Catalog | Callable[[], Catalog] | None = None,
+                 library: Library | Callable[[], Library] | None = None,
                  defaults: ChatSettings | None = None, defaults_path: str | Path | None = None,
                  export_dir: str | Path | None = None, template: str | None = None) -> None:
         super().__init__()
         self.choice = choice or ModelChoice()
         self._store = store
-        self._load = load or (lambda choice, settings: load_engine(choice, settings, catalog=self.catalog))
+        self._load = load or (lambda choice, settings: load_engine(choice, settings, library=self.library))
         self._session_factory = session_factory or default_session_factory
-        self._catalog = catalog
+        self._library = library
         self.defaults_path = defaults_path
         self.defaults = defaults
         self.export_dir = Path(export_dir) if export_dir else Path.cwd()
@@ -217,12 +217,12 @@ class EdgespecApp(App):
         self.notify(str(error), title="Conversations", severity="error", timeout=20)
 
     @property
-    def catalog(self) -> Catalog:
-        if self._catalog is None or (callable(self._catalog) and not hasattr(self._catalog, "rows")):
-            from edgespec.tui.catalog import RegistryCatalog
+    def library(self) -> Library:
+        if self._library is None or (callable(self._library) and not hasattr(self._library, "rows")):
+            from edgespec.tui.library import RegistryLibrary
 
-            self._catalog = self._catalog() if callable(self._catalog) else RegistryCatalog()
-        return self._catalog
+            self._library = self._library() if callable(self._library) else RegistryLibrary()
+        return self._library
 
     def compose(self):
         yield Header()
@@ -693,11 +693,11 @@ class EdgespecApp(App):
         from edgespec.tui.screens.models import ModelsScreen
 
         try:
-            catalog = self.catalog
+            library = self.library
         except EdgespecError as e:
             self.notify(str(e), title="Model library", severity="error", timeout=10)
             return
-        self.push_screen(ModelsScreen(catalog, current=self.choice), self._model_chosen)
+        self.push_screen(ModelsScreen(library, current=self.choice), self._model_chosen)
 
     def _model_chosen(self, choice: ModelChoice | None) -> None:
         if choice is None:

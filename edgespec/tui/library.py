@@ -1,6 +1,6 @@
 """What the app needs from the model library, as one small interface.
 
-`Catalog` lists the registry's pairs and models and pulls one; `RegistryCatalog`
+`Library` lists the registry's pairs and models and pulls one; `RegistryLibrary`
 is the real one (edgespec.models), tests pass a fake. `ModelChoice` says which
 models the app runs, and `load_engine` turns it into a loaded Engine.
 """
@@ -16,7 +16,7 @@ from edgespec.errors import ModelFileError
 
 
 @dataclass(frozen=True)
-class CatalogRow:
+class LibraryRow:
     """A pair or a model of the registry, as the models screen shows it."""
 
     name: str
@@ -47,8 +47,8 @@ class PullCancelled(Exception):
     """The user cancelled a download."""
 
 
-class Catalog(Protocol):
-    def rows(self) -> list[CatalogRow]: ...
+class Library(Protocol):
+    def rows(self) -> list[LibraryRow]: ...
 
     def pull(self, name: str, *, progress: Callable[[PullProgress], None]) -> None:
         """Fetch a model (or both models of a pair); `progress` may raise PullCancelled."""
@@ -87,15 +87,15 @@ def cancellable(progress: Callable[[PullProgress], None], cancel: threading.Even
     return callback
 
 
-class RegistryCatalog:
-    """The real catalog: models.yaml (edgespec.models.registry) and edgespec.models.fetch."""
+class RegistryLibrary:
+    """The real library: models.yaml (edgespec.models.registry) and edgespec.models.fetch."""
 
     def __init__(self) -> None:
         from edgespec.models.registry import load_registry
 
         self.registry = load_registry()
 
-    def rows(self) -> list[CatalogRow]:
+    def rows(self) -> list[LibraryRow]:
         from edgespec.models import fetch
 
         reg = self.registry
@@ -104,13 +104,13 @@ class RegistryCatalog:
         for name, pair in reg.pairs.items():
             members = [m for m in (pair.target, pair.draft) if m]
             sizes = [reg.models[m].display_size for m in members]
-            rows.append(CatalogRow(
+            rows.append(LibraryRow(
                 name=name, kind="pair", installed=all(installed[m] for m in members),
                 size=sum(sizes) if None not in sizes else None,
                 source=" + ".join(members), description=pair.description,
             ))
         for name, entry in reg.models.items():
-            rows.append(CatalogRow(name=name, kind="model", installed=installed[name], size=entry.display_size,
+            rows.append(LibraryRow(name=name, kind="model", installed=installed[name], size=entry.display_size,
                                    source=entry.source.describe(), description=entry.description))
         return rows
 
@@ -134,7 +134,7 @@ class RegistryCatalog:
         return str(resolve_model(name, download=False, registry=self.registry))
 
 
-def load_engine(choice: ModelChoice, settings, *, catalog: Catalog | None = None):
+def load_engine(choice: ModelChoice, settings, *, library: Library | None = None):
     """Load the chosen models with the settings' hardware options (slow: call from a worker).
 
     Raises ModelFileError (missing model, with how to get it), ModelLoadError,
@@ -144,8 +144,8 @@ def load_engine(choice: ModelChoice, settings, *, catalog: Catalog | None = None
 
     target, draft = choice.target, choice.draft
     if choice.pair:
-        catalog = catalog or RegistryCatalog()
-        target, pair_draft = catalog.pair(choice.pair)
+        library = library or RegistryLibrary()
+        target, pair_draft = library.pair(choice.pair)
         draft = choice.draft or pair_draft
     if target is None:
         raise ModelFileError("No model chosen: pass --pair NAME or --target PATH (see `edgespec models`)")
@@ -155,7 +155,7 @@ def load_engine(choice: ModelChoice, settings, *, catalog: Catalog | None = None
 
         if is_path_like(name):
             return str(Path(name).expanduser())
-        return (catalog or RegistryCatalog()).resolve(name)
+        return (library or RegistryLibrary()).resolve(name)
 
     threads = settings.threads or None
     target_settings = ModelSettings(path_of(target), n_gpu_layers=settings.gpu_layers_target, n_threads=threads,
