@@ -14,7 +14,7 @@ from edgespec.engine.events import GenerationParams, Stats
 def engine(monkeypatch):
     """The engine every command gets; it replies with the prompt it was given."""
     fake = FakeEngine(reply=lambda prompt: "[" + prompt + "]")
-    monkeypatch.setattr(cli, "load_engine", lambda args, progress=None: fake)
+    monkeypatch.setattr(cli, "engine_from_args", lambda args, progress=None: fake)
     return fake
 
 
@@ -22,7 +22,7 @@ def engine(monkeypatch):
 def no_load(monkeypatch):
     def load(args, progress=None):
         raise AssertionError("the models were loaded before the options were checked")
-    monkeypatch.setattr(cli, "load_engine", load)
+    monkeypatch.setattr(cli, "engine_from_args", load)
 
 
 @pytest.mark.parametrize("option, message", [

@@ -191,8 +191,7 @@ class ChatSession:
         return tried[good]
 
     def _tokenize(self, text: str) -> list[int]:
-        bos = self.template.bos_token
-        return self._prefix.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+        return self._prefix.tokenize(text, add_bos=self.template.needs_bos(text))
 
     # -- the reply ---------------------------------------------------------------------
     def _reply(self, prompt: _Prompt) -> Iterator[Chunk]:

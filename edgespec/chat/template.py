@@ -81,6 +81,11 @@ class ChatTemplate:
     stop: tuple[str, ...] = ()
     """Extra stop strings this format needs (built-in formats only)."""
 
+    def needs_bos(self, text: str) -> bool:
+        """Whether the tokenizer must add BOS to `text`, rendered by this template:
+        not when the template wrote it already (two BOS tokens confuse models)."""
+        return not (self.bos_token and text.startswith(self.bos_token))
+
     def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
         """The prompt text for `messages` (dicts with "role" and "content")."""
         try:

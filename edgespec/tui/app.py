@@ -29,7 +29,7 @@ from textual.widgets import Footer, Header, Static
 from edgespec import __version__
 from edgespec.chat.store import StoreError
 from edgespec.errors import EdgespecError
-from edgespec.tui.library import Library, ModelChoice, load_engine
+from edgespec.tui.library import Library, ModelChoice, load_choice
 from edgespec.tui.origin import chunk_spans, stored_spans
 from edgespec.tui.screens.dialogs import ConfirmScreen, TextPromptScreen
 from edgespec.tui.screens.help import HelpScreen
@@ -171,7 +171,7 @@ class EdgespecApp(App):
         super().__init__()
         self.choice = choice or ModelChoice()
         self._store = store
-        self._load = load or (lambda choice, settings: load_engine(choice, settings, library=self.library))
+        self._load = load or (lambda choice, settings: load_choice(choice, settings, library=self.library))
         self._session_factory = session_factory or default_session_factory
         self._library = library
         self.defaults_path = defaults_path
