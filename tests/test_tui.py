@@ -223,6 +223,20 @@ async def test_a_store_that_cannot_be_opened_leaves_the_app_chatting_in_memory(h
         assert len(boxes(app)) == 2 and boxes(app)[1].status == "done"
 
 
+async def test_an_engine_that_cannot_say_where_it_runs_still_chats_and_says_so(store):
+    class NoDescribe(SpecFakeEngine):
+        def describe(self):
+            raise RuntimeError("no backend info")
+
+    app = make_app(store, engine_cls=NoDescribe)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        assert any("no backend info" in n.message for n in app._notifications)
+        await send(pilot, "Hi")
+        await wait_for(pilot, lambda: not app.generating)
+        assert boxes(app)[1].content == REPLY
+
+
 async def test_a_store_failing_mid_chat_is_shown_not_a_crash(store):
     app = make_app(store)
     async with app.run_test(size=(110, 36)) as pilot:

@@ -178,6 +178,12 @@ class ConversationStore:
         return [ConversationInfo(r[0], r[1], datetime.fromtimestamp(r[2]), datetime.fromtimestamp(r[3]), r[4])
                 for r in rows]
 
+    def title(self, conversation_id: int) -> str | None:
+        """The conversation's title; None when there is no such conversation."""
+        with self._reading() as db:
+            row = db.execute("SELECT title FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        return row[0] if row else None
+
     def latest(self) -> int | None:
         """The most recently updated conversation's id, or None when there is none."""
         with self._reading() as db:

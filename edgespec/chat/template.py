@@ -27,6 +27,7 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
+from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import TemplateError
 
 BUILTIN_FORMATS: dict[str, str] = {
@@ -111,7 +112,7 @@ class ChatTemplate:
             ) from None
 
 
-def chat_template(engine, *, template: str | None = None, model: str = "the model") -> ChatTemplate:
+def chat_template(engine: ChatEngine, *, template: str | None = None, model: str = "the model") -> ChatTemplate:
     """The template to use with `engine`: `template` when given (a built-in
     format's name or Jinja source), else the one stored in the target GGUF.
 

@@ -28,6 +28,7 @@ from textual.widgets import Footer, Header, Static
 
 from edgespec import __version__
 from edgespec.chat.store import StoreError
+from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import EdgespecError
 from edgespec.tui.library import Library, ModelChoice, load_choice
 from edgespec.tui.origin import chunk_spans, stored_spans
@@ -40,7 +41,7 @@ from edgespec.tui.widgets.prompt import PromptInput
 from edgespec.tui.widgets.sidebar import ConversationList
 from edgespec.tui.widgets.status import StatusLine, format_live, hardware_label
 
-EngineLoader = Callable[[ModelChoice, ChatSettings], object]
+EngineLoader = Callable[[ModelChoice, ChatSettings], ChatEngine]
 """(choice, settings) -> a loaded Engine; raises EdgespecError with a message for the user."""
 
 
@@ -139,7 +140,7 @@ class EdgespecApp(App):
     ]
 
     class ModelsLoaded(Message):
-        def __init__(self, engine, hardware: tuple) -> None:
+        def __init__(self, engine: ChatEngine, hardware: tuple) -> None:
             super().__init__()
             self.engine, self.hardware = engine, hardware
 
@@ -179,7 +180,7 @@ class EdgespecApp(App):
         self.export_dir = Path(export_dir) if export_dir else Path.cwd()
         self.template = template
         """A built-in chat format's name (or Jinja source) instead of the GGUF's own."""
-        self.engine = None
+        self.engine: ChatEngine | None = None
         self.session = None
         self.conversation_id: int | None = None
         self.settings: ChatSettings = defaults or ChatSettings()
@@ -296,11 +297,12 @@ class EdgespecApp(App):
         self._loaded_hardware = hardware
         self.model_error = ""
         self.model_state = "ready"
-        info = {}
         try:
             info = engine.describe() or {}
-        except Exception:
-            pass
+        except Exception as e:  # the models work; only the label goes without where they run
+            info = {}
+            self.log.error(f"engine.describe() failed: {e!r}")
+            self.notify(f"Could not tell where the models run: {e}", severity="warning")
         where = hardware_label(info)
         self.status.model_label = f"{self.choice.label}" + (f" ({where})" if where else "")
         self.session = self._make_session(self.conversation_id)
@@ -430,7 +432,7 @@ class EdgespecApp(App):
         if cid is None:
             self.notify("Nothing to rename yet: send a message first.")
             return
-        current = next((c.title for c in self.store.list() if c.id == cid), "")
+        current = self.store.title(cid) or ""
 
         def done(title: str | None) -> None:
             if title:
@@ -466,7 +468,7 @@ class EdgespecApp(App):
         if self.conversation_id is None:
             self.notify("Nothing to export yet.")
             return
-        title = next((c.title for c in self.store.list() if c.id == self.conversation_id), "chat")
+        title = self.store.title(self.conversation_id) or "chat"
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in title).strip("-")[:40] or "chat"
         path = self.export_dir / f"edgespec-{self.conversation_id}-{safe}.md"
         try:
@@ -667,7 +669,7 @@ class EdgespecApp(App):
         """Edit the settings of this conversation (or of new chats)."""
         title = None
         if self.conversation_id is not None:
-            title = next((c.title for c in self.store.list() if c.id == self.conversation_id), None)
+            title = self.store.title(self.conversation_id)
         self.push_screen(SettingsScreen(self.settings, conversation_title=title), self._settings_saved)
 
     def _settings_saved(self, result: SettingsResult | None) -> None:
