@@ -203,7 +203,7 @@ class ConversationStore:
     def settings(self, conversation_id: int) -> dict:
         with self._reading() as db:
             settings = json.loads(self._require(db, conversation_id)[4])
-        return settings if isinstance(settings, dict) else {}  # an earlier edgespec let other shapes in
+        return settings if isinstance(settings, dict) else {}  # settings are an object; any other JSON reads as none
 
     def save_settings(self, conversation_id: int, settings: dict) -> None:
         with self._tx() as db:

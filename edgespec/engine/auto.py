@@ -134,12 +134,12 @@ class AutoPolicy(Policy):
     SWITCH_CYCLES = 4
     """Cycles a drafter switched to is expected to stay in use: the price of
     switching (a draft model reading what it missed) is spread over them. Charged
-    to one cycle, it kept an idle draft model idle: the longer it sat out, the
-    dearer the switch, on prompts where it was right 98% of the time."""
+    to one cycle, it would keep an idle draft model idle however right it is: the
+    longer it sits out, the more it has to read, the dearer the switch."""
     PROBE_FIRST = 2
+    """The cycle of a reply that probes a warm draft model first."""
     PROBE_K = 2
     """Tokens a probe asks for."""
-    """The cycle of a reply that probes a warm draft model first."""
     OPTIMISTIC = 0.9
     """The acceptance at which a draft model is worth warming for a reply: one
     that cannot pay even then (as slow as the target) is left cold."""
