@@ -189,11 +189,15 @@ def engine_from_args(args: argparse.Namespace, *, progress=None):
         return pair.target, pair.draft
 
     check_model_options(args)
-    return load_engine(
-        args.target, args.draft, pair=args.pair or DEFAULT_PAIR, no_draft=args.no_draft,
-        resolve=lambda name: resolve_model(name, progress=progress), pair_models=pair_models,
-        n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-        n_gpu_layers_draft=args.n_gpu_layers_draft, exact=args.exact)
+    try:
+        return load_engine(
+            args.target, args.draft, pair=args.pair or DEFAULT_PAIR, no_draft=args.no_draft,
+            resolve=lambda name: resolve_model(name, progress=progress), pair_models=pair_models,
+            n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+            n_gpu_layers_draft=args.n_gpu_layers_draft, exact=args.exact)
+    finally:
+        if isinstance(progress, ProgressBars):
+            progress.close()  # a failed download leaves its bar drawn, and the terminal usable
 
 
 # -- generate ----------------------------------------------------------------
@@ -343,13 +347,45 @@ def format_stats(stats) -> str:
     return "[" + " · ".join(parts) + "]"
 
 
-def _stderr_progress():
-    """A download/assembly progress bar on stderr (only on a terminal)."""
-    if not sys.stderr.isatty():
-        return None
-    from edgespec.models.progress import TerminalBar
+def _stderr_progress() -> ProgressBars | None:
+    """Download/assembly progress bars on stderr (only on a terminal)."""
+    return ProgressBars(sys.stderr) if sys.stderr.isatty() else None
 
-    return TerminalBar(sys.stderr)
+
+class ProgressBars:
+    """Draws the `Progress` events of edgespec.models.progress with rich: a bar
+    per file and stage (download, assemble, quantize, verify) with bytes, speed
+    and time left. Off a terminal, one line when each file's work finishes."""
+
+    def __init__(self, stream) -> None:
+        from rich.console import Console
+
+        self.console = Console(file=stream, highlight=False)
+        self._bars = None
+        self._key: tuple[str, str] | None = None
+
+    def __call__(self, p) -> None:
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TaskProgressColumn, TextColumn,
+                                   TimeRemainingColumn, TransferSpeedColumn)
+
+        key = (p.file, p.stage)
+        if key != self._key:
+            self.close()
+            self._key = key
+            self._bars = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), TaskProgressColumn(),
+                                  DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                                  console=self.console)
+            self._bars.add_task(f"{p.stage:8s} {p.file}", total=p.total, completed=p.done)
+            self._bars.start()
+        self._bars.update(self._bars.task_ids[0], completed=p.done, total=p.total)
+        if p.finished:
+            self.close()
+
+    def close(self) -> None:
+        """Leave the current bar drawn as it stands and stop redrawing it."""
+        if self._bars is not None:
+            self._bars.stop()
+        self._bars, self._key = None, None
 
 
 # -- models, pull, rm, path, check, paths ---------------------------------------
@@ -433,11 +469,14 @@ def _print_table(header: list[str], rows: list[list[str]]) -> None:
 
 def _cmd_pull(args: argparse.Namespace) -> int:
     from edgespec.models.fetch import pull
-    from edgespec.models.progress import TerminalBar
 
-    for name in args.names:
-        for entry, path in pull(name, progress=TerminalBar(sys.stderr)):
-            print(f"{entry.name}: {path}")
+    bars = ProgressBars(sys.stderr)
+    try:
+        for name in args.names:
+            for entry, path in pull(name, progress=bars):
+                print(f"{entry.name}: {path}")
+    finally:
+        bars.close()
     return 0
 
 
