@@ -100,14 +100,24 @@ def test_cycles_report_the_draft_length_asked_for(engines, monkeypatch):
 def test_a_plans_p_draft_is_the_one_the_draft_model_drafts_with(engines, monkeypatch):
     """Auto mode sets how sure the draft model must be of its whole draft, per
     cycle (from the costs); the decoder hands it to the draft model."""
-    from edgespec.engine.policy import FixedPolicy, Plan
+    from edgespec.engine.policy import Plan, Policy
 
     engine = engines["near"]
 
+    class Sure(Policy):
+        """The draft model, k = 4, drafting while its whole draft is `p_draft` sure."""
+
+        def __init__(self, p_draft):
+            self.p_draft = p_draft
+
+        def plan(self, history):
+            return Plan(engine.draft_model, 4, p_draft=self.p_draft)
+
+        def prefill(self, prompt):
+            engine.draft_model.prefill(prompt)
+
     def drafted(p_draft):
-        policy = FixedPolicy(engine.draft_model, 4)
-        policy._plan = Plan(engine.draft_model, 4, p_draft=p_draft)
-        monkeypatch.setattr(engine, "policy", lambda params: policy)
+        monkeypatch.setattr(engine, "policy", lambda params: Sure(p_draft))
         engine.reset()
         return run(engine, PROMPTS[2], mode="draft", k=4, max_tokens=30, p_min=0.0)[2].stats.drafted
 

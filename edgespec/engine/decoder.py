@@ -80,8 +80,8 @@ def speculative_steps(
             finish = "max_tokens"
         if plan.drafter is not None:
             plan.drafter.rewind(history)  # and from the drafter's
-        policy.observe(CycleReport(plan, len(draft.tokens), n, t1 - t0, t2 - t1, draft.caught_up, draft.catch_up_s,
-                                   asked=max(k, 0)))
+        policy.observe(CycleReport(plan, drafted=len(draft.tokens), accepted=n, draft_s=t1 - t0, verify_s=t2 - t1,
+                                   caught_up=draft.caught_up, catch_up_s=draft.catch_up_s, asked=max(k, 0)))
         yield Step(new, [True] * min(n, len(new)) + [False] * (len(new) - n), plan,
                    len(draft.tokens), n, finish)
         if finish:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-MODES = ("plain", "draft", "lookup", "auto")
-"""Speculation modes: no drafter, a draft model, prompt lookup, or chosen per cycle."""
+from edgespec.modes import MODES as MODES  # re-exported: GenerationParams.mode is one of them
 
 
 @dataclass

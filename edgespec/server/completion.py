@@ -69,8 +69,7 @@ class Completer:
             raise self._template
         template = self._template
         text = template.render(messages)
-        bos = template.bos_token
-        tokens = self._prefix.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+        tokens = self._prefix.tokenize(text, add_bos=template.needs_bos(text))
         if template.stop:
             params = dataclasses.replace(params, stop=(*params.stop, *template.stop))
         return self._generate(text, tokens, params, request_id)
