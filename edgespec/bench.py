@@ -23,9 +23,10 @@ from typing import Callable, Sequence
 import yaml
 
 from edgespec.engine.events import GenerationParams, Stats
+from edgespec.modes import MODES
 
 BASELINE = "llamacpp"
-DEFAULT_MODES = (BASELINE, "plain", "draft", "lookup", "auto")
+DEFAULT_MODES = (BASELINE, *MODES)
 
 
 @dataclass

@@ -36,12 +36,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 MODEL_NAMES = "a .gguf path, a registry name or hf:OWNER/REPO/FILE.gguf"
+"""How a model may be named wherever the CLI takes one."""
 
 MIN_CTX = 32
 """Smallest --ctx. llama.cpp's batch is never larger than the context asked for,
 and a verify pass (up to 17 tokens) and the draft model's 16-token calibration
 must each fit in one batch; nor does any chat fit in fewer tokens."""
-"""How a model may be named wherever the CLI takes one."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,9 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="show versions and llama.cpp's backend, then exit")
     app = parser.add_argument_group("chat app (no command)")
-    app.add_argument("--pair", metavar="NAME", help="a target + draft pair from the registry (default: the bundled pair)")
-    app.add_argument("--target", metavar="PATH_OR_NAME", help=f"target model: {MODEL_NAMES}")
-    app.add_argument("--draft", metavar="PATH_OR_NAME", help=f"draft model: {MODEL_NAMES}")
+    _add_model_names(app)
     add_rpc_options(app)
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_generate(sub)
@@ -93,9 +91,7 @@ def _cmd_app(args: argparse.Namespace) -> int:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """--target/--draft/--pair and how to run them (GPU layers, threads, context)."""
     g = p.add_argument_group("models")
-    g.add_argument("--pair", metavar="NAME", help="a target + draft pair from the registry (default: the bundled pair)")
-    g.add_argument("--target", metavar="PATH_OR_NAME", help=f"target model: {MODEL_NAMES}")
-    g.add_argument("--draft", metavar="PATH_OR_NAME", help=f"draft model: {MODEL_NAMES}")
+    _add_model_names(g)
     g.add_argument("--no-draft", action="store_true", help="load no draft model (plain or lookup only)")
     g.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
                    help="target layers on the GPU, or with --rpc on the workers and GPUs (-1: all; "
@@ -150,6 +146,12 @@ def rpc_split(args: argparse.Namespace):
     if args.tensor_split and not args.rpc:
         raise ValueError("--tensor-split weights the devices of --rpc: pass --rpc HOST:PORT too")
     return Split(args.rpc, args.tensor_split or ()) if args.rpc else None
+
+
+def _add_model_names(g) -> None:
+    g.add_argument("--pair", metavar="NAME", help="a target + draft pair from the registry (default: the bundled pair)")
+    g.add_argument("--target", metavar="PATH_OR_NAME", help=f"target model: {MODEL_NAMES}")
+    g.add_argument("--draft", metavar="PATH_OR_NAME", help=f"draft model: {MODEL_NAMES}")
 
 
 def _context_size(text: str) -> int:
@@ -227,26 +229,27 @@ def _note(text: str) -> None:
     print(f"edgespec: note: {text}", file=sys.stderr)
 
 
-def load_engine(args: argparse.Namespace, *, progress=None):
-    """Resolve --pair/--target/--draft to files and load them."""
-    from edgespec.engine.runtime import Engine, ModelSettings
-    from edgespec.models.fetch import resolve_model, resolve_pair
+def engine_from_args(args: argparse.Namespace, *, progress=None):
+    """Load the models the options name (edgespec.load.load_engine), downloading what is missing."""
+    from edgespec.load import load_engine
+    from edgespec.models.fetch import resolve_model
+    from edgespec.models.registry import DEFAULT_PAIR, load_registry
+
+    def pair_models(name: str) -> tuple[str, str | None]:
+        pair = load_registry().pair_or_model(name)
+        return pair.target, pair.draft
 
     check_model_options(args)
-    if args.target:
-        target = resolve_model(args.target, progress=progress)
-        draft = resolve_model(args.draft, progress=progress) if args.draft else None
-    else:
-        target, draft, _ = resolve_pair(args.pair, progress=progress)
-        if args.draft:
-            draft = resolve_model(args.draft, progress=progress)
-    if args.no_draft:
-        draft = None
-    common = dict(n_ctx=args.ctx, n_threads=args.threads)
-    return Engine.load(
-        ModelSettings(target, n_gpu_layers=args.n_gpu_layers, exact=args.exact, rpc=rpc_split(args), **common),
-        ModelSettings(draft, n_gpu_layers=args.n_gpu_layers_draft, **common) if draft else None,
-    )
+    split = rpc_split(args)
+    try:
+        return load_engine(
+            args.target, args.draft, pair=args.pair or DEFAULT_PAIR, no_draft=args.no_draft,
+            resolve=lambda name: resolve_model(name, progress=progress), pair_models=pair_models,
+            n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+            n_gpu_layers_draft=args.n_gpu_layers_draft, exact=args.exact, rpc=split)
+    finally:
+        if isinstance(progress, ProgressBars):
+            progress.close()  # a failed download leaves its bar drawn, and the terminal usable
 
 
 # -- generate ----------------------------------------------------------------
@@ -270,7 +273,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise EdgespecError("the prompt is empty: pass it as an argument or on stdin")
     params = params_from_args(args)
-    with load_engine(args, progress=_stderr_progress()) as engine:
+    with engine_from_args(args, progress=_stderr_progress()) as engine:
         tokens, stops = _prompt_tokens(engine, prompt, raw=args.raw, system=args.system, template=args.template)
         params.stop += stops
         text, ids, flags, last = [], [], [], None
@@ -339,7 +342,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if "plain" not in modes:
         modes.insert(0, "plain")  # speedups are ratios to plain, measured in the same run
     params = GenerationParams(max_tokens=args.max_tokens, k=args.k)
-    with load_engine(args, progress=_stderr_progress()) as engine:
+    with engine_from_args(args, progress=_stderr_progress()) as engine:
         info = engine.describe()
         print(f"backend {info['backend']}; {bench.machine()}; " + "; ".join(
             f"{role} {Path(m['path']).name} ({m['n_gpu_layers']}/{m['n_layer'] + 1} layers on GPU)"
@@ -387,8 +390,7 @@ def _prompt_tokens(engine, prompt: str, *, raw: bool, system: str | None,
     template = chat_template(engine, template=template)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     text = template.render(messages)
-    add_bos = not (template.bos_token and text.startswith(template.bos_token))
-    return engine.tokenize(text, add_bos=add_bos, special=True), template.stop
+    return engine.tokenize(text, add_bos=template.needs_bos(text), special=True), template.stop
 
 
 def format_stats(stats) -> str:
@@ -404,13 +406,45 @@ def format_stats(stats) -> str:
     return "[" + " · ".join(parts) + "]"
 
 
-def _stderr_progress():
-    """A download/assembly progress bar on stderr (only on a terminal)."""
-    if not sys.stderr.isatty():
-        return None
-    from edgespec.models.progress import TerminalBar
+def _stderr_progress() -> ProgressBars | None:
+    """Download/assembly progress bars on stderr (only on a terminal)."""
+    return ProgressBars(sys.stderr) if sys.stderr.isatty() else None
 
-    return TerminalBar(sys.stderr)
+
+class ProgressBars:
+    """Draws the `Progress` events of edgespec.models.progress with rich: a bar
+    per file and stage (download, assemble, quantize, verify) with bytes, speed
+    and time left. Off a terminal, one line when each file's work finishes."""
+
+    def __init__(self, stream) -> None:
+        from rich.console import Console
+
+        self.console = Console(file=stream, highlight=False)
+        self._bars = None
+        self._key: tuple[str, str] | None = None
+
+    def __call__(self, p) -> None:
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TaskProgressColumn, TextColumn,
+                                   TimeRemainingColumn, TransferSpeedColumn)
+
+        key = (p.file, p.stage)
+        if key != self._key:
+            self.close()
+            self._key = key
+            self._bars = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), TaskProgressColumn(),
+                                  DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                                  console=self.console)
+            self._bars.add_task(f"{p.stage:8s} {p.file}", total=p.total, completed=p.done)
+            self._bars.start()
+        self._bars.update(self._bars.task_ids[0], completed=p.done, total=p.total)
+        if p.finished:
+            self.close()
+
+    def close(self) -> None:
+        """Leave the current bar drawn as it stands and stop redrawing it."""
+        if self._bars is not None:
+            self._bars.stop()
+        self._bars, self._key = None, None
 
 
 # -- models, pull, rm, path, check, paths ---------------------------------------
@@ -494,11 +528,14 @@ def _print_table(header: list[str], rows: list[list[str]]) -> None:
 
 def _cmd_pull(args: argparse.Namespace) -> int:
     from edgespec.models.fetch import pull
-    from edgespec.models.progress import TerminalBar
 
-    for name in args.names:
-        for entry, path in pull(name, progress=TerminalBar(sys.stderr)):
-            print(f"{entry.name}: {path}")
+    bars = ProgressBars(sys.stderr)
+    try:
+        for name in args.names:
+            for entry, path in pull(name, progress=bars):
+                print(f"{entry.name}: {path}")
+    finally:
+        bars.close()
     return 0
 
 
@@ -508,29 +545,22 @@ def _cmd_rm(args: argparse.Namespace) -> int:
 
     registry = load_registry()
     for name in args.names:
-        if name in registry.pairs:
-            pair = registry.pairs[name]
-            entries = [registry.model(n) for n in (pair.target, pair.draft) if n]
-        else:
-            entries = [registry.model(name)]
-        for entry in entries:
+        for entry in registry.members(name):
             removed = remove(entry)
             print(f"{entry.name}: removed {removed[0]}" if removed else f"{entry.name}: nothing to remove")
     return 0
 
 
 def _cmd_path(args: argparse.Namespace) -> int:
-    from edgespec.models.fetch import resolve_model, resolve_pair
+    from edgespec.models.fetch import fetch, is_path_like, resolve_model
     from edgespec.models.registry import load_registry
 
+    if is_path_like(args.name):
+        print(resolve_model(args.name, download=False))
+        return 0
     registry = load_registry()
-    if args.name in registry.pairs:
-        target, draft, _ = resolve_pair(args.name, download=False, registry=registry)
-        print(target)
-        if draft is not None:
-            print(draft)
-    else:
-        print(resolve_model(args.name, download=False, registry=registry))
+    for entry in registry.members(args.name):
+        print(fetch(entry, download=False, registry=registry))
     return 0
 
 
@@ -620,7 +650,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         if not args.draft and stored.get("draft") and Path(stored["draft"]).exists():
             args.draft = stored["draft"]
     template = args.template or (stored.get("template") if stored.get("template") not in (None, "gguf") else None)
-    with load_engine(args, progress=_stderr_progress()) as engine:
+    with engine_from_args(args, progress=_stderr_progress()) as engine:
         name = Path(engine.describe()["models"]["target"]["path"]).name
         session = ChatSession(engine, store=store, conversation_id=cid, system_prompt=args.system,
                               params=params, template=template, model_name=name,
@@ -754,7 +784,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("edgespec.server")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    app = server.create_app(lambda: load_engine(args, progress=_stderr_progress()), settings)
+    app = server.create_app(lambda: engine_from_args(args, progress=_stderr_progress()), settings)
     print(f"edgespec serve: loading {model_id} ...", file=sys.stderr)
     server.run(app, sock, verbose=args.verbose, on_ready=lambda: print(
         f"edgespec serve: ready at {base} (model \"{model_id}\"{', API key required' if api_key else ''}); "

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench import load_prompts, machine  # noqa: E402
-from edgespec.cli import _prompt_tokens, add_model_options, load_engine  # noqa: E402
+from edgespec.cli import _prompt_tokens, add_model_options, engine_from_args  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    with load_engine(args) as engine:
+    with engine_from_args(args) as engine:
         print(f"{machine()}; exact kernels: {engine.describe()['exact']}")
         for prompt in load_prompts(categories=args.category):
             tokens = _prompt_tokens(engine, prompt.prompt, raw=False, system=None, template=None)[0]

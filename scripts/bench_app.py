@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgespec.bench import machine  # noqa: E402
 from edgespec.chat.session import ChatSession  # noqa: E402
 from edgespec.chat.store import ConversationStore  # noqa: E402
-from edgespec.cli import add_model_options, load_engine  # noqa: E402
+from edgespec.cli import add_model_options, engine_from_args  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 from edgespec.tui.app import EdgespecApp  # noqa: E402
-from edgespec.tui.catalog import ModelChoice  # noqa: E402
+from edgespec.tui.library import ModelChoice  # noqa: E402
 from edgespec.tui.settings import ChatSettings  # noqa: E402
 from edgespec.tui.widgets.prompt import PromptInput  # noqa: E402
 
@@ -80,7 +80,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     settings = ChatSettings(mode=args.mode, max_tokens=args.max_tokens)
-    with load_engine(args) as engine, tempfile.TemporaryDirectory() as tmp:
+    with engine_from_args(args) as engine, tempfile.TemporaryDirectory() as tmp:
         print(f"{machine()}; mode {args.mode}, {args.max_tokens} tokens")
         ratios = []
         for r in range(args.repeats):

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench import load_prompts  # noqa: E402
-from edgespec.cli import _prompt_tokens, add_model_options, load_engine  # noqa: E402
+from edgespec.cli import _prompt_tokens, add_model_options, engine_from_args  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 
 PROMPT_IDS = ("explain", "write-function", "add-docstrings", "reformat-json")
@@ -50,7 +50,7 @@ def main() -> int:
     modes = args.modes.split(",")
     prompts = [p for p in load_prompts() if p.id in PROMPT_IDS]
 
-    with load_engine(args) as engine:
+    with engine_from_args(args) as engine:
         print(f"models: {', '.join(Path(m['path']).name for m in engine.describe()['models'].values())}; "
               f"k={args.k}, max_tokens={args.max_tokens}, greedy, {args.repeats} repeats, modes interleaved")
         print(f"{'prompt':<15} {'mode':<7} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'tok/pass':>8} "

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench import load_prompts  # noqa: E402
-from edgespec.cli import _prompt_tokens, add_model_options, load_engine  # noqa: E402
+from edgespec.cli import _prompt_tokens, add_model_options, engine_from_args  # noqa: E402
 from edgespec.engine.auto import AutoPolicy  # noqa: E402
 from edgespec.engine.costs import Costs, measure_pass  # noqa: E402
 from edgespec.engine.policy import FixedPolicy  # noqa: E402
@@ -76,7 +76,7 @@ def main() -> int:
     parser.add_argument("--save-traces", metavar="FILE", help="also write the recorded traces (JSON) here")
     args = parser.parse_args()
 
-    with load_engine(args) as engine:
+    with engine_from_args(args) as engine:
         if not engine.has_draft:
             sys.exit("this needs a draft model")
         k_max = min(engine.max_verify_batch() - 1, 16)

@@ -1,4 +1,6 @@
-"""A tiny stand-in for edgespec.engine.runtime.Engine, for pure-logic tests.
+"""Stand-ins for tests: a tiny edgespec.engine.runtime.Engine for pure-logic
+tests (and one whose chunks look like speculative cycles, for the app), and a
+model library for the app.
 
 Tokens are characters (id = ord(c)); registered special texts such as
 "<|im_start|>" are single tokens with ids from SPECIAL_BASE. Like the real
@@ -13,6 +15,8 @@ import time
 from typing import Callable, Iterator
 
 from edgespec.engine.events import Chunk, GenerationParams, Stats
+from edgespec.errors import DownloadError
+from edgespec.tui.library import LibraryRow, PullProgress
 
 SPECIAL_BASE = 1_000_000
 CHATML = {"bos": "<s>", "eos": "<|im_end|>", "specials": ("<|im_start|>", "<|im_end|>")}
@@ -121,3 +125,95 @@ class FakeEngine:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class SpecFakeEngine(FakeEngine):
+    """FakeEngine whose chunks look like speculative cycles: up to 3 accepted draft
+    tokens then one target token, with deterministic statistics."""
+
+    def generate(self, prompt_tokens: list[int], params: GenerationParams):
+        inner = super().generate(prompt_tokens, params)
+        stats = Stats(mode=params.mode, k=3, drafter="draft", reason="acceptance 75%")
+        pending: list[Chunk] = []
+        try:
+            for chunk in inner:
+                if chunk.finish_reason is None:
+                    pending.append(chunk)
+                    if len(pending) < 4:
+                        continue
+                if pending:
+                    yield self._cycle(pending, stats)
+                    pending = []
+                if chunk.finish_reason:
+                    stats.stop_reason = chunk.finish_reason
+                    yield Chunk(text="", stats=stats, finish_reason=chunk.finish_reason)
+        finally:
+            inner.close()
+
+    @staticmethod
+    def _cycle(chunks: list[Chunk], stats: Stats) -> Chunk:
+        n = len(chunks)
+        stats.generated_tokens += n
+        stats.target_passes += 1
+        stats.drafted += 3
+        stats.accepted += n - 1
+        stats.decode_s = 0.01 * stats.generated_tokens
+        return Chunk(text="".join(c.text for c in chunks), tokens=[t for c in chunks for t in c.tokens],
+                     from_draft=[True] * (n - 1) + [False], stats=stats)
+
+
+class FakeLibrary:
+    """Two models and a pair; pulls report progress in 10 steps of 100 MB."""
+
+    def __init__(self, *, fail: str | None = None, step_s: float = 0.02):
+        self.installed = {"tiny-target": True, "tiny-draft": False}
+        self.fail = fail
+        self.step_s = step_s
+        self.pull_ended = threading.Event()
+
+    def rows(self):
+        pair_installed = all(self.installed.values())
+        return [
+            LibraryRow("tiny-pair", "pair", pair_installed, 1_500_000_000, "tiny-target + tiny-draft", "the test pair"),
+            LibraryRow("tiny-target", "model", self.installed["tiny-target"], 1_000_000_000, "hub test/tiny", "target"),
+            LibraryRow("tiny-draft", "model", self.installed["tiny-draft"], 500_000_000, "hub test/draft", "draft"),
+        ]
+
+    def pull(self, name, *, progress):
+        self.pull_ended.clear()
+        try:
+            total = 1_000_000_000
+            for i in range(1, 11):
+                time.sleep(self.step_s)
+                if self.fail and i == 3:
+                    raise DownloadError(self.fail)
+                progress(PullProgress(done=i * total // 10, total=total, speed=50e6, eta=(10 - i) * 2.0, what=name))
+            self.installed[name] = True
+        finally:
+            self.pull_ended.set()
+
+    def resolve(self, name):
+        return f"/models/{name}.gguf"
+
+    def pair(self, name):
+        return ("tiny-target", "tiny-draft")
+
+
+class SlowReader(FakeEngine):
+    """Reads every prompt for `batches` batches of 50 ms, each reported by an empty chunk (as
+    the engine reports a long prompt), then replies."""
+
+    def __init__(self, batches: int, **kwargs):
+        super().__init__(**kwargs)
+        self.batches = batches
+        self.batches_read = []
+
+    def generate(self, prompt_tokens, params):
+        read = 0
+        try:
+            for read in range(1, self.batches + 1):
+                time.sleep(0.05)
+                yield Chunk("", stats=Stats(prompt_tokens=len(prompt_tokens), prompt_evaluated=read * 512))
+            yield from super().generate(prompt_tokens, params)
+        finally:
+            self.batches_read.append(read)

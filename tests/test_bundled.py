@@ -72,7 +72,7 @@ def test_assembly_happens_once(parts, monkeypatch):
     first = bundled.assemble(entry)
     mtime = first.stat().st_mtime_ns
     monkeypatch.setattr(bundled, "_concatenate", lambda *a: pytest.fail("assembled again"))
-    monkeypatch.setattr("edgespec.models.verify.file_sha256", lambda *a, **k: pytest.fail("hashed again"))
+    monkeypatch.setattr("edgespec.models.checksum.file_sha256", lambda *a, **k: pytest.fail("hashed again"))
     assert bundled.assemble(entry) == first and first.stat().st_mtime_ns == mtime
 
 
@@ -105,7 +105,7 @@ def test_an_interruption_mid_copy_leaves_no_partial_file(parts, home):
 
     entry = parts_entry(parts)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("edgespec.models.verify.CHUNK", PART // 4)
+        mp.setattr("edgespec.models.checksum.CHUNK", PART // 4)
         mp.setattr(bundled, "CHUNK", PART // 4)
         with pytest.raises(KeyboardInterrupt):
             bundled.assemble(entry, progress=lambda p: (time.sleep(0.11), interrupt(p)))

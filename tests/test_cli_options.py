@@ -14,7 +14,7 @@ from edgespec.engine.events import GenerationParams, Stats
 def engine(monkeypatch):
     """The engine every command gets; it replies with the prompt it was given."""
     fake = FakeEngine(reply=lambda prompt: "[" + prompt + "]")
-    monkeypatch.setattr(cli, "load_engine", lambda args, progress=None: fake)
+    monkeypatch.setattr(cli, "engine_from_args", lambda args, progress=None: fake)
     return fake
 
 
@@ -22,7 +22,7 @@ def engine(monkeypatch):
 def no_load(monkeypatch):
     def load(args, progress=None):
         raise AssertionError("the models were loaded before the options were checked")
-    monkeypatch.setattr(cli, "load_engine", load)
+    monkeypatch.setattr(cli, "engine_from_args", load)
 
 
 @pytest.mark.parametrize("option, message", [
@@ -90,3 +90,20 @@ def test_gpu_layers_on_a_build_without_gpu_say_so_once(capsys, monkeypatch, synt
     assert err.count("no GPU backend") == 1 and "GGML_METAL" in err and "GGML_CUDA" in err
     cli.check_model_options(cli.build_parser().parse_args(["generate", "hi"]))
     assert capsys.readouterr().err == ""
+
+
+def test_progress_is_drawn_one_line_per_finished_file_off_a_terminal():
+    import io
+
+    from edgespec.models.progress import Progress
+
+    out = io.StringIO()
+    bars = cli.ProgressBars(out)
+    bars(Progress("m.gguf", 0, 2_000_000, 0.0, None))
+    bars(Progress("m.gguf", 1_000_000, 2_000_000, 1e6, 1.0))
+    assert out.getvalue() == ""  # not a terminal: nothing until the file is done
+    bars(Progress("m.gguf", 2_000_000, 2_000_000, 1e6, 0.0))
+    bars(Progress("m.gguf", 2_000_000, 2_000_000, 4e6, 0.0, stage="verify"))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and "download" in lines[0] and "m.gguf" in lines[0] and "2.0/2.0 MB" in lines[0]
+    assert "verify" in lines[1] and "100%" in lines[1]

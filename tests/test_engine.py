@@ -100,14 +100,24 @@ def test_cycles_report_the_draft_length_asked_for(engines, monkeypatch):
 def test_a_plans_p_draft_is_the_one_the_draft_model_drafts_with(engines, monkeypatch):
     """Auto mode sets how sure the draft model must be of its whole draft, per
     cycle (from the costs); the decoder hands it to the draft model."""
-    from edgespec.engine.policy import FixedPolicy, Plan
+    from edgespec.engine.policy import Plan, Policy
 
     engine = engines["near"]
 
+    class Sure(Policy):
+        """The draft model, k = 4, drafting while its whole draft is `p_draft` sure."""
+
+        def __init__(self, p_draft):
+            self.p_draft = p_draft
+
+        def plan(self, history):
+            return Plan(engine.draft_model, 4, p_draft=self.p_draft)
+
+        def prefill(self, prompt):
+            engine.draft_model.prefill(prompt)
+
     def drafted(p_draft):
-        policy = FixedPolicy(engine.draft_model, 4)
-        policy._plan = Plan(engine.draft_model, 4, p_draft=p_draft)
-        monkeypatch.setattr(engine, "policy", lambda params: policy)
+        monkeypatch.setattr(engine, "policy", lambda params: Sure(p_draft))
         engine.reset()
         return run(engine, PROMPTS[2], mode="draft", k=4, max_tokens=30, p_min=0.0)[2].stats.drafted
 
@@ -229,6 +239,28 @@ def test_cache_reuse_evaluates_only_the_new_suffix(engines):
     engine.reset()
     _, _, c = run(engine, longer, mode="plain", max_tokens=5)
     assert c.stats.prompt_evaluated == len(longer)
+
+
+def test_a_long_prompt_is_read_in_batches_that_report_progress_and_can_be_stopped(engines):
+    """A prompt longer than a batch (64 here) is read one batch at a time, each
+    reported by an empty chunk: a consumer sees how far reading has got and may
+    stop in between (Esc, a client gone) instead of waiting for the whole prompt."""
+    engine = engines["same"]
+    long_prompt = [1, *(W + (i * 7) % 50 for i in range(199))]
+    engine.reset()
+    expected, _, _ = run(engine, long_prompt, mode="plain", max_tokens=5)
+    engine.reset()
+    chunks = engine.generate(long_prompt, GenerationParams(mode="plain", max_tokens=5))
+    first = next(chunks)
+    assert (first.text, first.tokens, first.stats.prompt_cached, first.stats.prompt_evaluated) == ("", [], 0, 64)
+    second = next(chunks)
+    assert (second.tokens, second.stats.prompt_evaluated, second.stats.generated_tokens) == ([], 128, 0)
+    chunks.close()
+    assert first.stats.stop_reason == "cancelled"
+    again, _, last = run(engine, long_prompt, mode="plain", max_tokens=5)  # reads on from where it stopped
+    assert again == expected
+    assert (last.stats.prompt_cached, last.stats.prompt_evaluated) == (128, len(long_prompt) - 128)
+    assert all(c.tokens for c in engine.generate(PROMPTS[4], GenerationParams(mode="plain", max_tokens=3)))
 
 
 def test_max_tokens_and_stop_reasons(engines):

@@ -14,7 +14,7 @@ from edgespec.models import fetch as fetch_mod
 from edgespec.models.fetch import fetch, installed_path, remove, resolve_model, resolve_pair
 from edgespec.models.progress import Progress
 from edgespec.models.registry import DEFAULT_PAIR, HubSource, ModelEntry, PairEntry, Registry
-from edgespec.models.verify import file_sha256
+from edgespec.models.checksum import file_sha256
 from tests.fake_hub import FakeHub
 
 REPO = "someone/Tiny-GGUF"
@@ -150,7 +150,7 @@ def test_a_corrupted_download_is_deleted_and_the_message_says_what_to_do(hub, ho
 def test_a_size_mismatch_is_caught_before_hashing(hub, home, monkeypatch):
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     entry = hub_entry(size=len(CONTENT) + 1)
-    monkeypatch.setattr("edgespec.models.verify.file_sha256", lambda *a, **k: pytest.fail("hashed"))
+    monkeypatch.setattr("edgespec.models.checksum.file_sha256", lambda *a, **k: pytest.fail("hashed"))
     with pytest.raises(DownloadError, match=r"is \d+ bytes but tiny-q4 should be"):
         fetch(entry)
     assert not files_named(home, "tiny-q4.gguf") and not files_named(home, "tiny-q4.gguf.part")
@@ -159,7 +159,7 @@ def test_a_size_mismatch_is_caught_before_hashing(hub, home, monkeypatch):
 def test_a_fresh_download_is_hashed_once(hub, monkeypatch):
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     hashed = []
-    monkeypatch.setattr("edgespec.models.verify.file_sha256",
+    monkeypatch.setattr("edgespec.models.checksum.file_sha256",
                         lambda *a, **k: hashed.append(1) or file_sha256(*a, **k))
     fetch(hub_entry())
     assert len(hashed) == 1
@@ -169,7 +169,7 @@ def test_a_verified_file_is_not_hashed_again(hub, monkeypatch):
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     entry = hub_entry()
     fetch(entry)
-    monkeypatch.setattr("edgespec.models.verify.file_sha256", lambda *a, **k: pytest.fail("hashed again"))
+    monkeypatch.setattr("edgespec.models.checksum.file_sha256", lambda *a, **k: pytest.fail("hashed again"))
     fetch(entry)
 
 

@@ -23,7 +23,7 @@ from edgespec.engine.events import GenerationParams  # noqa: E402
 from edgespec.engine.runtime import Engine, ModelSettings  # noqa: E402
 from edgespec.errors import ModelFileError  # noqa: E402
 from edgespec.server import ServerSettings, bind, check_exposure, create_app, is_loopback, run, url  # noqa: E402
-from tests.fakes import FakeEngine  # noqa: E402
+from tests.fakes import FakeEngine, SlowReader  # noqa: E402
 
 MODEL = "smollm2"
 KEY = "test-key"
@@ -122,6 +122,24 @@ def test_a_model_that_fails_to_load_stops_the_server_with_its_error():
     app = create_app(load, ServerSettings(model_id="x"))
     with pytest.raises(ModelFileError, match="x.gguf"):
         run(app, bind("127.0.0.1", 0))
+
+
+def test_a_client_gone_while_its_long_prompt_is_read_frees_the_engine_between_batches():
+    engine = SlowReader(batches=100)  # 5 s of reading
+    served = ServerThread(create_app(lambda: engine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        connection = http_client.HTTPConnection("127.0.0.1", int(served.url.rsplit(":", 1)[1]), timeout=30)
+        connection.request("POST", "/v1/completions", json.dumps({"prompt": "a long file", "max_tokens": 5}),
+                           {"Content-Type": "application/json"})
+        time.sleep(0.5)
+        connection.close()
+        deadline = time.monotonic() + 10
+        while not engine.batches_read and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.batches_read and engine.batches_read[0] < 50, engine.batches_read  # stopped, not read to the end
+    finally:
+        served.stop()
 
 
 # -- SmolLM2 behind the server -------------------------------------------------------------------

@@ -56,8 +56,10 @@ def test_list_rename_delete_and_search(store):
     store.rename(a, "Lyon")
     store.append(a, Message("user", "And Paris?"))
     assert [(c.id, c.title) for c in store.list()] == [(a, "Lyon"), (b, "Recipes")]
+    assert store.title(a) == "Lyon"
     assert store.latest() == a
     store.delete(a)
+    assert store.title(a) is None
     assert [c.id for c in store.list()] == [b]
     with pytest.raises(StoreError, match="no conversation .*edgespec chats"):
         store.messages(a)

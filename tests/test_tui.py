@@ -5,100 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 import yaml
 
 from edgespec.chat.store import ConversationStore, Message
-from edgespec.engine.events import Chunk, GenerationParams, Stats
-from edgespec.errors import DownloadError, ModelFileError
+from edgespec.engine.events import Stats
+from edgespec.errors import ModelFileError
 from edgespec.tui import origin
-from edgespec.tui.app import EdgespecApp
-from edgespec.tui.catalog import CatalogRow, ModelChoice, PullProgress
+from edgespec.tui.library import PullProgress
 from edgespec.tui.screens.models import ModelsScreen, describe_progress
 from edgespec.tui.screens.settings import SettingsScreen
 from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
-from edgespec.tui.widgets.prompt import PromptInput
 from edgespec.tui.widgets.messages import MessageBox, code_blocks, format_stats
 from edgespec.tui.widgets.sidebar import ConversationList
 from edgespec.tui.widgets.status import StatusLine, format_live, hardware_label
-from tests.fakes import FakeEngine
-
-REPLY = "Here is one:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\nIt **adds** two numbers."
-
-
-class SpecFakeEngine(FakeEngine):
-    """FakeEngine whose chunks look like speculative cycles: up to 3 accepted draft
-    tokens then one target token, with deterministic statistics."""
-
-    def generate(self, prompt_tokens: list[int], params: GenerationParams):
-        inner = super().generate(prompt_tokens, params)
-        stats = Stats(mode=params.mode, k=3, drafter="draft", reason="acceptance 75%")
-        pending: list[Chunk] = []
-        try:
-            for chunk in inner:
-                if chunk.finish_reason is None:
-                    pending.append(chunk)
-                    if len(pending) < 4:
-                        continue
-                if pending:
-                    yield self._cycle(pending, stats)
-                    pending = []
-                if chunk.finish_reason:
-                    stats.stop_reason = chunk.finish_reason
-                    yield Chunk(text="", stats=stats, finish_reason=chunk.finish_reason)
-        finally:
-            inner.close()
-
-    @staticmethod
-    def _cycle(chunks: list[Chunk], stats: Stats) -> Chunk:
-        n = len(chunks)
-        stats.generated_tokens += n
-        stats.target_passes += 1
-        stats.drafted += 3
-        stats.accepted += n - 1
-        stats.decode_s = 0.01 * stats.generated_tokens
-        return Chunk(text="".join(c.text for c in chunks), tokens=[t for c in chunks for t in c.tokens],
-                     from_draft=[True] * (n - 1) + [False], stats=stats)
-
-
-class FakeCatalog:
-    """Two models and a pair; pulls report progress in 10 steps of 100 MB."""
-
-    def __init__(self, *, fail: str | None = None, step_s: float = 0.02):
-        self.installed = {"tiny-target": True, "tiny-draft": False}
-        self.fail = fail
-        self.step_s = step_s
-        self.pull_ended = threading.Event()
-
-    def rows(self):
-        pair_installed = all(self.installed.values())
-        return [
-            CatalogRow("tiny-pair", "pair", pair_installed, 1_500_000_000, "tiny-target + tiny-draft", "the test pair"),
-            CatalogRow("tiny-target", "model", self.installed["tiny-target"], 1_000_000_000, "hub test/tiny", "target"),
-            CatalogRow("tiny-draft", "model", self.installed["tiny-draft"], 500_000_000, "hub test/draft", "draft"),
-        ]
-
-    def pull(self, name, *, progress):
-        self.pull_ended.clear()
-        try:
-            total = 1_000_000_000
-            for i in range(1, 11):
-                time.sleep(self.step_s)
-                if self.fail and i == 3:
-                    raise DownloadError(self.fail)
-                progress(PullProgress(done=i * total // 10, total=total, speed=50e6, eta=(10 - i) * 2.0, what=name))
-            self.installed[name] = True
-        finally:
-            self.pull_ended.set()
-
-    def resolve(self, name):
-        return f"/models/{name}.gguf"
-
-    def pair(self, name):
-        return ("tiny-target", "tiny-draft")
-
+from tests.app_helpers import REPLY, boxes, make_app, send, wait_for
+from tests.fakes import FakeEngine, FakeLibrary, SlowReader, SpecFakeEngine
 
 pytestmark = pytest.mark.usefixtures("home")  # each test gets its own EDGESPEC_HOME
 
@@ -109,46 +32,7 @@ def store(tmp_path):
         yield s
 
 
-def make_app(store, *, reply=REPLY, delay_s=0.0, engine_cls=SpecFakeEngine, load=None, catalog=None,
-             hold=None, hold_after=0, **kwargs):
-    engines = []
 
-    def default_load(choice, settings):
-        engine = engine_cls(reply=lambda prompt: reply, delay_s=delay_s, has_draft=True, hold=hold,
-                            hold_after=hold_after)
-        engines.append(engine)
-        return engine
-
-    app = EdgespecApp(ModelChoice(target="tiny-target", draft="tiny-draft"), store=store, load=load or default_load,
-                      catalog=catalog or FakeCatalog(), template="chatml", defaults=kwargs.pop("defaults", ChatSettings()),
-                      **kwargs)
-    app.engines = engines
-    return app
-
-
-async def wait_for(pilot, condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the app")
-        await asyncio.sleep(0.02)
-
-
-async def send(pilot, text: str, *, key: bool = True) -> None:
-    """Type `text` and press Enter (which returns when the app is idle again, i.e. after
-    the reply); key=False posts the submission and returns at once, mid-stream."""
-    prompt = pilot.app.query_one(PromptInput)
-    prompt.focus()
-    prompt.load_text(text)
-    if key:
-        await pilot.press("enter")
-    else:
-        prompt.post_message(PromptInput.Submitted(text))
-        await asyncio.sleep(0.05)
-
-
-def boxes(app) -> list[MessageBox]:
-    return list(app.query(MessageBox))
 
 
 # -- chat ------------------------------------------------------------------------------
@@ -223,6 +107,20 @@ async def test_a_store_that_cannot_be_opened_leaves_the_app_chatting_in_memory(h
         assert len(boxes(app)) == 2 and boxes(app)[1].status == "done"
 
 
+async def test_an_engine_that_cannot_say_where_it_runs_still_chats_and_says_so(store):
+    class NoDescribe(SpecFakeEngine):
+        def describe(self):
+            raise RuntimeError("no backend info")
+
+    app = make_app(store, engine_cls=NoDescribe)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        assert any("no backend info" in n.message for n in app._notifications)
+        await send(pilot, "Hi")
+        await wait_for(pilot, lambda: not app.generating)
+        assert boxes(app)[1].content == REPLY
+
+
 async def test_a_store_failing_mid_chat_is_shown_not_a_crash(store):
     app = make_app(store)
     async with app.run_test(size=(110, 36)) as pilot:
@@ -272,6 +170,19 @@ async def test_quitting_mid_reply_keeps_the_reply_and_frees_the_models_after_the
     assert stored.role == "assistant" and stored.status == "stopped" and stored.content.startswith("word word")
 
 
+async def test_escape_stops_the_reading_of_a_long_prompt(store):
+    engine = SlowReader(batches=100, reply=lambda prompt: "never shown")  # 5 s of reading
+    app = make_app(store, load=lambda choice, settings: engine)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Summarise this long file", key=False)
+        await wait_for(pilot, lambda: "reading the prompt" in app.query_one(StatusLine).detail)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.generating, timeout=2)
+        assert engine.batches_read[0] < 50
+        assert boxes(app)[1].status == "stopped"
+
+
 async def test_switching_conversations(store):
     first = store.create(title="First")
     store.append(first, Message("user", "one"))
@@ -304,8 +215,7 @@ async def test_switching_conversations(store):
 
 async def test_regenerate_and_edit(store):
     replies = iter(["first answer", "second answer", "edited answer"])
-    app = make_app(store)
-    app._load = lambda choice, settings: SpecFakeEngine(reply=lambda p: next(replies))
+    app = make_app(store, load=lambda choice, settings: SpecFakeEngine(reply=lambda p: next(replies)))
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "question")
@@ -456,8 +366,8 @@ def test_a_settings_file_that_is_a_directory_is_reported_naming_it(tmp_path):
 # -- models ----------------------------------------------------------------------------
 
 async def test_download_progress_cancel_and_finish(store):
-    catalog = FakeCatalog(step_s=0.05)
-    app = make_app(store, catalog=catalog)
+    library = FakeLibrary(step_s=0.05)
+    app = make_app(store, library=library)
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await pilot.press("ctrl+o")
@@ -474,18 +384,18 @@ async def test_download_progress_cancel_and_finish(store):
         await pilot.press("c")
         await wait_for(pilot, lambda: screen.pulling is None)
         assert "cancelled" in str(screen.query_one("#download-status").render())
-        assert not catalog.installed["tiny-draft"]
+        assert not library.installed["tiny-draft"]
         await pilot.press("p")
         await wait_for(pilot, lambda: screen.pulling is None, timeout=5)
-        assert catalog.installed["tiny-draft"]
+        assert library.installed["tiny-draft"]
         assert "installed" in str(screen.query_one("#download-status").render())
         await pilot.press("up", "up", "u")  # the pair, now installed: switch to it
         await wait_for(pilot, lambda: app.choice.pair == "tiny-pair" and app.model_state == "ready")
 
 
 async def test_quitting_mid_download_cancels_it(store):
-    catalog = FakeCatalog(step_s=0.2)
-    app = make_app(store, catalog=catalog)
+    library = FakeLibrary(step_s=0.2)
+    app = make_app(store, library=library)
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await pilot.press("ctrl+o")
@@ -493,12 +403,12 @@ async def test_quitting_mid_download_cancels_it(store):
         await pilot.press("down", "down", "p")
         await wait_for(pilot, lambda: (screen.query_one("#download-progress").progress or 0) >= 100_000_000)
         await pilot.press("ctrl+q")
-    assert catalog.pull_ended.wait(timeout=1.0)  # not left running to the end of a 2 s download
-    assert not catalog.installed["tiny-draft"]
+    assert library.pull_ended.wait(timeout=1.0)  # not left running to the end of a 2 s download
+    assert not library.installed["tiny-draft"]
 
 
 async def test_failed_download_says_why(store):
-    app = make_app(store, catalog=FakeCatalog(fail="checksum mismatch for tiny-draft.gguf", step_s=0.01))
+    app = make_app(store, library=FakeLibrary(fail="checksum mismatch for tiny-draft.gguf", step_s=0.01))
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await pilot.press("ctrl+o")
@@ -564,6 +474,8 @@ def test_origin_spans_and_helpers():
     line = format_live(stats, plain_tps=5.0)
     assert "10.0 tok/s" in line and "×2.00" in line and "accept 75%" in line and "2.75 tok/pass" in line
     assert "high acceptance" in line
+    reading = Stats(mode="auto", prompt_tokens=5000, prompt_cached=1000, prompt_evaluated=1024)
+    assert format_live(reading) == "mode auto │ reading the prompt: 1,024 of 4,000 tokens (26%)"
     assert describe_progress(PullProgress(412_000_000, 1_100_000_000, 23.5e6, 29.6, "m")) == \
         "m · 412.0 MB / 1.1 GB · 23.5 MB/s · 30 s left"
 

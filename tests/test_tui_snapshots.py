@@ -9,14 +9,12 @@ from edgespec.chat.store import ConversationStore, Message
 from edgespec.errors import ModelFileError
 from edgespec.tui.settings import ChatSettings
 from edgespec.tui.widgets.prompt import PromptInput
-from tests.test_tui import REPLY, FakeCatalog, boxes, make_app, send, wait_for
+from tests.app_helpers import boxes, make_app, send, wait_for
+from tests.fakes import FakeLibrary
 
 SIZE = (110, 34)
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+pytestmark = pytest.mark.usefixtures("home")  # each test gets its own EDGESPEC_HOME
 
 
 @pytest.fixture
@@ -72,7 +70,7 @@ def test_models_screen(snap_compare, store):
         await pilot.press("ctrl+o")
         await pilot.pause()
 
-    assert snap_compare(make_app(store, catalog=FakeCatalog()), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(store, library=FakeLibrary()), terminal_size=SIZE, run_before=run_before)
 
 
 def test_help_screen(snap_compare, store):

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from edgespec.engine.protocol import ChatEngine
+
 
 class PrefixTokenizer:
     """Tokenizes prompts for one engine, remembering the previous prompt and reply."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: ChatEngine):
         self.engine = engine
         self._cached: tuple[str, list[int]] | None = None
         """Text and tokens of the previous prompt and reply, as the engine's caches hold them."""

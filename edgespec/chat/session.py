@@ -24,6 +24,7 @@ from edgespec.chat.prefix import PrefixTokenizer
 from edgespec.chat.store import ConversationStore, Message
 from edgespec.chat.template import chat_template
 from edgespec.engine.events import Chunk, GenerationParams
+from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import ContextFullError
 
 SAVE_EVERY_S = 0.5
@@ -46,7 +47,7 @@ class _Prompt:
 class ChatSession:
     """Messages of one conversation, turned into replies by an Engine and kept in a store."""
 
-    def __init__(self, engine, *, store: ConversationStore | None = None, conversation_id: int | None = None,
+    def __init__(self, engine: ChatEngine, *, store: ConversationStore | None = None, conversation_id: int | None = None,
                  system_prompt: str | None = None, params: GenerationParams | None = None,
                  template: str | None = None, model_name: str = "the model",
                  on_wait: Callable[[], None] | None = None):
@@ -191,8 +192,7 @@ class ChatSession:
         return tried[good]
 
     def _tokenize(self, text: str) -> list[int]:
-        bos = self.template.bos_token
-        return self._prefix.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+        return self._prefix.tokenize(text, add_bos=self.template.needs_bos(text))
 
     # -- the reply ---------------------------------------------------------------------
     def _reply(self, prompt: _Prompt) -> Iterator[Chunk]:

@@ -178,6 +178,12 @@ class ConversationStore:
         return [ConversationInfo(r[0], r[1], datetime.fromtimestamp(r[2]), datetime.fromtimestamp(r[3]), r[4])
                 for r in rows]
 
+    def title(self, conversation_id: int) -> str | None:
+        """The conversation's title; None when there is no such conversation."""
+        with self._reading() as db:
+            row = db.execute("SELECT title FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        return row[0] if row else None
+
     def latest(self) -> int | None:
         """The most recently updated conversation's id, or None when there is none."""
         with self._reading() as db:
@@ -197,7 +203,7 @@ class ConversationStore:
     def settings(self, conversation_id: int) -> dict:
         with self._reading() as db:
             settings = json.loads(self._require(db, conversation_id)[4])
-        return settings if isinstance(settings, dict) else {}  # an earlier edgespec let other shapes in
+        return settings if isinstance(settings, dict) else {}  # settings are an object; any other JSON reads as none
 
     def save_settings(self, conversation_id: int, settings: dict) -> None:
         with self._tx() as db:
@@ -438,8 +444,8 @@ PARAMS_TYPES = {
 STATS_TYPES = {
     "mode": _TEXT, "drafter": _TEXT, "reason": _TEXT, "stop_reason": _TEXT, "ttft_s": _NUMBER, "decode_s": _NUMBER,
     "acceptance_rate": _NUMBER, "tokens_per_pass": _NUMBER, "tokens_per_s": _NUMBER,
-    **{name: _INT for name in ("prompt_tokens", "prompt_evaluated", "generated_tokens", "drafted", "accepted",
-                               "target_passes", "k", "dropped_messages")},
+    **{name: _INT for name in ("prompt_tokens", "prompt_evaluated", "prompt_cached", "generated_tokens", "drafted",
+                               "accepted", "target_passes", "k", "dropped_messages")},
 }
 """A reply's statistics (Stats.to_dict())."""
 

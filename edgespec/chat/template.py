@@ -27,6 +27,7 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
+from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import TemplateError
 
 BUILTIN_FORMATS: dict[str, str] = {
@@ -81,6 +82,11 @@ class ChatTemplate:
     stop: tuple[str, ...] = ()
     """Extra stop strings this format needs (built-in formats only)."""
 
+    def needs_bos(self, text: str) -> bool:
+        """Whether the tokenizer must add BOS to `text`, rendered by this template:
+        not when the template wrote it already (two BOS tokens confuse models)."""
+        return not (self.bos_token and text.startswith(self.bos_token))
+
     def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
         """The prompt text for `messages` (dicts with "role" and "content")."""
         try:
@@ -106,7 +112,7 @@ class ChatTemplate:
             ) from None
 
 
-def chat_template(engine, *, template: str | None = None, model: str = "the model") -> ChatTemplate:
+def chat_template(engine: ChatEngine, *, template: str | None = None, model: str = "the model") -> ChatTemplate:
     """The template to use with `engine`: `template` when given (a built-in
     format's name or Jinja source), else the one stored in the target GGUF.
 

@@ -10,7 +10,8 @@ from typing import Sequence
 
 from edgespec.engine.costs import Costs
 from edgespec.engine.drafters import Drafter, PromptLookup
-from edgespec.engine.policy import CycleReport, Plan, Policy
+from edgespec.engine.policy import Bucket, CycleReport, Plan, Policy
+
 
 def expected_drafted(continuation: float, k: int) -> float:
     """Tokens a drafter that goes on with probability `continuation` at each
@@ -133,12 +134,12 @@ class AutoPolicy(Policy):
     SWITCH_CYCLES = 4
     """Cycles a drafter switched to is expected to stay in use: the price of
     switching (a draft model reading what it missed) is spread over them. Charged
-    to one cycle, it kept an idle draft model idle: the longer it sat out, the
-    dearer the switch, on prompts where it was right 98% of the time."""
+    to one cycle, it would keep an idle draft model idle however right it is: the
+    longer it sits out, the more it has to read, the dearer the switch."""
     PROBE_FIRST = 2
+    """The cycle of a reply that probes a warm draft model first."""
     PROBE_K = 2
     """Tokens a probe asks for."""
-    """The cycle of a reply that probes a warm draft model first."""
     OPTIMISTIC = 0.9
     """The acceptance at which a draft model is worth warming for a reply: one
     that cannot pay even then (as slow as the target) is left cold."""
@@ -160,10 +161,10 @@ class AutoPolicy(Policy):
         self.k_max = k_max
         self.lookup_k_max = max(lookup_k_max, k_max)
         self._priors = priors or {}
-        self.acceptance: dict[str, Acceptance] = {}
+        self.acceptance: dict[Bucket, Acceptance] = {}
         self._idle = {d.name: 0 for d in self.drafters}
         self._probe_wait = {d.name: self.PROBE_EVERY for d in self.drafters}
-        self._shadow: tuple[int, list[int], str] | None = None
+        self._shadow: tuple[int, list[int], Bucket] | None = None
         self._reply_s = self.TYPICAL_REPLY * costs.target_pass(1)
         """Plain decode seconds of a reply, averaged over the replies so far."""
         self.ledger = Ledger(self._reply_s)
@@ -192,7 +193,7 @@ class AutoPolicy(Policy):
     def _could_pay(self, drafter: Drafter) -> bool:
         """Whether the drafter, warm and right OPTIMISTIC of the time, beats plain
         decoding on this machine: if not, warming or probing it is money lost."""
-        optimistic = Acceptance(max(self.OPTIMISTIC, self._acceptance(drafter.name).rate))
+        optimistic = Acceptance(max(self.OPTIMISTIC, self._acceptance(Bucket(drafter.name)).rate))
         return self._best_rate(drafter, optimistic) > 1.0 / self.costs.target_pass(1)
 
     def _best_rate(self, drafter: Drafter, acceptance: Acceptance) -> float:
@@ -241,23 +242,33 @@ class AutoPolicy(Policy):
                 drafter, k, bucket = probe
                 self._idle[drafter.name] = 0
                 self._probe_wait[drafter.name] = min(2 * self._probe_wait[drafter.name], self.PROBE_MAX)
-                return Plan(drafter, k, f"probing {bucket}: acceptance "
-                            f"{self._acceptance(bucket).rate:.0%} may have changed", bucket,
-                            p_draft=self.costs.break_even(drafter.name), kind="probe")
-            if runner_up is None:
-                best.reason = "plain: nothing to draft"
-            else:
-                plan, rate = runner_up
-                why = ("would risk more than this reply's ledger allows" if rate > plain_rate * (1.0 + self.MARGIN)
-                       else "would not pay")
-                best.reason = f"plain: drafting {why} (best {plan.drafter.name} k={plan.k}: {rate / plain_rate:.2f}x)"
-            return best
-        a = self._acceptance(best.bucket).rate
-        best.reason = f"{best.bucket} k={best.k}: {best_rate / plain_rate:.2f}x plain expected, acceptance {a:.0%}"
-        if best.proposal is None:  # a draft model: it drafts while its guesses are worth a column
-            best.p_draft = self.costs.break_even(best.drafter.name)
-            best.reason += f", drafting while {best.p_draft:.0%} sure"
+                best = Plan(drafter, k, bucket=bucket, p_draft=self.costs.break_even(drafter.name), kind="probe",
+                            acceptance=self._acceptance(bucket).rate)
+            elif runner_up is not None:
+                best.declined, rate = runner_up
+                best.declined.speedup = rate / plain_rate
+        else:
+            best.speedup, best.acceptance = best_rate / plain_rate, self._acceptance(best.bucket).rate
+            if best.proposal is None:  # a draft model: it drafts while its guesses are worth a column
+                best.p_draft = self.costs.break_even(best.drafter.name)
+        best.reason = self.describe(best)
         return best
+
+    def describe(self, plan: Plan) -> str:
+        """The plan in words, for the status line."""
+        if plan.kind == "probe":
+            return f"probing {plan.bucket}: acceptance {plan.acceptance:.0%} may have changed"
+        if plan.kind == "plain":
+            other = plan.declined
+            if other is None:
+                return "plain: nothing to draft"
+            why = ("would risk more than this reply's ledger allows" if other.speedup > 1.0 + self.MARGIN
+                   else "would not pay")
+            return f"plain: drafting {why} (best {other.drafter.name} k={other.k}: {other.speedup:.2f}x)"
+        text = f"{plan.bucket} k={plan.k}: {plan.speedup:.2f}x plain expected, acceptance {plan.acceptance:.0%}"
+        if plan.p_draft is not None:
+            text += f", drafting while {plan.p_draft:.0%} sure"
+        return text
 
     def _worst_loss(self, drafter: Drafter, k: int, catch_up_s: float) -> float:
         """What a cycle drafting k tokens loses against plain decoding if every
@@ -269,13 +280,13 @@ class AutoPolicy(Policy):
         verify = self.costs.target_pass(k + 1) - self.costs.target_pass(1)
         return catch_up_s + self.costs.draft(drafter.name, k) + verify
 
-    def _options(self, drafter: Drafter, history: Sequence[int]) -> tuple[int, str, list[int] | None]:
+    def _options(self, drafter: Drafter, history: Sequence[int]) -> tuple[int, Bucket, list[int] | None]:
         """The longest draft worth considering, the acceptance bucket, and for
         lookup its proposal (bucketed by the kind of match it is)."""
         if isinstance(drafter, PromptLookup):
             tokens, kind = drafter.match(history, self.lookup_k_max, skip=True)
-            return len(tokens), f"{drafter.name}/{kind or 'none'}", tokens
-        return self.k_max, drafter.name, None
+            return len(tokens), Bucket(drafter.name, kind or "none"), tokens
+        return self.k_max, Bucket(drafter.name), None
 
     def _score_shadow(self, history: Sequence[int]) -> None:
         """Score last cycle's unused lookup proposal against what was generated."""
@@ -289,10 +300,10 @@ class AutoPolicy(Policy):
         if n:
             self._acceptance(bucket).observe(n, n, agreed)
 
-    def _prior(self, bucket: str) -> float:
-        return self._priors.get(bucket.split("/")[0], 0.5)
+    def _prior(self, bucket: Bucket) -> float:
+        return self._priors.get(bucket.drafter, 0.5)
 
-    def _acceptance(self, bucket: str) -> Acceptance:
+    def _acceptance(self, bucket: Bucket) -> Acceptance:
         if bucket not in self.acceptance:
             self.acceptance[bucket] = Acceptance(self._prior(bucket))
         return self.acceptance[bucket]
@@ -301,5 +312,5 @@ class AutoPolicy(Policy):
         self.ledger.observe(report, self.costs.target_pass(1))
         self.costs.observe(report)
         if report.plan.drafter is not None:
-            self._acceptance(report.plan.bucket or report.plan.drafter.name).observe(report.asked, report.drafted,
-                                                                                     report.accepted)
+            bucket = report.plan.bucket or Bucket(report.plan.drafter.name)
+            self._acceptance(bucket).observe(report.asked, report.drafted, report.accepted)

@@ -8,7 +8,7 @@ a chat turn, a regenerated reply and the draft model's catch-up all work.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -81,11 +81,20 @@ class KVSequence:
     def sync(self, tokens: Sequence[int]) -> int:
         """Make the cache hold exactly `tokens`, reusing the common prefix.
         Returns how many tokens were evaluated."""
-        keep = common_prefix_length(self.tokens, tokens)
-        self.truncate(keep)
         before = self.evaluated
-        self.extend(tokens[keep:])
+        for _ in self.sync_steps(tokens):
+            pass
         return self.evaluated - before
+
+    def sync_steps(self, tokens: Sequence[int]) -> Iterator[int]:
+        """`sync`, one batch at a time, yielding after each how many of `tokens`
+        the cache holds: reading a long prompt can be stopped between batches
+        (the cache then holds a prefix of it, which the next sync reuses)."""
+        self.truncate(common_prefix_length(self.tokens, tokens))
+        step = self._batch.capacity
+        while len(self.tokens) < len(tokens):
+            self.extend(tokens[len(self.tokens) : len(self.tokens) + step])
+            yield len(self.tokens)
 
     def next_logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Sync to `tokens` and return the logits that predict the token after them."""

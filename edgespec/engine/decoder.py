@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from edgespec.engine.cache import KVSequence
+from edgespec.engine.cache import KVSequence, common_prefix_length
 from edgespec.engine.policy import CycleReport, Plan, Policy
 from edgespec.engine.detok import Detokenizer, StopStrings
 from edgespec.engine.drafters import Draft
@@ -80,8 +80,8 @@ def speculative_steps(
             finish = "max_tokens"
         if plan.drafter is not None:
             plan.drafter.rewind(history)  # and from the drafter's
-        policy.observe(CycleReport(plan, len(draft.tokens), n, t1 - t0, t2 - t1, draft.caught_up, draft.catch_up_s,
-                                   asked=max(k, 0)))
+        policy.observe(CycleReport(plan, drafted=len(draft.tokens), accepted=n, draft_s=t1 - t0, verify_s=t2 - t1,
+                                   caught_up=draft.caught_up, catch_up_s=draft.catch_up_s, asked=max(k, 0)))
         yield Step(new, [True] * min(n, len(new)) + [False] * (len(new) - n), plan,
                    len(draft.tokens), n, finish)
         if finish:
@@ -124,11 +124,19 @@ def generate(
     stops = StopStrings(params.stop)
     rng = np.random.default_rng(params.seed)
     start = time.perf_counter()
-    stats.prompt_evaluated = target.sync(prompt[:-1]) + 1
-    policy.prefill(prompt)
-    decode_start = time.perf_counter()
-    steps = speculative_steps(target, list(prompt), params, policy, is_eog, rng)
+    context = prompt[:-1]  # the last prompt token is read by the first cycle, with its drafts
+    stats.prompt_cached = common_prefix_length(target.tokens, context)
+    steps = None
     try:
+        for held in target.sync_steps(context):
+            stats.prompt_evaluated = held - stats.prompt_cached
+            if held < len(context):
+                yield Chunk("", stats=stats)  # a long prompt: how far reading has got; the consumer may stop here
+        stats.prompt_evaluated += 1
+        stats.prompt_cached = len(prompt) - stats.prompt_evaluated
+        policy.prefill(prompt)
+        decode_start = time.perf_counter()
+        steps = speculative_steps(target, list(prompt), params, policy, is_eog, rng)
         for step in steps:
             now = time.perf_counter()
             if stats.ttft_s is None and step.tokens:
@@ -150,6 +158,7 @@ def generate(
                 return
             yield Chunk(text, step.tokens, step.from_draft, stats)
     finally:
-        steps.close()
+        if steps is not None:
+            steps.close()
         if stats.stop_reason is None:
             stats.stop_reason = "cancelled"

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-MODES = ("plain", "draft", "lookup", "auto")
-"""Speculation modes: no drafter, a draft model, prompt lookup, or chosen per cycle."""
+from edgespec.modes import MODES as MODES  # re-exported: GenerationParams.mode is one of them
 
 
 @dataclass
@@ -49,7 +48,9 @@ class Stats:
     prompt_tokens: int = 0
     """Tokens in the prompt (the whole conversation for a chat)."""
     prompt_evaluated: int = 0
-    """Prompt tokens the target actually evaluated (the rest came from its KV cache)."""
+    """Prompt tokens the target actually evaluated (so far, while it reads the prompt)."""
+    prompt_cached: int = 0
+    """Prompt tokens its KV cache already held (reused, not evaluated)."""
     generated_tokens: int = 0
     drafted: int = 0
     accepted: int = 0

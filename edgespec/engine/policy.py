@@ -16,15 +16,27 @@ PLAN_KINDS = ("plain", "chosen", "probe")
 learn whether a drafter's acceptance has changed (auto mode's exploration)."""
 
 
+@dataclass(frozen=True)
+class Bucket:
+    """Whose acceptance a cycle measures (auto mode): a drafter, and for prompt
+    lookup the kind of match it made (see PromptLookup.match), which predicts
+    how often its proposal is right."""
+
+    drafter: str
+    match: str | None = None
+
+    def __str__(self) -> str:
+        return self.drafter if self.match is None else f"{self.drafter}/{self.match}"
+
+
 @dataclass
 class Plan:
     drafter: Drafter | None
     k: int
     reason: str = ""
     """Why, for people (built from the other fields)."""
-    bucket: str = ""
-    """Whose acceptance this cycle measures (auto mode): the drafter, or for
-    prompt lookup the drafter and the kind of match (see PromptLookup.match)."""
+    bucket: Bucket | None = None
+    """Whose acceptance this cycle measures (auto mode)."""
     proposal: list[int] | None = None
     """The draft, when the policy already made it to choose k (prompt lookup in auto mode)."""
     p_draft: float | None = None
@@ -32,6 +44,14 @@ class Plan:
     drafting (GenerationParams.p_draft). Auto mode derives it from the measured costs."""
     kind: str = "chosen"
     """One of PLAN_KINDS ("plain" whenever there is no drafter)."""
+    speedup: float | None = None
+    """Expected tokens per second over plain decoding's (auto mode)."""
+    acceptance: float | None = None
+    """The bucket's acceptance rate when the plan was made (auto mode)."""
+    declined: Plan | None = None
+    """For auto mode's plain plans: the best drafting plan, which it did not take
+    (None: nothing to draft). Below the margin it would not pay; above it, it
+    would risk more than the reply's ledger allows."""
 
     def __post_init__(self):
         if self.drafter is None or self.k <= 0:

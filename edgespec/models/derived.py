@@ -15,10 +15,10 @@ from typing import Callable
 from edgespec.config import dirs
 from edgespec.errors import DownloadError
 from edgespec.models.bundled import write_in_place
+from edgespec.models.checksum import verify_file
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import Meter, ProgressCallback
 from edgespec.models.registry import ModelEntry, RequantizeSource
-from edgespec.models.verify import verify_file
 
 
 def derived_path(entry: ModelEntry, *, models_dir: Path | None = None) -> Path:
@@ -38,7 +38,9 @@ def requantized(entry: ModelEntry, source_file: Callable[[], Path], *, models_di
     fix = f"Remove it (`edgespec rm {entry.name}`); it is made again from {source.model} on next use."
     if dest.exists():
         return verify_file(dest, name=entry.name, size=entry.size, sha256=entry.sha256, progress=progress, fix=fix)
-    from edgespec.llama.quantize import quantize  # the native library, only when there is work
+    from edgespec.llama.quantize import (
+        quantize,  # the native library, only when there is work
+    )
 
     made_from = source_file()
     size = entry.size or made_from.stat().st_size

@@ -31,7 +31,7 @@ from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import ProgressCallback, human_bytes
 from edgespec.models.registry import (DEFAULT_PAIR, HUB_PREFIX, HubSource, ModelEntry, PackageFileSource, PairEntry,
                                       PartsSource, Registry, RequantizeSource, load_registry)
-from edgespec.models.verify import forget_verified, record_verified, verify_file
+from edgespec.models.checksum import forget_verified, record_verified, verify_file
 
 __all__ = ["resolve_model", "resolve_pair", "fetch", "pull", "installed_path", "available_offline", "remove",
            "is_path_like"]
@@ -58,11 +58,7 @@ def resolve_pair(name: str | None = None, *, progress: ProgressCallback | None =
 
     A model name gives that model alone, as a pair without a draft."""
     registry = registry or load_registry()
-    name = name or DEFAULT_PAIR
-    if name not in registry.pairs and name in registry.models:
-        pair = PairEntry(name=name, target=name, draft=None, mode="lookup")
-    else:
-        pair = registry.pair(name)
+    pair = registry.pair_or_model(name or DEFAULT_PAIR)
     target = fetch(registry.model(pair.target), download=download, progress=progress, registry=registry)
     draft = (fetch(registry.model(pair.draft), download=download, progress=progress, registry=registry)
              if pair.draft else None)
@@ -301,10 +297,5 @@ def pull(name: str, *, progress: ProgressCallback | None = None,
          registry: Registry | None = None) -> list[tuple[ModelEntry, Path]]:
     """Fetch a model, or both models of a pair; returns each entry with its file."""
     registry = registry or load_registry()
-    if name in registry.pairs:
-        pair = registry.pairs[name]
-        entries = [registry.model(pair.target)] + ([registry.model(pair.draft)] if pair.draft else [])
-    else:
-        entries = [registry.model(name)]
-    return [(entry, fetch(entry, progress=progress, registry=registry)) for entry in entries]
+    return [(entry, fetch(entry, progress=progress, registry=registry)) for entry in registry.members(name)]
 

@@ -1,15 +1,14 @@
 """Progress of long file work (download, assembly, hashing) as small events.
 
-The CLI draws them as a terminal bar, the chat app as a progress widget; both
-get the same `Progress` through a plain callback.
+The CLI draws them with rich (cli.ProgressBars), the chat app as a progress
+widget; both get the same `Progress` through a plain callback.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, TextIO
+from typing import Callable, Optional
 
 STAGES = ("download", "assemble", "quantize", "verify")
 
@@ -91,49 +90,3 @@ def human_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
-
-
-def _clock(seconds: float | None) -> str:
-    if seconds is None:
-        return "--:--"
-    seconds = int(seconds)
-    h, rest = divmod(seconds, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60:02d}:{rest % 60:02d}"
-
-
-class TerminalBar:
-    """A progress callback that draws one line per file on a terminal (stderr).
-
-    On a non-terminal stream it prints one line when each file's work finishes.
-    """
-
-    def __init__(self, stream: TextIO | None = None, width: int = 24):
-        self.stream = stream or sys.stderr
-        self.width = width
-        self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self._current: tuple[str, str] | None = None
-
-    def __call__(self, p: Progress) -> None:
-        key = (p.file, p.stage)
-        if self._current is not None and key != self._current and self._tty:
-            self.stream.write("\n")
-        self._current = key
-        line = self.render(p)
-        if self._tty:
-            self.stream.write("\r" + line + "\x1b[K")
-            if p.finished:
-                self.stream.write("\n")
-                self._current = None
-        elif p.finished:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def render(self, p: Progress) -> str:
-        frac = p.fraction
-        if frac is None:
-            bar, pct = " " * self.width, "   ?%"
-        else:
-            filled = int(round(min(frac, 1.0) * self.width))
-            bar, pct = "#" * filled + "-" * (self.width - filled), f"{frac * 100:4.0f}%"
-        return (f"{p.stage:8s} {p.file}  [{bar}] {pct}  {human_bytes(p.done)}/{human_bytes(p.total)}  "
-                f"{human_bytes(p.speed)}/s  ETA {_clock(p.eta)}")

@@ -17,12 +17,10 @@ import yaml
 
 from edgespec.config import dirs
 from edgespec.errors import RegistryError
+from edgespec.modes import MODES
 
 DEFAULT_PAIR = "qwen2.5-coder-1.5b"
 """The bundled offline pair: Qwen2.5-Coder 1.5B Instruct with the 0.5B draft."""
-
-MODES = ("auto", "draft", "lookup", "plain")
-"""Speculation modes a pair may recommend (the engine's GenerationParams.mode values)."""
 
 ROLES = ("target", "draft")
 
@@ -224,6 +222,20 @@ class Registry:
         if name in self.models:
             raise RegistryError(f"{name!r} is a model, not a pair")
         raise RegistryError(self._unknown("pair", name, self.pairs))
+
+    def pair_or_model(self, name: str) -> PairEntry:
+        """The pair called `name`, or else the model called `name` (or a hub file)
+        alone, as a pair without a draft (prompt lookup needs none)."""
+        if name in self.pairs:
+            return self.pairs[name]
+        if name in self.models or name.startswith(HUB_PREFIX):
+            return PairEntry(name=name, target=name, draft=None, mode="lookup")
+        raise RegistryError(self._unknown("pair or model", name, {**self.pairs, **self.models}))
+
+    def members(self, name: str) -> list[ModelEntry]:
+        """The models a name stands for: a pair's target and draft, or the model itself."""
+        pair = self.pair_or_model(name)
+        return [self.model(n) for n in (pair.target, pair.draft) if n]
 
     def suggest(self, name: str, n: int = 3, *, kind: str | None = None) -> list[str]:
         """The closest names to `name`: models, pairs, or both (kind=None)."""

@@ -179,7 +179,7 @@ def _usage(stats: dict) -> Usage:
 
 def _timings(s: dict) -> Timings:
     return Timings(
-        prompt_n=s["prompt_evaluated"], cache_n=s["prompt_tokens"] - s["prompt_evaluated"],
+        prompt_n=s["prompt_evaluated"], cache_n=s["prompt_cached"],
         predicted_n=s["generated_tokens"], predicted_ms=s["decode_s"] * 1000,
         predicted_per_second=s["tokens_per_s"], draft_n=s["drafted"], draft_n_accepted=s["accepted"],
         ttft_ms=s["ttft_s"] * 1000 if s["ttft_s"] is not None else None, mode=s["mode"], drafter=s["drafter"],
@@ -267,7 +267,8 @@ async def _events(job: Job, first, shape, include_usage: bool):
         item = first
         while True:
             if isinstance(item, Delta):
-                yield _json(shape.chunk(item.text))
+                if item.text:
+                    yield _json(shape.chunk(item.text))
             else:
                 if item.text:
                     yield _json(shape.chunk(item.text))

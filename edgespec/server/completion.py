@@ -69,8 +69,7 @@ class Completer:
             raise self._template
         template = self._template
         text = template.render(messages)
-        bos = template.bos_token
-        tokens = self._prefix.tokenize(text, add_bos=not (bos and text.startswith(bos)))
+        tokens = self._prefix.tokenize(text, add_bos=template.needs_bos(text))
         if template.stop:
             params = dataclasses.replace(params, stop=(*params.stop, *template.stop))
         return self._generate(text, tokens, params, request_id)
@@ -103,7 +102,7 @@ class Completer:
                 reply_tokens += chunk.tokens
                 if chunk.finish_reason:
                     yield Done(chunk.text, FINISH_REASONS.get(chunk.finish_reason, "stop"), stats.to_dict())
-                elif chunk.text:
+                else:  # empty while a long prompt is read: each is a point where a client gone is noticed
                     yield Delta(chunk.text)
         finally:
             stream.close()  # the engine's caches are consistent from here on

@@ -8,7 +8,7 @@ def run_app(*, pair: str | None = None, target: str | None = None, draft: str | 
     """Open the chat app on a registry pair (default: the bundled one) or on model files / names.
     `rpc`: RPC workers for the target, instead of the settings' ('HOST:PORT[,...]')."""
     from edgespec.tui.app import EdgespecApp
-    from edgespec.tui.catalog import ModelChoice
+    from edgespec.tui.library import ModelChoice
 
     if target:
         choice = ModelChoice(target=target, draft=draft)

@@ -29,8 +29,9 @@ from textual.widgets import Footer, Header, Static
 
 from edgespec import __version__
 from edgespec.chat.store import StoreError
+from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import EdgespecError
-from edgespec.tui.catalog import Catalog, ModelChoice, load_engine
+from edgespec.tui.library import Library, ModelChoice, load_choice
 from edgespec.tui.origin import chunk_spans, stored_spans
 from edgespec.tui.screens.dialogs import ConfirmScreen, TextPromptScreen
 from edgespec.tui.screens.help import HelpScreen
@@ -41,7 +42,7 @@ from edgespec.tui.widgets.prompt import PromptInput
 from edgespec.tui.widgets.sidebar import ConversationList
 from edgespec.tui.widgets.status import StatusLine, format_live, hardware_label
 
-EngineLoader = Callable[[ModelChoice, ChatSettings], object]
+EngineLoader = Callable[[ModelChoice, ChatSettings], ChatEngine]
 """(choice, settings) -> a loaded Engine; raises EdgespecError with a message for the user."""
 
 
@@ -51,16 +52,16 @@ RENDER_HZ = 15
 RENDER_WAIT_MAX = 1.0
 """The longest wait between redraws, whatever they cost: the reply must be seen to move."""
 
-QUIT_WAIT_S = 30.0
-"""How long quitting waits for the decode step in flight before leaving the
-models to the process's exit: freeing them under a running decode would crash."""
-
-RENDER_SHARE = 0.03
+RENDER_SHARE = 0.02
 """The most of a CPU the screen may spend while a reply streams. On a CPU
 llama.cpp decodes on every core, so what the screen draws is taken from
 decoding, and re-rendering a growing Markdown reply costs more each time. The
 screen measures its own CPU time and waits long enough after each redraw to
 stay within this share."""
+
+QUIT_WAIT_S = 30.0
+"""How long quitting waits for the decode step in flight before leaving the
+models to the process's exit: freeing them under a running decode would crash."""
 
 
 class ReplyBuffer:
@@ -140,7 +141,7 @@ class EdgespecApp(App):
     ]
 
     class ModelsLoaded(Message):
-        def __init__(self, engine, hardware: tuple) -> None:
+        def __init__(self, engine: ChatEngine, hardware: tuple) -> None:
             super().__init__()
             self.engine, self.hardware = engine, hardware
 
@@ -166,16 +167,16 @@ class EdgespecApp(App):
 
     def __init__(self, choice: ModelChoice | None = None, *, store=None,
                  load: EngineLoader | None = None, session_factory: Callable | None = None,
-                 catalog: Catalog | Callable[[], Catalog] | None = None,
+                 library: Library | Callable[[], Library] | None = None,
                  defaults: ChatSettings | None = None, defaults_path: str | Path | None = None,
                  export_dir: str | Path | None = None, template: str | None = None,
                  rpc: str | None = None) -> None:
         super().__init__()
         self.choice = choice or ModelChoice()
         self._store = store
-        self._load = load or (lambda choice, settings: load_engine(choice, settings, catalog=self.catalog))
+        self._load = load or (lambda choice, settings: load_choice(choice, settings, library=self.library))
         self._session_factory = session_factory or default_session_factory
-        self._catalog = catalog
+        self._library = library
         self.defaults_path = defaults_path
         self.defaults = defaults
         self.export_dir = Path(export_dir) if export_dir else Path.cwd()
@@ -183,7 +184,7 @@ class EdgespecApp(App):
         """A built-in chat format's name (or Jinja source) instead of the GGUF's own."""
         self.rpc = rpc
         """RPC workers given on the command line: they replace the settings' for this run."""
-        self.engine = None
+        self.engine: ChatEngine | None = None
         self.session = None
         self.conversation_id: int | None = None
         self.settings: ChatSettings = defaults or ChatSettings()
@@ -221,12 +222,12 @@ class EdgespecApp(App):
         self.notify(str(error), title="Conversations", severity="error", timeout=20)
 
     @property
-    def catalog(self) -> Catalog:
-        if self._catalog is None or (callable(self._catalog) and not hasattr(self._catalog, "rows")):
-            from edgespec.tui.catalog import RegistryCatalog
+    def library(self) -> Library:
+        if self._library is None or (callable(self._library) and not hasattr(self._library, "rows")):
+            from edgespec.tui.library import RegistryLibrary
 
-            self._catalog = self._catalog() if callable(self._catalog) else RegistryCatalog()
-        return self._catalog
+            self._library = self._library() if callable(self._library) else RegistryLibrary()
+        return self._library
 
     def compose(self):
         yield Header()
@@ -302,11 +303,12 @@ class EdgespecApp(App):
         self._loaded_hardware = hardware
         self.model_error = ""
         self.model_state = "ready"
-        info = {}
         try:
             info = engine.describe() or {}
-        except Exception:
-            pass
+        except Exception as e:  # the models work; only the label goes without where they run
+            info = {}
+            self.log.error(f"engine.describe() failed: {e!r}")
+            self.notify(f"Could not tell where the models run: {e}", severity="warning")
         where = hardware_label(info)
         self.status.model_label = f"{self.choice.label}" + (f" ({where})" if where else "")
         self.session = self._make_session(self.conversation_id)
@@ -320,6 +322,11 @@ class EdgespecApp(App):
         self.model_state = "failed"
         self.status.detail = reason
         self.show_banner(f"Model failed to load: {reason}\nctrl+o opens the model library (pull or switch models).")
+
+    def watch_generating(self, generating: bool) -> None:
+        # A blinking cursor redraws the prompt twice a second, CPU taken from decoding.
+        if self.is_mounted:
+            self.query_one(PromptInput).cursor_blink = not generating
 
     def watch_model_state(self, state: str) -> None:
         if self.is_mounted:
@@ -436,7 +443,7 @@ class EdgespecApp(App):
         if cid is None:
             self.notify("Nothing to rename yet: send a message first.")
             return
-        current = next((c.title for c in self.store.list() if c.id == cid), "")
+        current = self.store.title(cid) or ""
 
         def done(title: str | None) -> None:
             if title:
@@ -472,7 +479,7 @@ class EdgespecApp(App):
         if self.conversation_id is None:
             self.notify("Nothing to export yet.")
             return
-        title = next((c.title for c in self.store.list() if c.id == self.conversation_id), "chat")
+        title = self.store.title(self.conversation_id) or "chat"
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in title).strip("-")[:40] or "chat"
         path = self.export_dir / f"edgespec-{self.conversation_id}-{safe}.md"
         try:
@@ -673,7 +680,7 @@ class EdgespecApp(App):
         """Edit the settings of this conversation (or of new chats)."""
         title = None
         if self.conversation_id is not None:
-            title = next((c.title for c in self.store.list() if c.id == self.conversation_id), None)
+            title = self.store.title(self.conversation_id)
         self.push_screen(SettingsScreen(self.settings, conversation_title=title), self._settings_saved)
 
     def _settings_saved(self, result: SettingsResult | None) -> None:
@@ -699,11 +706,11 @@ class EdgespecApp(App):
         from edgespec.tui.screens.models import ModelsScreen
 
         try:
-            catalog = self.catalog
+            library = self.library
         except EdgespecError as e:
             self.notify(str(e), title="Model library", severity="error", timeout=10)
             return
-        self.push_screen(ModelsScreen(catalog, current=self.choice), self._model_chosen)
+        self.push_screen(ModelsScreen(library, current=self.choice), self._model_chosen)
 
     def _model_chosen(self, choice: ModelChoice | None) -> None:
         if choice is None:

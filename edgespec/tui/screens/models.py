@@ -14,7 +14,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Label, ProgressBar, Static
 
-from edgespec.tui.catalog import Catalog, CatalogRow, ModelChoice, PullCancelled, PullProgress, cancellable
+from edgespec.tui.library import Library, LibraryRow, ModelChoice, PullCancelled, PullProgress, cancellable
 
 
 def human_bytes(n: float | None) -> str:
@@ -59,11 +59,11 @@ class ModelsScreen(Screen[ModelChoice | None]):
             super().__init__()
             self.name, self.problem = name, problem
 
-    def __init__(self, catalog: Catalog, *, current: ModelChoice | None = None) -> None:
+    def __init__(self, library: Library, *, current: ModelChoice | None = None) -> None:
         super().__init__()
-        self.catalog = catalog
+        self.library = library
         self.current = current
-        self.rows: list[CatalogRow] = []
+        self.rows: list[LibraryRow] = []
         self._cancel = threading.Event()
         self.pulling: str | None = None
 
@@ -71,7 +71,7 @@ class ModelsScreen(Screen[ModelChoice | None]):
         yield Header()
         with Vertical(id="models"):
             yield Label("Model library: p pull · u use · c cancel download · Esc back", classes="title")
-            yield DataTable(id="catalog", cursor_type="row", zebra_stripes=True)
+            yield DataTable(id="library", cursor_type="row", zebra_stripes=True)
             with Vertical(id="download"):
                 yield Static("", id="download-status")
                 yield ProgressBar(id="download-progress", show_eta=False)
@@ -90,11 +90,11 @@ class ModelsScreen(Screen[ModelChoice | None]):
         table.focus()
 
     def reload(self) -> None:
-        """Re-read the catalog (after a pull, installed marks change)."""
+        """Re-read the library (after a pull, installed marks change)."""
         table = self.query_one(DataTable)
         table.clear()
         try:
-            self.rows = self.catalog.rows()
+            self.rows = self.library.rows()
         except Exception as e:
             self.query_one("#download").display = True
             self.query_one("#download-status", Static).update(Text(f"Cannot read the registry: {e}", style="bold red"))
@@ -105,7 +105,7 @@ class ModelsScreen(Screen[ModelChoice | None]):
             name = Text(row.name, style="bold" if row.name == current else "")
             table.add_row(mark, name, row.kind, human_bytes(row.size), row.source, row.description, key=row.name)
 
-    def selected(self) -> CatalogRow | None:
+    def selected(self) -> LibraryRow | None:
         table = self.query_one(DataTable)
         if not self.rows or table.cursor_row is None or table.cursor_row >= len(self.rows):
             return None
@@ -151,7 +151,7 @@ class ModelsScreen(Screen[ModelChoice | None]):
             self.post_message(self.Progressed(p))
 
         try:
-            self.catalog.pull(name, progress=cancellable(show, self._cancel))
+            self.library.pull(name, progress=cancellable(show, self._cancel))
         except PullCancelled:
             self.post_message(self.PullEnded(name, "Download cancelled."))
         except Exception as e:  # DownloadError and friends: say why

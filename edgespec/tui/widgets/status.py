@@ -33,7 +33,12 @@ def hardware_label(info: dict) -> str:
 
 
 def format_live(stats: Stats, *, plain_tps: float | None = None) -> str:
-    """Mode, k, speed, acceptance, tokens per target pass, drafter and why."""
+    """Mode, k, speed, acceptance, tokens per target pass, drafter and why; or,
+    until the first token, how far reading the prompt has got."""
+    if not stats.target_passes and stats.prompt_evaluated:
+        to_read = max(stats.prompt_tokens - stats.prompt_cached, stats.prompt_evaluated)
+        return (f"mode {stats.mode} │ reading the prompt: {stats.prompt_evaluated:,} of {to_read:,} tokens "
+                f"({stats.prompt_evaluated / to_read:.0%})")
     parts = [f"mode {stats.mode}", f"k {stats.k}"]
     if stats.tokens_per_s:
         parts.append(f"{stats.tokens_per_s:.1f} tok/s")

@@ -1,8 +1,8 @@
 """What the app needs from the model library, as one small interface.
 
-`Catalog` lists the registry's pairs and models and pulls one; `RegistryCatalog`
+`Library` lists the registry's pairs and models and pulls one; `RegistryLibrary`
 is the real one (edgespec.models), tests pass a fake. `ModelChoice` says which
-models the app runs, and `load_engine` turns it into a loaded Engine.
+models the app runs, and `load_choice` loads it.
 """
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from edgespec.errors import ModelFileError
-
 
 @dataclass(frozen=True)
-class CatalogRow:
+class LibraryRow:
     """A pair or a model of the registry, as the models screen shows it."""
 
     name: str
@@ -47,8 +45,8 @@ class PullCancelled(Exception):
     """The user cancelled a download."""
 
 
-class Catalog(Protocol):
-    def rows(self) -> list[CatalogRow]: ...
+class Library(Protocol):
+    def rows(self) -> list[LibraryRow]: ...
 
     def pull(self, name: str, *, progress: Callable[[PullProgress], None]) -> None:
         """Fetch a model (or both models of a pair); `progress` may raise PullCancelled."""
@@ -87,15 +85,15 @@ def cancellable(progress: Callable[[PullProgress], None], cancel: threading.Even
     return callback
 
 
-class RegistryCatalog:
-    """The real catalog: models.yaml (edgespec.models.registry) and edgespec.models.fetch."""
+class RegistryLibrary:
+    """The real library: models.yaml (edgespec.models.registry) and edgespec.models.fetch."""
 
     def __init__(self) -> None:
         from edgespec.models.registry import load_registry
 
         self.registry = load_registry()
 
-    def rows(self) -> list[CatalogRow]:
+    def rows(self) -> list[LibraryRow]:
         from edgespec.models import fetch
 
         reg = self.registry
@@ -104,20 +102,18 @@ class RegistryCatalog:
         for name, pair in reg.pairs.items():
             members = [m for m in (pair.target, pair.draft) if m]
             sizes = [reg.models[m].display_size for m in members]
-            rows.append(CatalogRow(
+            rows.append(LibraryRow(
                 name=name, kind="pair", installed=all(installed[m] for m in members),
                 size=sum(sizes) if None not in sizes else None,
                 source=" + ".join(members), description=pair.description,
             ))
         for name, entry in reg.models.items():
-            rows.append(CatalogRow(name=name, kind="model", installed=installed[name], size=entry.display_size,
+            rows.append(LibraryRow(name=name, kind="model", installed=installed[name], size=entry.display_size,
                                    source=entry.source.describe(), description=entry.description))
         return rows
 
     def pair(self, name: str) -> tuple[str, str | None]:
-        if name in self.registry.models and name not in self.registry.pairs:
-            return name, None
-        pair = self.registry.pair(name)
+        pair = self.registry.pair_or_model(name)
         return pair.target, pair.draft
 
     def pull(self, name: str, *, progress: Callable[[PullProgress], None]) -> None:
@@ -134,35 +130,21 @@ class RegistryCatalog:
         return str(resolve_model(name, download=False, registry=self.registry))
 
 
-def load_engine(choice: ModelChoice, settings, *, catalog: Catalog | None = None):
-    """Load the chosen models with the settings' hardware options (slow: call from a worker).
-
-    Raises ModelFileError (missing model, with how to get it), ModelLoadError,
-    IncompatibleDraftError.
-    """
-    from edgespec.engine.runtime import Engine, ModelSettings
+def load_choice(choice: ModelChoice, settings, *, library: Library | None = None):
+    """Load the chosen models, installed ones only, with the settings' hardware
+    options (see edgespec.load.load_engine; slow: call from a worker)."""
     from edgespec.llama.rpc import Split, parse_endpoints
-
-    target, draft = choice.target, choice.draft
-    if choice.pair:
-        catalog = catalog or RegistryCatalog()
-        target, pair_draft = catalog.pair(choice.pair)
-        draft = choice.draft or pair_draft
-    if target is None:
-        raise ModelFileError("No model chosen: pass --pair NAME or --target PATH (see `edgespec models`)")
+    from edgespec.load import load_engine
+    from edgespec.models.fetch import is_path_like
 
     def path_of(name: str) -> str:
-        from edgespec.models.fetch import is_path_like
+        return str(Path(name).expanduser()) if is_path_like(name) else (library or RegistryLibrary()).resolve(name)
 
-        if is_path_like(name):
-            return str(Path(name).expanduser())
-        return (catalog or RegistryCatalog()).resolve(name)
+    def pair_models(name: str) -> tuple[str, str | None]:
+        return (library or RegistryLibrary()).pair(name)
 
-    threads = settings.threads or None
     split = Split(parse_endpoints(settings.rpc)) if settings.rpc.strip() else None
-    target_settings = ModelSettings(path_of(target), n_threads=threads, exact=settings.exact, rpc=split,
-                                    n_gpu_layers=settings.gpu_layers_target or (-1 if split else 0))
-    draft_settings = None
-    if draft:
-        draft_settings = ModelSettings(path_of(draft), n_gpu_layers=settings.gpu_layers_draft, n_threads=threads)
-    return Engine.load(target_settings, draft_settings)
+    return load_engine(choice.target, choice.draft, pair=choice.pair, resolve=path_of, pair_models=pair_models,
+                       n_threads=settings.threads or None, exact=settings.exact, rpc=split,
+                       n_gpu_layers=settings.gpu_layers_target or (-1 if split else 0),  # workers: all by default
+                       n_gpu_layers_draft=settings.gpu_layers_draft)

@@ -1,0 +1,39 @@
+"""What the layers above use of an Engine (engine/runtime.py), as one small
+interface: the chat session, the app and the server are written against it,
+and tests pass fakes that provide just this."""
+
+from __future__ import annotations
+
+from typing import Iterator, Protocol, Sequence
+
+from edgespec.engine.events import Chunk, GenerationParams
+
+
+class ChatEngine(Protocol):
+    @property
+    def n_ctx(self) -> int:
+        """Tokens the context holds: prompt and reply together."""
+
+    @property
+    def bos(self) -> int | None: ...
+
+    @property
+    def eos(self) -> int | None: ...
+
+    @property
+    def chat_template(self) -> str | None:
+        """The GGUF's own Jinja chat template, if it has one."""
+
+    def token_text(self, token: int) -> str: ...
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
+        """Stream the reply to `prompt_tokens`, one Chunk per decode cycle."""
+
+    def describe(self) -> dict:
+        """Where the models run: the backend and, per model, its file and GPU layers."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,44 @@
+"""Model names to a loaded Engine: how the CLI, the chat app, the server and the
+benchmark all choose and load their models.
+
+A face says how a name becomes a file (the CLI downloads, the app only finds
+what is installed); the rule for which models run is here, once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from edgespec.engine.runtime import Engine, ModelSettings
+from edgespec.errors import ModelFileError
+from edgespec.llama.rpc import Split
+
+
+def load_engine(target: str | None, draft: str | None = None, *, pair: str | None = None, no_draft: bool = False,
+                resolve: Callable[[str], str | Path], pair_models: Callable[[str], tuple[str, str | None]],
+                n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int = 0,
+                n_gpu_layers_draft: int = 0, exact: bool = False, rpc: Split | None = None) -> Engine:
+    """Load `target` (and `draft`), or else the pair's target and draft (`draft`
+    replaces the pair's; `no_draft`: none at all). `resolve` turns a name or path
+    into a local file, `pair_models` a pair name into its (target, draft) names.
+    `rpc`: RPC workers for the target's n_gpu_layers (the draft stays local).
+
+    Slow: call it from a worker. Raises ModelFileError (missing model, with how to
+    get it), ModelLoadError, IncompatibleDraftError.
+    """
+    if target is None:
+        if pair is None:
+            raise ModelFileError("No model chosen: pass --pair NAME or --target PATH (see `edgespec models`)")
+        target, pair_draft = pair_models(pair)
+        draft = draft or pair_draft
+    if no_draft:
+        draft = None
+    target_path = resolve(target)
+    draft_path = resolve(draft) if draft else None
+    return Engine.load(
+        ModelSettings(target_path, n_gpu_layers=n_gpu_layers, exact=exact, n_ctx=n_ctx, n_threads=n_threads,
+                      rpc=rpc),
+        ModelSettings(draft_path, n_gpu_layers=n_gpu_layers_draft, n_ctx=n_ctx,
+                      n_threads=n_threads) if draft_path else None,
+    )

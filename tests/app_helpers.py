@@ -1,0 +1,58 @@
+"""Driving the chat app under Textual's Pilot on fake engines and a fake model
+library: shared by the app's tests and its snapshot tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from edgespec.tui.app import EdgespecApp
+from edgespec.tui.library import ModelChoice
+from edgespec.tui.settings import ChatSettings
+from edgespec.tui.widgets.messages import MessageBox
+from edgespec.tui.widgets.prompt import PromptInput
+from tests.fakes import FakeLibrary, SpecFakeEngine
+
+REPLY = "Here is one:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\nIt **adds** two numbers."
+
+
+def make_app(store, *, reply=REPLY, delay_s=0.0, engine_cls=SpecFakeEngine, load=None, library=None,
+             hold=None, hold_after=0, **kwargs):
+    engines = []
+
+    def default_load(choice, settings):
+        engine = engine_cls(reply=lambda prompt: reply, delay_s=delay_s, has_draft=True, hold=hold,
+                            hold_after=hold_after)
+        engines.append(engine)
+        return engine
+
+    app = EdgespecApp(ModelChoice(target="tiny-target", draft="tiny-draft"), store=store, load=load or default_load,
+                      library=library or FakeLibrary(), template="chatml", defaults=kwargs.pop("defaults", ChatSettings()),
+                      **kwargs)
+    app.engines = engines
+    return app
+
+
+async def wait_for(pilot, condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the app")
+        await asyncio.sleep(0.02)
+
+
+async def send(pilot, text: str, *, key: bool = True) -> None:
+    """Type `text` and press Enter (which returns when the app is idle again, i.e. after
+    the reply); key=False posts the submission and returns at once, mid-stream."""
+    prompt = pilot.app.query_one(PromptInput)
+    prompt.focus()
+    prompt.load_text(text)
+    if key:
+        await pilot.press("enter")
+    else:
+        prompt.post_message(PromptInput.Submitted(text))
+        await asyncio.sleep(0.05)
+
+
+def boxes(app) -> list[MessageBox]:
+    return list(app.query(MessageBox))
