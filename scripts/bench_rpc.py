@@ -7,8 +7,10 @@ worker, a TCP relay that holds every chunk for half the round-trip delay in
 each direction (the kernel here has no netem qdisc). For each delay it loads
 the target split over the workers (the draft stays local), runs each prompt in
 plain and auto mode, greedy, and reports tok/s, their ratio, whether auto's
-output equals plain's, and round trips per generated token (a round trip: the
-client sends, then the worker answers). With --llama-server, llama.cpp's own
+output equals plain's, round trips per generated token (a round trip: the
+client sends, then the worker answers) and kB the workers sent per token (the
+relays add latency, not a bandwidth limit: with the output layer on a worker,
+every position a pass verifies brings back n_vocab logits, 4 bytes each). With --llama-server, llama.cpp's own
 server over the same relays (plain) is the reference row.
 
     .venv/bin/python scripts/bench_rpc.py --delays 0,1,5
@@ -51,6 +53,8 @@ class Relay:
     def __init__(self, worker: Endpoint, delay_s: float, loop: asyncio.AbstractEventLoop):
         self.worker, self.delay_s, self.loop = worker, delay_s, loop
         self.round_trips = 0
+        self.received = 0
+        """Bytes the worker sent (logits, when the output layer is there)."""
         self._client_spoke = False
         self.server: asyncio.base_events.Server | None = None
         self.port = 0
@@ -90,9 +94,11 @@ class Relay:
             while data := await reader.read(1 << 16):
                 if upstream:
                     self._client_spoke = True
-                elif self._client_spoke:
-                    self.round_trips += 1
-                    self._client_spoke = False
+                else:
+                    self.received += len(data)
+                    if self._client_spoke:
+                        self.round_trips += 1
+                        self._client_spoke = False
                 queue.put_nowait((self.loop.time() + self.delay_s, data))
         except (ConnectionError, OSError):
             pass
@@ -125,6 +131,9 @@ class Relays:
 
     def round_trips(self) -> int:
         return sum(r.round_trips for r in self.relays)
+
+    def received(self) -> int:
+        return sum(r.received for r in self.relays)
 
     def close(self) -> None:
         """Stop listening, drop the connections, end the loop thread."""
@@ -189,12 +198,13 @@ def run_edgespec(engine: Engine, tokens: list[int], mode: str, args, relays: Rel
     params = GenerationParams(mode=mode, k=args.k, max_tokens=args.max_tokens)
     engine.reset()
     out, last = [], None
-    trips = relays.round_trips()
+    trips, received = relays.round_trips(), relays.received()
     for last in engine.generate(tokens, params):
         out += last.tokens
-    trips = relays.round_trips() - trips
+    trips, received = relays.round_trips() - trips, relays.received() - received
     s = last.stats
     return {"tokens": out, "tps": s.tokens_per_s, "trips_per_token": trips / max(1, len(out)),
+            "kb_per_token": received / 1000 / max(1, len(out)),
             "acceptance": s.acceptance_rate, "tokens_per_pass": s.tokens_per_pass, "drafter": s.drafter,
             "k": s.k, "reason": s.reason}
 
@@ -303,14 +313,16 @@ def main() -> int:
                                "ratio": auto["tps"] / plain["tps"] if plain["tps"] else float("nan"),
                                "plain_trips_per_token": plain["trips_per_token"],
                                "auto_trips_per_token": auto["trips_per_token"],
+                               "plain_kb_per_token": plain["kb_per_token"], "auto_kb_per_token": auto["kb_per_token"],
                                "identical": auto["tokens"] == plain["tokens"],
                                "auto_chose": f"{auto['drafter'] or 'plain'} k={auto['k']}",
                                "auto_reason": auto["reason"],
                                "tokens_per_pass": auto["tokens_per_pass"]}
                         rows.append(row)
                         print(f"  {prompt.category:10s} {prompt.id:22s} plain {row['plain_tps']:6.1f} tok/s "
-                              f"({row['plain_trips_per_token']:.1f} trips/tok)  auto {row['auto_tps']:6.1f} tok/s "
-                              f"({row['auto_trips_per_token']:.1f} trips/tok, {row['auto_chose']}, "
+                              f"({row['plain_trips_per_token']:.1f} trips/tok, {row['plain_kb_per_token']:.0f} kB/tok)"
+                              f"  auto {row['auto_tps']:6.1f} tok/s ({row['auto_trips_per_token']:.1f} trips/tok, "
+                              f"{row['auto_kb_per_token']:.0f} kB/tok, {row['auto_chose']}, "
                               f"{row['tokens_per_pass']:.2f} tok/pass)  x{row['ratio']:.2f}  "
                               f"{'same output' if row['identical'] else 'OUTPUT DIFFERS'}", flush=True)
                 if args.llama_server:
