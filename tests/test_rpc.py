@@ -236,3 +236,44 @@ def test_the_cli_reports_a_lost_worker_and_keeps_the_partial_reply(smollm2):
             cli.kill()
         stop(proc)
 
+
+
+@needs_rpc
+@pytest.mark.slow
+async def test_the_app_survives_a_lost_worker_and_reloads_once_it_is_back(smollm2, home, tmp_path):
+    """The chat app: where the layers are on the status line; a worker killed
+    mid-reply leaves the reply so far and an error, the app running; reloading
+    works once the worker is back."""
+    from edgespec.chat.store import ConversationStore
+    from edgespec.tui.widgets.status import StatusLine
+    from tests.app_helpers import boxes, make_app, send, wait_for
+
+    def load(choice, settings):
+        split = Split(parse_endpoints(settings.rpc))
+        return Engine.load(ModelSettings(smollm2, n_ctx=512, n_threads=1, n_gpu_layers=-1, rpc=split))
+
+    proc, endpoint = start_worker()
+    try:
+        with ConversationStore(tmp_path / "chats.db") as store:
+            defaults = ChatSettings(rpc=str(endpoint), mode="plain", max_tokens=400)
+            app = make_app(store, load=load, defaults=defaults)
+            async with app.run_test(size=(110, 36)) as pilot:
+                await wait_for(pilot, lambda: app.model_state == "ready", timeout=60)
+                assert f"@{endpoint} 31" in app.query_one(StatusLine).model_label  # all 30 layers + the output
+                await send(pilot, "Tell me a long story about a lighthouse keeper.", key=False)
+                await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) > 20, timeout=60)
+                proc.kill()
+                await wait_for(pilot, lambda: not app.generating, timeout=30)
+                reply = boxes(app)[1]
+                assert reply.status in ("interrupted", "error") and len(reply.content) > 20
+                assert store.messages(app.conversation_id)[-1].content == reply.content
+                proc.wait(10)
+
+                proc, _ = start_worker(endpoint.port)
+                app.load_models(app.choice)
+                await wait_for(pilot, lambda: app.model_state == "ready", timeout=60)
+                await send(pilot, "Hello again", key=False)
+                await wait_for(pilot, lambda: len(boxes(app)) == 4 and not app.generating, timeout=120)
+                assert boxes(app)[3].status in ("done", "stopped") and boxes(app)[3].content
+    finally:
+        stop(proc)
