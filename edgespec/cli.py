@@ -114,6 +114,9 @@ def add_rpc_options(g) -> None:
     g.add_argument("--tensor-split", type=_weights, default=None, metavar="W[,W...]",
                    help="with --rpc: how to weight the devices (the workers' in --rpc order, then local GPUs); "
                         "default: by free memory, as llama.cpp does")
+    g.add_argument("--local-output", action="store_true",
+                   help="with --rpc: keep the output layer on this machine, so that a pass brings back a hidden "
+                        "state per token instead of n_vocab logits (less traffic, more work here)")
 
 
 def _rpc_workers(text: str):
@@ -143,9 +146,10 @@ def rpc_split(args: argparse.Namespace):
     """--rpc/--tensor-split as a Split for the target (None without --rpc)."""
     from edgespec.llama.rpc import Split
 
-    if args.tensor_split and not args.rpc:
-        raise ValueError("--tensor-split weights the devices of --rpc: pass --rpc HOST:PORT too")
-    return Split(args.rpc, args.tensor_split or ()) if args.rpc else None
+    if (args.tensor_split or args.local_output) and not args.rpc:
+        option = "--tensor-split" if args.tensor_split else "--local-output"
+        raise ValueError(f"{option} is about the devices of --rpc: pass --rpc HOST:PORT too")
+    return Split(args.rpc, args.tensor_split or (), local_output=args.local_output) if args.rpc else None
 
 
 def _add_model_names(g) -> None:

@@ -258,6 +258,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--delays", default="0,1,5", help="round-trip delays in ms (default 0,1,5)")
     ap.add_argument("--n-gpu-layers", type=int, default=-1, help="target layers on the workers (default all)")
+    ap.add_argument("--local-output", action="store_true",
+                    help="keep the target's output layer here (logits do not cross the relays)")
     ap.add_argument("--categories", default="grounded,free-form")
     ap.add_argument("--prompts-limit", type=int, default=0, help="at most this many prompts per category")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -293,7 +295,7 @@ def main() -> int:
         for delay in delays:
             relays = Relays([e for _, e in workers], delay, max_s=args.max_seconds)
             try:
-                split = Split(relays.endpoints)
+                split = Split(relays.endpoints, local_output=args.local_output)
                 with Engine.load(ModelSettings(target, n_ctx=args.ctx, n_threads=args.threads, rpc=split,
                                                n_gpu_layers=args.n_gpu_layers),
                                  ModelSettings(draft, n_ctx=args.ctx, n_threads=args.threads) if draft else None

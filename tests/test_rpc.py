@@ -92,7 +92,7 @@ def test_a_worker_on_a_non_loopback_address_needs_allow_remote(capsys):
 
 def test_rpc_options_are_checked_before_loading(capsys, synth_target):
     assert main(["generate", "hi", "--target", str(synth_target), "--tensor-split", "1,1"]) == 1
-    assert "--tensor-split weights the devices of --rpc" in capsys.readouterr().err
+    assert "--tensor-split is about the devices of --rpc" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["generate", "hi", "--rpc", "nohost"])
     assert "expected HOST:PORT" in capsys.readouterr().err
@@ -148,6 +148,23 @@ def test_target_split_over_two_workers_and_the_cpu_decodes_as_on_one_machine(smo
         assert plain == alone
         for mode in ("draft", "lookup", "auto"):
             assert generate(engine, tokens, mode=mode, k=4, max_tokens=32)[0] == plain, mode
+
+
+@needs_rpc
+@pytest.mark.slow
+def test_the_output_layer_can_stay_here_so_that_logits_do_not_cross_the_network(smollm2):
+    proc, endpoint = start_worker()
+    try:
+        with Engine.load(ModelSettings(smollm2, n_ctx=512)) as local:
+            tokens = local.tokenize(PROMPT, add_bos=True, special=False)
+            alone, _ = generate(local, tokens, mode="plain", max_tokens=16)
+        target = ModelSettings(smollm2, n_ctx=512, n_gpu_layers=-1, rpc=Split((endpoint,), local_output=True))
+        with Engine.load(target) as engine:
+            layers = engine.describe()["models"]["target"]["layers"]
+            assert [(r["worker"], r["layers"]) for r in layers] == [(str(endpoint), 30), (None, 1)]
+            assert generate(engine, tokens, mode="plain", max_tokens=16)[0] == alone
+    finally:
+        stop(proc)
 
 
 @needs_rpc

@@ -64,6 +64,8 @@ class LlamaModel:
             self._model = self.call(llama_cpp.llama_model_load_from_file, str(self.path).encode(), params)
             self.layer_devices = take_layer_devices()
             """Which device each layer is on (layer n_layer is the output layer); {} if llama.cpp did not say."""
+        if split is not None and split.local_output and self.layer_devices:
+            self.layer_devices[max(self.layer_devices)] = "CPU"  # its weights were overridden to the CPU
         if not self._model:
             if self.guard:
                 self.guard.close()
@@ -86,7 +88,10 @@ class LlamaModel:
         params.devices = ctypes.cast(ptrs, ctypes.c_void_p)
         weights = (ctypes.c_float * llama_cpp.llama_max_devices())(*split.tensor_split)
         params.tensor_split = weights
-        return ptrs, weights
+        overrides = rpc.local_output_overrides() if split.local_output else None
+        if overrides is not None:
+            params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+        return ptrs, weights, overrides
 
     def call(self, fn, *args):
         """fn(*args), through the guard when the model has layers on workers."""

@@ -156,6 +156,7 @@ class _Ggml:
         self.reg_dev_count = _fn("ggml-base", "ggml_backend_reg_dev_count", sz, vp)
         self.reg_dev_get = _fn("ggml-base", "ggml_backend_reg_dev_get", vp, vp, sz)
         self.set_abort_callback = _fn("ggml-base", "ggml_set_abort_callback", vp, vp)
+        self.cpu_buffer_type = _fn("ggml-base", "ggml_backend_cpu_buffer_type", vp)
         self.add_server = _fn("ggml-rpc", "ggml_backend_rpc_add_server", vp, ctypes.c_char_p)
         self.start_server = _fn("ggml-rpc", "ggml_backend_rpc_start_server", None, ctypes.c_char_p,
                                 ctypes.c_char_p, sz, sz, ctypes.POINTER(vp))
@@ -217,6 +218,10 @@ class Split:
 
     workers: tuple[Endpoint, ...]
     tensor_split: tuple[float, ...] = ()
+    local_output: bool = False
+    """Keep the output layer on this machine's CPU: a pass then brings back a
+    hidden state per position instead of n_vocab logits (~0.6 MB for a 150k
+    vocabulary), at the cost of the output layer's memory and compute here."""
 
 
 def _device(ptr, endpoint: Endpoint | None) -> Device:
@@ -242,6 +247,23 @@ def offload_devices() -> list[tuple[int, Device]]:
     devices = local_devices()
     gpus = [(p, d) for p, d in devices if d.kind == "GPU"]
     return gpus or [(p, d) for p, d in devices if d.kind == "iGPU"]
+
+
+class _BuftOverride(ctypes.Structure):
+    """llama_model_tensor_buft_override: tensors whose name matches `pattern` go to `buft`."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+OUTPUT_WEIGHTS = rb"^(output|token_embd)\.weight$"
+"""The output layer's matrix (a model with tied embeddings loads token_embd.weight
+a second time as its output; the input copy is on the CPU anyway)."""
+
+
+def local_output_overrides():
+    """A NULL-terminated llama_model_tensor_buft_override array that keeps the
+    output layer's weights in this machine's CPU memory (llama.cpp's -ot)."""
+    return (_BuftOverride * 2)(_BuftOverride(OUTPUT_WEIGHTS, _g().cpu_buffer_type()), _BuftOverride(None, None))
 
 
 _epochs: dict[Endpoint, int] = {}
