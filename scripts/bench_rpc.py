@@ -142,6 +142,7 @@ class Relays:
             return
 
         async def shutdown() -> None:
+            asyncio.get_running_loop().set_exception_handler(lambda loop, context: None)  # cancelled pumps
             for relay in self.relays:
                 relay.server.close()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
