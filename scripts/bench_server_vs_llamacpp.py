@@ -53,11 +53,14 @@ gives on this CPU, none without AMX):
         -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF $CMAKE_ARGS
     cmake --build /tmp/cppbuild -j2 --target llama-server
 
-Then, on an otherwise idle machine (~1 hour on 2 cores):
+Then, on an otherwise idle machine (45-75 minutes on 2 cores: 3 servers x 5
+turns x 3 repeats, each reply ~1300 tokens):
 
     .venv/bin/python scripts/bench_server_vs_llamacpp.py --bin /tmp/cppbuild/bin/llama-server --json server-bench.json
 
-A quick smoke: --repeats 1 --turns 2 --max-tokens 64.
+Adding `--md-args "--spec-draft-n-max 8 --spec-draft-n-min 0 --spec-draft-p-min 0.3" --md-args ""` runs
+llama-server -md with llama.cpp's own draft defaults as a fourth server (a
+third longer). A quick smoke: --repeats 1 --turns 2 --max-tokens 64.
 """
 
 from __future__ import annotations
@@ -381,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=2048, help="per reply (the whole file is ~1300 tokens)")
     ap.add_argument("--ctx", type=int, default=12288, help="context size of every server (turn 5 needs ~9000)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="of every server, target and draft (default 2)")
     ap.add_argument("--md-args", action="append", metavar="FLAGS",
                     help=f"llama-server -md's draft flags (default: '{MATCHED_MD_ARGS}'; "
                          "'' for llama.cpp's own); repeat for more configurations")
@@ -392,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 1 <= args.turns <= len(EDITS):
         ap.error(f"--turns must be 1 to {len(EDITS)}")
+    if bool(args.target) != bool(args.draft):
+        ap.error("--target and --draft go together (neither: the bundled pair)")
     if not os.access(args.bin, os.X_OK):
         ap.error(f"--bin {args.bin}: not an executable (build llama-server as the help says)")
 
