@@ -65,9 +65,9 @@ async def in_app(engine, settings: ChatSettings, folder: Path) -> float:
             prompt.load_text(MESSAGE)
             prompt.post_message(PromptInput.Submitted(MESSAGE))
             await asyncio.sleep(0.5)
-            while app.generating:
+            while app.chat.generating:
                 await asyncio.sleep(0.05)
-            stats = store.messages(app.conversation_id)[-1].stats
+            stats = store.messages(app.chat.conversation_id)[-1].stats
             app.engine = None  # the engine is ours: the app must not close it
     return stats["tokens_per_s"]
 

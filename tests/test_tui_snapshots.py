@@ -36,7 +36,7 @@ async def replied(pilot):
     app = pilot.app
     await wait_for(pilot, lambda: app.model_state == "ready")
     await send(pilot, "Write add() in Python")
-    await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 2)
+    await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
     steady_cursor(pilot)
     await pilot.pause()
 
