@@ -56,7 +56,7 @@ def _headless(engine, params: GenerationParams) -> float:
 async def in_app(engine, settings: ChatSettings, folder: Path) -> float:
     engine.reset()
     with ConversationStore(folder / "chats.db") as store:
-        app = EdgespecApp(ModelChoice(target="loaded"), store=store, load=lambda choice, s: engine,
+        app = EdgespecApp(ModelChoice(target="loaded"), store=store, load=lambda choice, s, progress: engine,
                           defaults=settings, defaults_path=folder / "settings.yaml", export_dir=folder)
         async with app.run_test(size=(120, 40)):
             while app.model_state != "ready":

@@ -12,6 +12,7 @@ import yaml
 from edgespec.chat.store import ConversationStore, Message
 from edgespec.engine.events import Stats
 from edgespec.errors import ModelFileError
+from edgespec.models.progress import Progress
 from edgespec.tui import origin
 from edgespec.tui.library import PullProgress
 from edgespec.tui.screens.models import ModelsScreen, describe_progress
@@ -172,7 +173,7 @@ async def test_quitting_mid_reply_keeps_the_reply_and_frees_the_models_after_the
 
 async def test_escape_stops_the_reading_of_a_long_prompt(store):
     engine = SlowReader(batches=100, reply=lambda prompt: "never shown")  # 5 s of reading
-    app = make_app(store, load=lambda choice, settings: engine)
+    app = make_app(store, load=lambda choice, settings, progress: engine)
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "Summarise this long file", key=False)
@@ -215,7 +216,7 @@ async def test_switching_conversations(store):
 
 async def test_regenerate_and_edit(store):
     replies = iter(["first answer", "second answer", "edited answer"])
-    app = make_app(store, load=lambda choice, settings: SpecFakeEngine(reply=lambda p: next(replies)))
+    app = make_app(store, load=lambda choice, settings, progress: SpecFakeEngine(reply=lambda p: next(replies)))
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "question")
@@ -418,8 +419,29 @@ async def test_failed_download_says_why(store):
         assert "checksum mismatch" in str(screen.query_one("#download-status").render())
 
 
+async def test_the_status_line_shows_the_files_assembled_and_verified_while_the_models_load(store):
+    checked = threading.Event()  # the load waits half way until the test has looked
+
+    def load(choice, settings, progress):
+        total = 1_100_000_000
+        progress(Progress("tiny-target.gguf", 412_000_000, total, 23.5e6, 29.6, stage="assemble"))
+        checked.wait(timeout=5)
+        progress(Progress("tiny-target.gguf", total, total, 23.5e6, 0.0, stage="verify"))
+        return SpecFakeEngine(reply=lambda prompt: REPLY)
+
+    app = make_app(store, load=load)
+    async with app.run_test() as pilot:
+        status = app.query_one(StatusLine)
+        await wait_for(pilot, lambda: "assemble" in status.detail)
+        assert status.model_state == "loading"
+        assert status.detail == "assemble tiny-target.gguf · 412.0 MB / 1.1 GB · 23.5 MB/s · 30 s left"
+        checked.set()
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        assert status.detail == ""
+
+
 async def test_model_that_fails_to_load_is_shown_not_raised(store):
-    def load(choice, settings):
+    def load(choice, settings, progress):
         raise ModelFileError("Model tiny-target is not installed: run `edgespec pull tiny-target`")
 
     app = make_app(store, load=load)

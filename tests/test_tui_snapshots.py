@@ -82,7 +82,7 @@ def test_help_screen(snap_compare, store):
 
 
 def test_model_failed_to_load(snap_compare, store):
-    def load(choice, settings):
+    def load(choice, settings, progress):
         raise ModelFileError("tiny-target is not downloaded yet. Get it with `edgespec pull tiny-target` (1.0 GB).")
 
     async def run_before(pilot):

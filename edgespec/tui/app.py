@@ -11,15 +11,17 @@ posting messages, which never wait for the screen (a worker that waited on a
 screen that is closing would never end). A reply's chunks go into a
 `ReplyBuffer` that the chat screen drains on a timer: the decode thread never
 waits for a render, and the screen redraws only as often as keeps its own CPU
-time within RENDER_SHARE (edgespec/tui/stream.py). The app is given how to load an engine and how to make a chat session, so tests run
-it on a fake engine.
+time within RENDER_SHARE (edgespec/tui/stream.py). The app is given how to load
+an engine and how to make a chat session, so tests run it on a fake engine;
+loading reports each model file assembled, made or verified as a
+`ModelsProgressed` message, which the status line shows.
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 from textual import on, work
 from textual.app import App, SystemCommand
@@ -31,15 +33,20 @@ from edgespec import __version__
 from edgespec.chat.store import StoreError
 from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import EdgespecError
-from edgespec.tui.library import Library, ModelChoice, load_choice
+from edgespec.models.progress import Progress, ProgressCallback
+from edgespec.tui.library import Library, ModelChoice, PullProgress, load_choice, pull_progress
 from edgespec.tui.screens.chat import ChatScreen
 from edgespec.tui.screens.help import HelpScreen
 from edgespec.tui.screens.settings import SettingsResult, SettingsScreen
 from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
 from edgespec.tui.widgets.status import hardware_label
 
-EngineLoader = Callable[[ModelChoice, ChatSettings], ChatEngine]
-"""(choice, settings) -> a loaded Engine; raises EdgespecError with a message for the user."""
+
+class EngineLoader(Protocol):
+    def __call__(self, choice: ModelChoice, settings: ChatSettings, *, progress: ProgressCallback) -> ChatEngine:
+        """A loaded Engine; raises EdgespecError with a message for the user. `progress`
+        hears of each model file assembled, made or verified on the way."""
+
 
 QUIT_WAIT_S = 30.0
 """How long quitting waits for the decode step in flight before leaving the
@@ -66,6 +73,11 @@ class EdgespecApp(App):
             super().__init__()
             self.engine, self.hardware = engine, hardware
 
+    class ModelsProgressed(Message):
+        def __init__(self, progress: PullProgress) -> None:
+            super().__init__()
+            self.progress = progress
+
     class ModelsFailed(Message):
         def __init__(self, reason: str) -> None:
             super().__init__()
@@ -73,6 +85,8 @@ class EdgespecApp(App):
 
     model_state: reactive[str] = reactive("loading", always_update=True)
     """"loading", "ready" or "failed" (set again for each load: the chat screen watches it)."""
+    load_progress: reactive[PullProgress | None] = reactive(None)
+    """How far the files being loaded have been assembled, made or verified (None: no such work)."""
 
     def __init__(self, choice: ModelChoice | None = None, *, store=None,
                  load: EngineLoader | None = None, session_factory: Callable | None = None,
@@ -82,7 +96,7 @@ class EdgespecApp(App):
         super().__init__()
         self.choice = choice or ModelChoice()
         self._store = store
-        self._load = load or (lambda choice, settings: load_choice(choice, settings, library=self.library))
+        self._load: EngineLoader = load or self._load_installed
         self.session_factory = session_factory or default_session_factory
         self._library = library
         self.defaults_path = defaults_path
@@ -160,6 +174,7 @@ class EdgespecApp(App):
         """Load `choice` in the background; the status line shows loading / ready / failed."""
         self.choice = choice
         self.model_label = choice.label
+        self.load_progress = None
         self.model_state = "loading"
         self._load_worker(choice, self._chat.settings)
 
@@ -168,13 +183,22 @@ class EdgespecApp(App):
         if self._loaded_hardware not in (None, settings.hardware()):
             self.load_models(self.choice)
 
+    def _load_installed(self, choice: ModelChoice, settings: ChatSettings, *,
+                        progress: ProgressCallback) -> ChatEngine:
+        """The models of the library, installed ones only (slow: the load worker calls it)."""
+        return load_choice(choice, settings, library=self.library, progress=progress)
+
     @work(thread=True, exclusive=True, group="load")
     def _load_worker(self, choice: ModelChoice, settings: ChatSettings) -> None:
         old, self.engine = self.engine, None
         if old is not None:
             old.close()
+
+        def report(progress: Progress) -> None:
+            self.post_message(self.ModelsProgressed(pull_progress(progress)))
+
         try:
-            engine = self._load(choice, settings)
+            engine = self._load(choice, settings, progress=report)
         except EdgespecError as e:
             self.post_message(self.ModelsFailed(str(e)))
             return
@@ -199,6 +223,11 @@ class EdgespecApp(App):
         where = hardware_label(info)
         self.model_label = f"{self.choice.label}" + (f" ({where})" if where else "")
         self.model_state = "ready"
+
+    @on(ModelsProgressed)
+    def _models_progressed(self, event: ModelsProgressed) -> None:
+        if self.model_state == "loading":
+            self.load_progress = event.progress
 
     @on(ModelsFailed)
     def _on_models_failed(self, event: ModelsFailed) -> None:

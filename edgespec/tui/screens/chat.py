@@ -25,8 +25,10 @@ from textual.widgets import Footer, Header, Static
 
 from edgespec.chat.store import StoreError
 from edgespec.errors import EdgespecError
+from edgespec.tui.library import PullProgress
 from edgespec.tui.origin import chunk_spans, stored_spans
 from edgespec.tui.screens.dialogs import ConfirmScreen, TextPromptScreen
+from edgespec.tui.screens.models import describe_progress
 from edgespec.tui.settings import ChatSettings
 from edgespec.tui.stream import RedrawTimer, ReplyBuffer
 from edgespec.tui.widgets.messages import MessageBox, code_blocks
@@ -98,6 +100,7 @@ class ChatScreen(Screen):
         self.log_view.anchor()
         self.query_one(PromptInput).focus()
         self.watch(self.app, "model_state", self._show_model_state)
+        self.watch(self.app, "load_progress", self._show_load_progress)
 
     @property
     def log_view(self) -> VerticalScroll:
@@ -129,7 +132,13 @@ class ChatScreen(Screen):
             self.show_banner(f"Model failed to load: {app.model_error}\n"
                              "ctrl+o opens the model library (pull or switch models).")
         elif state == "ready":
+            self.status.detail = ""
             self.session = self._make_session(self.conversation_id)
+
+    def _show_load_progress(self, progress: PullProgress | None) -> None:
+        """While the models load: which file is being assembled, made or verified, and how far."""
+        if progress is not None and self.app.model_state == "loading":
+            self.status.detail = describe_progress(progress)
 
     def watch_generating(self, generating: bool) -> None:
         # A blinking cursor redraws the prompt twice a second, CPU taken from decoding.
