@@ -56,7 +56,7 @@ def _headless(engine, params: GenerationParams) -> float:
 async def in_app(engine, settings: ChatSettings, folder: Path) -> float:
     engine.reset()
     with ConversationStore(folder / "chats.db") as store:
-        app = EdgespecApp(ModelChoice(target="loaded"), store=store, load=lambda choice, s: engine,
+        app = EdgespecApp(ModelChoice(target="loaded"), store=store, load=lambda choice, s, progress: engine,
                           defaults=settings, defaults_path=folder / "settings.yaml", export_dir=folder)
         async with app.run_test(size=(120, 40)):
             while app.model_state != "ready":
@@ -65,9 +65,9 @@ async def in_app(engine, settings: ChatSettings, folder: Path) -> float:
             prompt.load_text(MESSAGE)
             prompt.post_message(PromptInput.Submitted(MESSAGE))
             await asyncio.sleep(0.5)
-            while app.generating:
+            while app.chat.generating:
                 await asyncio.sleep(0.05)
-            stats = store.messages(app.conversation_id)[-1].stats
+            stats = store.messages(app.chat.conversation_id)[-1].stats
             app.engine = None  # the engine is ours: the app must not close it
     return stats["tokens_per_s"]
 

@@ -10,6 +10,12 @@ time to first token and the decode speed.
     edgespec serve --pair NAME &            # or: llama-server -m target.gguf -md draft.gguf --port 8080
     python scripts/bench_server.py --url http://127.0.0.1:8080/v1
 
+By default the assistant turns sent back are the server's own replies; with
+--fixed they are a fixed reference text instead (the file with the edits made
+by hand), so that every server is sent the same requests whatever it
+generated. scripts/bench_server_vs_llamacpp.py runs edgespec and llama-server
+side by side on that fixed session.
+
 Any OpenAI-compatible server works; compare two by running this against each
 (one at a time, on an otherwise idle machine).
 """
@@ -21,6 +27,9 @@ import json
 import sys
 import time
 
+SYSTEM = ("You are a careful programmer. When asked for a change, reply with the whole updated file in one "
+          "```python block and nothing else.")
+
 EDITS = [
     "Rename the function `parse_line` to `parse_record` everywhere.",
     "Change the default tax rate from 0.2 to 0.25.",
@@ -28,6 +37,18 @@ EDITS = [
     "Add a docstring to `Inventory.total_value`.",
     "Make `load_items` skip lines that start with '#'.",
 ]
+
+EDITED = [
+    [("parse_line", "parse_record")],
+    [("DEFAULT_TAX_RATE = 0.2\n", "DEFAULT_TAX_RATE = 0.25\n")],
+    [("    for item in inventory.items:\n        lines.append",
+      "    for item in sorted(inventory.items, key=lambda i: i.name):\n        lines.append")],
+    [("    def total_value(self, tax_rate: float = DEFAULT_TAX_RATE) -> float:\n",
+      ("    def total_value(self, tax_rate: float = DEFAULT_TAX_RATE) -> float:\n"
+       '        """The value of all items with tax, rounded to cents."""\n'))],
+    [("csv.reader(f) if row]", "csv.reader(line for line in f if not line.startswith(\"#\")) if row]")],
+]
+"""Each edit of EDITS made by hand: (old, new) replacements, every old text present."""
 
 
 def source_file() -> str:
@@ -132,8 +153,50 @@ if __name__ == "__main__":
     return head + "".join(helpers) + tail
 
 
-def run_turn(client, model: str, messages: list[dict], max_tokens: int) -> dict:
-    start = time.perf_counter()
+def edited_files(code: str | None = None) -> list[str]:
+    """The file after each edit of EDITS, made by hand (each builds on the one before)."""
+    versions = []
+    code = source_file() if code is None else code
+    for edit in EDITED:
+        for old, new in edit:
+            if old not in code:
+                raise ValueError(f"the reference edit expects {old!r} in the file")
+            code = code.replace(old, new)
+        versions.append(code)
+    return versions
+
+
+def fenced(code: str) -> str:
+    return f"```python\n{code}```"
+
+
+def first_request(code: str, system: str = SYSTEM) -> list[dict]:
+    """The conversation's first request: the file and the first edit."""
+    ask = f"Here is inventory.py:\n\n{fenced(code)}\n\n{EDITS[0]} Return the whole file."
+    return [{"role": "system", "content": system}, {"role": "user", "content": ask}]
+
+
+def edit_request(turn: int) -> dict:
+    return {"role": "user", "content": f"{EDITS[turn]} Return the whole file."}
+
+
+def fixed_session(turn: int, *, system: str = SYSTEM) -> list[dict]:
+    """The request of turn `turn` (0-based) of the fixed session: the history's
+    assistant turns are the reference replies (the edited files), never what a
+    server generated, so every server is sent exactly these messages."""
+    if not 0 <= turn < len(EDITS):
+        raise ValueError(f"the session has turns 0 to {len(EDITS) - 1} (got {turn})")
+    messages = first_request(source_file(), system)
+    for t, code in enumerate(edited_files()[:turn]):
+        messages += [{"role": "assistant", "content": fenced(code)}, edit_request(t + 1)]
+    return messages
+
+
+def run_turn(client, model: str, messages: list[dict], max_tokens: int, *, clock=time.perf_counter) -> dict:
+    """Stream one reply. TTFT: from sending the request to the first content
+    text. tokens_per_s: the reply's tokens after the first (the count from the
+    server's `usage`, else the content chunks) over the time after it."""
+    start = clock()
     first = None
     parts, usage, timings = [], None, None
     stream = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0,
@@ -141,12 +204,12 @@ def run_turn(client, model: str, messages: list[dict], max_tokens: int) -> dict:
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             if first is None:
-                first = time.perf_counter()
+                first = clock()
             parts.append(chunk.choices[0].delta.content)
         usage = chunk.usage or usage
         extra = chunk.model_extra or {}
         timings = extra.get("timings") or timings
-    end = time.perf_counter()
+    end = clock()
     n = usage.completion_tokens if usage else len(parts)
     decode_s = end - first if first is not None else 0.0
     return {
@@ -154,9 +217,14 @@ def run_turn(client, model: str, messages: list[dict], max_tokens: int) -> dict:
         "prompt_tokens": usage.prompt_tokens if usage else None,
         "cached_tokens": timings.get("cache_n") if timings else None,
         "completion_tokens": n,
+        "counted_by": "usage" if usage else "chunks",
         "ttft_s": (first or end) - start,
         "tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
-        "acceptance": timings.get("acceptance_rate") if timings and timings.get("draft_n") else None,
+        "server_tokens_per_s": timings.get("predicted_per_second") if timings else None,
+        "drafted": timings.get("draft_n") if timings else None,
+        "accepted": timings.get("draft_n_accepted") if timings else None,
+        "acceptance": (timings["draft_n_accepted"] / timings["draft_n"]
+                       if timings and timings.get("draft_n") else None),
     }
 
 
@@ -167,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="default: the first the server lists")
     ap.add_argument("--turns", type=int, default=len(EDITS), help=f"edit turns after the file (at most {len(EDITS)})")
     ap.add_argument("--max-tokens", type=int, default=2048, help="per reply (the whole file is ~1500 tokens)")
+    ap.add_argument("--fixed", action="store_true",
+                    help="send the reference replies as the assistant turns, not the server's own")
     ap.add_argument("--json", metavar="FILE", help="also write the per-turn results here")
     args = ap.parse_args(argv)
 
@@ -175,16 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     client = openai.OpenAI(base_url=args.url, api_key=args.api_key, max_retries=0, timeout=3600)
     model = args.model or next(iter(client.models.list())).id
     code = source_file()
-    messages = [{"role": "system", "content": "You are a careful programmer. When asked for a change, reply with "
-                                              "the whole updated file in one ```python block and nothing else."},
-                {"role": "user", "content": f"Here is inventory.py:\n\n```python\n{code}```\n\n{EDITS[0]} "
-                                            "Return the whole file."}]
+    messages = first_request(code)
     print(f"{args.url} · model {model} · file {code.count(chr(10))} lines", file=sys.stderr)
     print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'reply':>6} {'TTFT s':>7} {'tok/s':>7} {'accept':>7}")
     results = []
     for turn in range(min(args.turns, len(EDITS))):
-        if turn:
-            messages.append({"role": "user", "content": f"{EDITS[turn]} Return the whole file."})
+        if args.fixed:
+            messages = fixed_session(turn)
+        elif turn:
+            messages.append(edit_request(turn))
         r = run_turn(client, model, messages, args.max_tokens)
         messages.append({"role": "assistant", "content": r.pop("text")})
         results.append(r)

@@ -20,7 +20,7 @@ def make_app(store, *, reply=REPLY, delay_s=0.0, engine_cls=SpecFakeEngine, load
              hold=None, hold_after=0, **kwargs):
     engines = []
 
-    def default_load(choice, settings):
+    def default_load(choice, settings, progress):
         engine = engine_cls(reply=lambda prompt: reply, delay_s=delay_s, has_draft=True, hold=hold,
                             hold_after=hold_after)
         engines.append(engine)

@@ -192,7 +192,7 @@ class FakeLibrary:
         finally:
             self.pull_ended.set()
 
-    def resolve(self, name):
+    def resolve(self, name, *, progress=None):
         return f"/models/{name}.gguf"
 
     def pair(self, name):

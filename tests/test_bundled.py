@@ -20,6 +20,7 @@ from edgespec.models.fetch import available_offline, fetch, installed_path, remo
 from edgespec.models.progress import Progress
 from edgespec.models.catalog import MADE, READY, model_rows
 from edgespec.models.registry import ModelEntry, PackageFileSource, PartsSource, Registry, RequantizeSource
+from edgespec.tui.library import RegistryLibrary, pull_progress
 from tests.bundled_models import qwen_pair  # noqa: F401  (a session fixture)
 
 PART = 100_000
@@ -82,6 +83,16 @@ def test_fetch_and_installed_path_use_the_assembled_file(parts):
     path = fetch(entry)
     assert installed_path(entry) == path
     assert remove(entry) == [path] and not path.exists()
+
+
+def test_the_app_loading_a_bundled_model_hears_of_its_assembly(parts, home):
+    library = RegistryLibrary()
+    library.registry = Registry(models={"fake-model": parts_entry(parts)}, pairs={})
+    events: list[Progress] = []
+    path = library.resolve("fake-model", progress=events.append)
+    assert path == str(home / "models" / "fake-model.gguf")
+    assert {e.stage for e in events} == {"assemble"} and events[-1].done == len(parts)
+    assert pull_progress(events[-1]).what == "assemble fake-model.gguf"
 
 
 def test_a_hash_mismatch_leaves_no_file(parts, home):

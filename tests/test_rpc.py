@@ -262,10 +262,9 @@ async def test_the_app_survives_a_lost_worker_and_reloads_once_it_is_back(smollm
     mid-reply leaves the reply so far and an error, the app running; reloading
     works once the worker is back."""
     from edgespec.chat.store import ConversationStore
-    from edgespec.tui.widgets.status import StatusLine
     from tests.app_helpers import boxes, make_app, send, wait_for
 
-    def load(choice, settings):
+    def load(choice, settings, progress=None):
         split = Split(parse_endpoints(settings.rpc))
         return Engine.load(ModelSettings(smollm2, n_ctx=512, n_threads=1, n_gpu_layers=-1, rpc=split))
 
@@ -276,21 +275,21 @@ async def test_the_app_survives_a_lost_worker_and_reloads_once_it_is_back(smollm
             app = make_app(store, load=load, defaults=defaults)
             async with app.run_test(size=(110, 36)) as pilot:
                 await wait_for(pilot, lambda: app.model_state == "ready", timeout=60)
-                assert f"@{endpoint} 31" in app.query_one(StatusLine).model_label  # all 30 layers + the output
+                assert f"@{endpoint} 31" in app.model_label  # all 30 layers + the output
                 await send(pilot, "Tell me a long story about a lighthouse keeper.", key=False)
                 await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) > 20, timeout=60)
                 proc.kill()
-                await wait_for(pilot, lambda: not app.generating, timeout=30)
+                await wait_for(pilot, lambda: not app.chat.generating, timeout=30)
                 reply = boxes(app)[1]
                 assert reply.status in ("interrupted", "error") and len(reply.content) > 20
-                assert store.messages(app.conversation_id)[-1].content == reply.content
+                assert store.messages(app.chat.conversation_id)[-1].content == reply.content
                 proc.wait(10)
 
                 proc, _ = start_worker(endpoint.port)
                 app.load_models(app.choice)
                 await wait_for(pilot, lambda: app.model_state == "ready", timeout=60)
                 await send(pilot, "Hello again", key=False)
-                await wait_for(pilot, lambda: len(boxes(app)) == 4 and not app.generating, timeout=120)
+                await wait_for(pilot, lambda: len(boxes(app)) == 4 and not app.chat.generating, timeout=120)
                 assert boxes(app)[3].status in ("done", "stopped") and boxes(app)[3].content
     finally:
         stop(proc)

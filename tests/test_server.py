@@ -89,6 +89,11 @@ def test_serve_refuses_an_exposed_address_without_a_key_before_loading_anything(
     assert "--api-key" in err and "model.gguf" not in err
 
 
+def test_serve_without_max_tokens_leaves_replies_unlimited():
+    args = cli.build_parser().parse_args(["serve"])
+    assert cli.params_from_args(args).max_tokens is None  # no TypeError: the reply runs until the context is full
+
+
 def test_health_is_503_while_the_model_loads_then_200():
     loading = threading.Event()
     release = threading.Event()

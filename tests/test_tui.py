@@ -12,6 +12,7 @@ import yaml
 from edgespec.chat.store import ConversationStore, Message
 from edgespec.engine.events import Stats
 from edgespec.errors import ModelFileError
+from edgespec.models.progress import Progress
 from edgespec.tui import origin
 from edgespec.tui.library import PullProgress
 from edgespec.tui.screens.models import ModelsScreen, describe_progress
@@ -45,17 +46,17 @@ async def test_send_streams_the_reply_and_stores_it(store):
         await send(pilot, "Write add()", key=False)
         await wait_for(pilot, lambda: len(boxes(app)) == 2 and boxes(app)[1].content)
         reply = boxes(app)[1]
-        assert app.generating and reply.streaming, (reply.status, reply.content)
+        assert app.chat.generating and reply.streaming, (reply.status, reply.content)
         assert 0 < len(reply.content) < len(REPLY)
         await wait_for(pilot, lambda: "tok/pass" in app.query_one(StatusLine).detail, timeout=5)
         hold.set()
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.chat.generating)
         assert reply.content == REPLY and reply.status == "done"
         assert "accepted" in format_stats(reply.stats)
         [info] = store.list()
         assert info.title == "Write add()"
         assert [(m.role, m.status) for m in store.messages(info.id)][-2:] == [("user", "done"), ("assistant", "done")]
-        assert app.conversation_id == info.id
+        assert app.chat.conversation_id == info.id
         assert app.query_one("#prompt").text == ""
 
 
@@ -77,7 +78,7 @@ async def test_the_screen_draws_a_fast_stream_in_batches_without_holding_up_deco
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "Talk", key=False)
         await wait_for(pilot, lambda: len(boxes(app)) == 2 and boxes(app)[1].content == reply
-                       and not app.generating)
+                       and not app.chat.generating)
         assert "".join(writes) == reply
         assert len(writes) < len(reply) / 10  # one chunk per character arrived
 
@@ -103,7 +104,7 @@ async def test_a_store_that_cannot_be_opened_leaves_the_app_chatting_in_memory(h
         await wait_for(pilot, lambda: app.model_state == "ready")
         assert any("not saved" in n.message and "data" in n.message for n in app._notifications)
         await send(pilot, "Hi")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.chat.generating)
         assert len(boxes(app)) == 2 and boxes(app)[1].status == "done"
 
 
@@ -117,7 +118,7 @@ async def test_an_engine_that_cannot_say_where_it_runs_still_chats_and_says_so(s
         await wait_for(pilot, lambda: app.model_state == "ready")
         assert any("no backend info" in n.message for n in app._notifications)
         await send(pilot, "Hi")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.chat.generating)
         assert boxes(app)[1].content == REPLY
 
 
@@ -126,10 +127,10 @@ async def test_a_store_failing_mid_chat_is_shown_not_a_crash(store):
     async with app.run_test(size=(110, 36)) as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "Hi")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.chat.generating)
         store._db.execute("PRAGMA query_only = ON")  # the file became read-only
         await send(pilot, "Again")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.chat.generating)
         assert any("read-only" in n.message for n in app._notifications)
         assert app.is_running
 
@@ -141,17 +142,17 @@ async def test_escape_stops_the_reply_and_keeps_it(store):
         await send(pilot, "Talk", key=False)
         await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) > 20)
         await pilot.press("escape")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.chat.generating)
         reply = boxes(app)[1]
         assert reply.status == "stopped" and "stopped" in str(reply.query_one(".header").render())
-        stored = store.messages(app.conversation_id)[-1]
+        stored = store.messages(app.chat.conversation_id)[-1]
         assert stored.status == "stopped"
         assert stored.content == reply.content and 0 < len(stored.content) < 2000
         # the app is usable afterwards
         await send(pilot, "Again", key=False)
         await wait_for(pilot, lambda: len(boxes(app)) == 4)
         await pilot.press("escape")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.chat.generating)
 
 
 async def test_quitting_mid_reply_keeps_the_reply_and_frees_the_models_after_the_decode(store):
@@ -172,13 +173,13 @@ async def test_quitting_mid_reply_keeps_the_reply_and_frees_the_models_after_the
 
 async def test_escape_stops_the_reading_of_a_long_prompt(store):
     engine = SlowReader(batches=100, reply=lambda prompt: "never shown")  # 5 s of reading
-    app = make_app(store, load=lambda choice, settings: engine)
+    app = make_app(store, load=lambda choice, settings, progress: engine)
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "Summarise this long file", key=False)
         await wait_for(pilot, lambda: "reading the prompt" in app.query_one(StatusLine).detail)
         await pilot.press("escape")
-        await wait_for(pilot, lambda: not app.generating, timeout=2)
+        await wait_for(pilot, lambda: not app.chat.generating, timeout=2)
         assert engine.batches_read[0] < 50
         assert boxes(app)[1].status == "stopped"
 
@@ -200,7 +201,7 @@ async def test_switching_conversations(store):
         await wait_for(pilot, lambda: [b.content for b in boxes(app)] == ["two", "dos"])
         assert boxes(app)[1].status == "stopped"
         await send(pilot, "three")
-        await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 4)
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 4)
         assert [m.content for m in store.messages(second)][-2:] == ["three", "tres"]
         assert len(store.messages(first)) == 2
         prompt = app.engines[0].detokenize(app.engines[0].prompts[-1])
@@ -210,26 +211,26 @@ async def test_switching_conversations(store):
         await pilot.press(*"Fir")
         await wait_for(pilot, lambda: app.query_one("#conversations").option_count == 1)
         await pilot.press("ctrl+n")
-        assert boxes(app) == [] and app.conversation_id is None
+        assert boxes(app) == [] and app.chat.conversation_id is None
 
 
 async def test_regenerate_and_edit(store):
     replies = iter(["first answer", "second answer", "edited answer"])
-    app = make_app(store, load=lambda choice, settings: SpecFakeEngine(reply=lambda p: next(replies)))
+    app = make_app(store, load=lambda choice, settings, progress: SpecFakeEngine(reply=lambda p: next(replies)))
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "question")
-        await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 2)
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: not app.generating and boxes(app)[-1].content == "second answer")
+        await wait_for(pilot, lambda: not app.chat.generating and boxes(app)[-1].content == "second answer")
         assert len(boxes(app)) == 2
         await pilot.press("ctrl+g")
         editor = app.screen.query_one("#value")
         editor.load_text("better question")
         await pilot.press("ctrl+s")
-        await wait_for(pilot, lambda: not app.generating and boxes(app)[-1].content == "edited answer")
+        await wait_for(pilot, lambda: not app.chat.generating and boxes(app)[-1].content == "edited answer")
         assert [b.content for b in boxes(app)] == ["better question", "edited answer"]
-        assert [m.content for m in store.messages(app.conversation_id) if m.role != "system"] == \
+        assert [m.content for m in store.messages(app.chat.conversation_id) if m.role != "system"] == \
             ["better question", "edited answer"]
 
 
@@ -238,7 +239,7 @@ async def test_origin_view_colours_draft_tokens(store):
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "x")
-        await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 2)
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
         await pilot.press("ctrl+t")
         reply = boxes(app)[1]
         assert reply.query_one(".origin").display and not reply.query_one(".body").display
@@ -253,7 +254,7 @@ async def test_copy_reply_and_code_block_and_export(store, tmp_path):
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "code please")
-        await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 2)
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
         await pilot.press("f6")
         assert app.clipboard == "def add(a, b):\n    return a + b"
         await pilot.press("f5")
@@ -269,7 +270,7 @@ async def test_rename_and_delete_with_confirm(store):
     app = make_app(store)
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
-        await app.open_conversation(cid)
+        await app.chat.open_conversation(cid)
         await pilot.press("f2")
         app.screen.query_one("#value").value = "New name"
         await pilot.press("enter")
@@ -280,7 +281,7 @@ async def test_rename_and_delete_with_confirm(store):
         await pilot.press("f8")
         await pilot.click("#yes")
         await wait_for(pilot, lambda: not store.list())
-        assert app.conversation_id is None
+        assert app.chat.conversation_id is None
 
 
 # -- settings --------------------------------------------------------------------------
@@ -293,7 +294,7 @@ async def test_settings_round_trip(store, home):
     app = make_app(store)
     async with app.run_test(size=(120, 50)) as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
-        await app.open_conversation(cid)
+        await app.chat.open_conversation(cid)
         await pilot.press("ctrl+s")
         assert isinstance(app.screen, SettingsScreen)
         app.screen.query_one("#temperature").value = "0.7"
@@ -304,12 +305,12 @@ async def test_settings_round_trip(store, home):
         await pilot.pause()
         saved = store.settings(cid)
         assert (saved["temperature"], saved["k"], saved["mode"]) == (0.7, 6, "lookup")
-        assert app.session.params.temperature == 0.7 and app.session.params.k == 6
+        assert app.chat.session.params.temperature == 0.7 and app.chat.session.params.k == 6
         assert store.messages(cid)[0].content == "Answer in French."
-        await app.open_conversation(other)
-        assert app.settings == ChatSettings()
-        await app.open_conversation(cid)
-        assert app.settings.temperature == 0.7 and app.session.params.mode == "lookup"
+        await app.chat.open_conversation(other)
+        assert app.chat.settings == ChatSettings()
+        await app.chat.open_conversation(cid)
+        assert app.chat.settings.temperature == 0.7 and app.chat.session.params.mode == "lookup"
         # a bad value is refused with a reason, the screen stays
         await pilot.press("ctrl+s")
         app.screen.query_one("#k").value = "many"
@@ -418,8 +419,29 @@ async def test_failed_download_says_why(store):
         assert "checksum mismatch" in str(screen.query_one("#download-status").render())
 
 
+async def test_the_status_line_shows_the_files_assembled_and_verified_while_the_models_load(store):
+    checked = threading.Event()  # the load waits half way until the test has looked
+
+    def load(choice, settings, progress):
+        total = 1_100_000_000
+        progress(Progress("tiny-target.gguf", 412_000_000, total, 23.5e6, 29.6, stage="assemble"))
+        checked.wait(timeout=5)
+        progress(Progress("tiny-target.gguf", total, total, 23.5e6, 0.0, stage="verify"))
+        return SpecFakeEngine(reply=lambda prompt: REPLY)
+
+    app = make_app(store, load=load)
+    async with app.run_test() as pilot:
+        status = app.query_one(StatusLine)
+        await wait_for(pilot, lambda: "assemble" in status.detail)
+        assert status.model_state == "loading"
+        assert status.detail == "assemble tiny-target.gguf · 412.0 MB / 1.1 GB · 23.5 MB/s · 30 s left"
+        checked.set()
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        assert status.detail == ""
+
+
 async def test_model_that_fails_to_load_is_shown_not_raised(store):
-    def load(choice, settings):
+    def load(choice, settings, progress):
         raise ModelFileError("Model tiny-target is not installed: run `edgespec pull tiny-target`")
 
     app = make_app(store, load=load)
@@ -431,7 +453,7 @@ async def test_model_that_fails_to_load_is_shown_not_raised(store):
         assert banner.display and "ctrl+o" in str(banner.render())
         await send(pilot, "hello?")
         await pilot.pause()
-        assert boxes(app) == [] and not app.generating
+        assert boxes(app) == [] and not app.chat.generating
 
 
 async def test_generation_error_is_reported(store):
@@ -444,7 +466,7 @@ async def test_generation_error_is_reported(store):
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "hi")
-        await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 2)
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
         assert boxes(app)[1].status in ("interrupted", "error")
 
 

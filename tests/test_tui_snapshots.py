@@ -36,7 +36,7 @@ async def replied(pilot):
     app = pilot.app
     await wait_for(pilot, lambda: app.model_state == "ready")
     await send(pilot, "Write add() in Python")
-    await wait_for(pilot, lambda: not app.generating and len(boxes(app)) == 2)
+    await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
     steady_cursor(pilot)
     await pilot.pause()
 
@@ -82,7 +82,7 @@ def test_help_screen(snap_compare, store):
 
 
 def test_model_failed_to_load(snap_compare, store):
-    def load(choice, settings):
+    def load(choice, settings, progress):
         raise ModelFileError("tiny-target is not downloaded yet. Get it with `edgespec pull tiny-target` (1.0 GB).")
 
     async def run_before(pilot):

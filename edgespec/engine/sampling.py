@@ -21,7 +21,7 @@ def check_params(params: GenerationParams) -> None:
         raise ValueError(f"top-p must be in (0, 1], got {params.top_p}")
     if params.k < 0:
         raise ValueError(f"k must be >= 0, got {params.k}")
-    if params.max_tokens < 1:
+    if params.max_tokens is not None and params.max_tokens < 1:  # None: the server's "until the context is full"
         raise ValueError(f"max tokens must be >= 1, got {params.max_tokens}")
 
 

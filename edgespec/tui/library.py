@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
+from edgespec.models.progress import Progress, ProgressCallback
+
 
 @dataclass(frozen=True)
 class LibraryRow:
@@ -41,6 +43,11 @@ class PullProgress:
     what: str = ""
 
 
+def pull_progress(p: Progress) -> PullProgress:
+    """A model file's progress (downloaded, assembled, requantized or verified) in the app's terms."""
+    return PullProgress(done=p.done, total=p.total, speed=p.speed, eta=p.eta, what=f"{p.stage} {p.file}")
+
+
 class PullCancelled(Exception):
     """The user cancelled a download."""
 
@@ -51,8 +58,9 @@ class Library(Protocol):
     def pull(self, name: str, *, progress: Callable[[PullProgress], None]) -> None:
         """Fetch a model (or both models of a pair); `progress` may raise PullCancelled."""
 
-    def resolve(self, name: str) -> str:
-        """The local path of an installed model; raises ModelFileError (saying how to pull it) if absent."""
+    def resolve(self, name: str, *, progress: ProgressCallback | None = None) -> str:
+        """The local path of an installed model; raises ModelFileError (saying how to pull it) if absent.
+        A bundled or derived model is assembled or made here the first time, reporting to `progress`."""
 
     def pair(self, name: str) -> tuple[str, str | None]:
         """A pair's (target, draft) model names."""
@@ -119,26 +127,28 @@ class RegistryLibrary:
     def pull(self, name: str, *, progress: Callable[[PullProgress], None]) -> None:
         from edgespec.models.fetch import pull
 
-        def report(p) -> None:
-            progress(PullProgress(done=p.done, total=p.total, speed=p.speed, eta=p.eta, what=f"{p.stage} {p.file}"))
+        pull(name, progress=lambda p: progress(pull_progress(p)), registry=self.registry)
 
-        pull(name, progress=report, registry=self.registry)
-
-    def resolve(self, name: str) -> str:
+    def resolve(self, name: str, *, progress: ProgressCallback | None = None) -> str:
         from edgespec.models.fetch import resolve_model
 
-        return str(resolve_model(name, download=False, registry=self.registry))
+        return str(resolve_model(name, download=False, progress=progress, registry=self.registry))
 
 
-def load_choice(choice: ModelChoice, settings, *, library: Library | None = None):
+def load_choice(choice: ModelChoice, settings, *, library: Library | None = None,
+                progress: ProgressCallback | None = None):
     """Load the chosen models, installed ones only, with the settings' hardware
-    options (see edgespec.load.load_engine; slow: call from a worker)."""
+    options (see edgespec.load.load_engine; slow: call from a worker). `progress`
+    hears of the files assembled, made or verified on the way (the first start of
+    a bundled pair assembles and checks its files)."""
     from edgespec.llama.rpc import Split, parse_endpoints
     from edgespec.load import load_engine
     from edgespec.models.fetch import is_path_like
 
     def path_of(name: str) -> str:
-        return str(Path(name).expanduser()) if is_path_like(name) else (library or RegistryLibrary()).resolve(name)
+        if is_path_like(name):
+            return str(Path(name).expanduser())
+        return (library or RegistryLibrary()).resolve(name, progress=progress)
 
     def pair_models(name: str) -> tuple[str, str | None]:
         return (library or RegistryLibrary()).pair(name)
