@@ -18,6 +18,7 @@ from edgespec.tui.library import PullProgress
 from edgespec.tui.screens.models import ModelsScreen, describe_progress
 from edgespec.tui.screens.settings import SettingsScreen
 from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
+from edgespec.tui.stream import RENDER_HZ, RENDER_SHARE, RENDER_WAIT_MAX, redraw_share, redraw_wait
 from edgespec.tui.widgets.messages import MessageBox, code_blocks, format_stats
 from edgespec.tui.widgets.sidebar import ConversationList
 from edgespec.tui.widgets.status import StatusLine, format_live, hardware_label
@@ -500,6 +501,27 @@ def test_origin_spans_and_helpers():
     assert format_live(reading) == "mode auto │ reading the prompt: 1,024 of 4,000 tokens (26%)"
     assert describe_progress(PullProgress(412_000_000, 1_100_000_000, 23.5e6, 29.6, "m")) == \
         "m · 412.0 MB / 1.1 GB · 23.5 MB/s · 30 s left"
+
+
+def test_the_screen_spares_the_cpu_only_where_the_target_decodes_on_it():
+    """On a CPU llama.cpp decodes on every core, so the screen keeps to its share
+    of one; with every layer of the target on a local GPU it redraws at RENDER_HZ."""
+    def info(gpu_offload, target_layers, rpc=False):
+        target = {"n_layer": 28, "n_gpu_layers": target_layers}
+        if rpc:
+            target["layers"] = [{"device": "RPC0", "worker": "127.0.0.1:50052", "layers": 29}]
+        return {"backend": "cuda", "gpu_offload": gpu_offload, "models": {"target": target}}
+
+    assert redraw_share({}) == RENDER_SHARE
+    assert redraw_share(info(False, 0)) == RENDER_SHARE
+    assert redraw_share(info(True, 10)) == RENDER_SHARE  # the rest of the target decodes on the CPU
+    assert redraw_share(info(False, 29)) == RENDER_SHARE  # GPU layers asked for, none there
+    assert redraw_share(info(True, 29, rpc=True)) == RENDER_SHARE  # workers may share this machine
+    assert redraw_share(info(True, 29)) is None
+    assert redraw_wait(0.001, RENDER_SHARE) == 1 / RENDER_HZ
+    assert redraw_wait(0.010, 0.02) == 0.5
+    assert redraw_wait(10.0, 0.02) == RENDER_WAIT_MAX
+    assert redraw_wait(10.0, None) == 1 / RENDER_HZ
 
 
 def test_status_line_says_where_each_model_runs():

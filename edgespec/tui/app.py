@@ -40,6 +40,7 @@ from edgespec.tui.screens.chat import ChatScreen
 from edgespec.tui.screens.help import HelpScreen
 from edgespec.tui.screens.settings import SettingsResult, SettingsScreen
 from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
+from edgespec.tui.stream import RENDER_SHARE, redraw_share
 from edgespec.tui.widgets.status import hardware_label
 
 
@@ -116,6 +117,8 @@ class EdgespecApp(App):
         self.decoding = threading.Lock()
         """Held by the chat's reply worker while it uses the engine."""
         self._loaded_hardware: tuple | None = None
+        self.render_share: float | None = RENDER_SHARE
+        """The screen's share of a CPU while a reply streams (tui/stream.py)."""
         self._store_problem = ""
         """What opening the conversation store needed telling (shown once the app is up)."""
         self._chat = ChatScreen()
@@ -226,6 +229,7 @@ class EdgespecApp(App):
             info = {}
             self.log.error(f"engine.describe() failed: {e!r}")
             self.notify(f"Could not tell where the models run: {e}", severity="warning")
+        self.render_share = redraw_share(info)
         where = hardware_label(info)
         self.model_label = f"{self.choice.label}" + (f" ({where})" if where else "")
         self.model_state = "ready"

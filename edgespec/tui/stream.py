@@ -1,6 +1,6 @@
 """A streaming reply between the decode thread and the screen: the thread adds
 chunks to a `ReplyBuffer` and goes on; a `RedrawTimer` drains it at a rate that
-keeps the screen's own CPU time within RENDER_SHARE."""
+keeps the screen's own CPU time within its share (`redraw_share`)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,34 @@ from textual.message_pump import MessagePump
 RENDER_HZ = 15
 """The most a streaming reply is redrawn per second (smooth to the eye)."""
 
-RENDER_WAIT_MAX = 1.0
+RENDER_WAIT_MAX = 2.0
 """The longest wait between redraws, whatever they cost: the reply must be seen to move."""
 
 RENDER_SHARE = 0.02
-"""The most of a CPU the screen may spend while a reply streams. On a CPU
-llama.cpp decodes on every core, so what the screen draws is taken from
-decoding, and re-rendering a growing Markdown reply costs more each time. The
-screen measures its own CPU time and waits long enough after each redraw to
-stay within this share."""
+"""The most of a CPU the screen may spend while a reply streams from a target
+that decodes on this machine's CPU. There llama.cpp decodes on every core, so
+what the screen draws is taken from decoding, and re-laying out a growing
+Markdown reply costs more each time. The screen measures its own CPU time and
+waits long enough after each redraw to stay within this share."""
+
+
+def redraw_share(info: dict) -> float | None:
+    """The screen's share of a CPU for replies of the models `info` describes
+    (Engine.describe()): RENDER_SHARE, or None (RENDER_HZ alone) when every layer
+    of the target is on a local GPU and the CPU the screen uses is not the decode's."""
+    target = info.get("models", {}).get("target", {})
+    on_gpu = (info.get("gpu_offload") is True and bool(target.get("n_layer"))
+              and target.get("n_gpu_layers", 0) >= target["n_layer"] + 1)
+    on_workers = any(row.get("worker") for row in target.get("layers") or [])
+    return None if on_gpu and not on_workers else RENDER_SHARE
+
+
+def redraw_wait(spent: float, share: float | None) -> float:
+    """Seconds until the next redraw after the screen spent `spent` CPU seconds
+    since the last: long enough to keep within `share`, within RENDER_HZ and RENDER_WAIT_MAX."""
+    if share is None:
+        return 1 / RENDER_HZ
+    return min(max(1 / RENDER_HZ, spent / share), RENDER_WAIT_MAX)
 
 
 class ReplyBuffer:
@@ -54,8 +73,9 @@ class RedrawTimer:
     (Textual draws on the app's thread, so that thread's CPU time is what the
     screen costs)."""
 
-    def __init__(self, node: MessagePump, redraw: Callable[[], Awaitable[None]]) -> None:
-        self._node, self._redraw = node, redraw
+    def __init__(self, node: MessagePump, redraw: Callable[[], Awaitable[None]],
+                 share: float | None = RENDER_SHARE) -> None:
+        self._node, self._redraw, self._share = node, redraw, share
         self._cpu = time.thread_time()
         self._timer = node.set_timer(1 / RENDER_HZ, self._tick)
 
@@ -63,8 +83,7 @@ class RedrawTimer:
         await self._redraw()
         cpu = time.thread_time()
         spent, self._cpu = cpu - self._cpu, cpu
-        wait = min(max(1 / RENDER_HZ, spent / RENDER_SHARE), RENDER_WAIT_MAX)
-        self._timer = self._node.set_timer(wait, self._tick)
+        self._timer = self._node.set_timer(redraw_wait(spent, self._share), self._tick)
 
     def stop(self) -> None:
         self._timer.stop()

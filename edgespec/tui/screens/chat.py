@@ -348,7 +348,7 @@ class ChatScreen(Screen):
         self._stop.clear()
         self.generating = True
         pending = ReplyBuffer()
-        redraws = RedrawTimer(self, lambda: self._show_pending(box, pending))
+        redraws = RedrawTimer(self, lambda: self._show_pending(box, pending), self.app.render_share)
         self._reply_worker(make_chunks, box, pending, redraws)
 
     @work(thread=True, exclusive=True, group="reply")
