@@ -273,6 +273,38 @@ def test_a_new_reply_warms_a_draft_model_that_can_pay_and_probes_it_early():
     assert plans[-1].drafter is draft and plans[-1].kind == "probe"
 
 
+def test_a_draft_model_the_last_reply_gained_nothing_from_is_not_warmed_at_a_dear_price():
+    """A session of edits served by prompt lookup: reading each new prompt (the
+    last reply and the new message) into an idle draft model would delay every
+    first token for nothing. It is warmed when the last reply's savings from it
+    would have paid for that, or when warming costs no more than the ledger lends."""
+    costs = Costs(GPU, {"draft": 0.002, "lookup": 0.0}, {"draft": 0.004})
+    draft = FakeDraftModel()
+    p = AutoPolicy(costs, [PromptLookup(), draft], k_max=4, priors={"draft": 0.9, "lookup": 0.5})
+    prompt = list(range(1, 3001))
+    draft.missed = 2000  # the last reply and the new message: 8 s to read
+    p.prefill(prompt)
+    assert draft.prefilled == [len(prompt)]  # the first reply: nothing known yet
+    lookup = p.drafters[0]
+    for _ in range(100):  # a reply served by lookup alone
+        p.observe(CycleReport(Plan(lookup, 8), drafted=8, accepted=8, draft_s=0.0, verify_s=0.026))
+    p.prefill(prompt)
+    assert draft.prefilled == [len(prompt)]  # not again: it gained nothing
+    draft.missed = 2  # a steady chat: little to read
+    p.prefill(prompt)
+    assert draft.prefilled == [len(prompt)] * 2
+    draft.missed = 2000
+    for _ in range(100):  # a reply the draft model served well: it saved ~1.5 s
+        p.observe(CycleReport(Plan(draft, 4), drafted=4, accepted=4, draft_s=0.008, verify_s=0.024))
+    assert p.ledger.saved_by["draft"] > 1.0
+    p.prefill(prompt)
+    assert len(draft.prefilled) == 2  # 8 s to read is still more than it saved
+    for _ in range(600):
+        p.observe(CycleReport(Plan(draft, 4), drafted=4, accepted=4, draft_s=0.008, verify_s=0.024))
+    p.prefill(prompt)
+    assert len(draft.prefilled) == 3
+
+
 def test_a_draft_model_that_cannot_pay_even_when_right_is_left_cold():
     p = policy(CPU, CPU[1], prior=0.9)  # a draft token costs as much as a target token
     p.prefill([1, 2, 3, 4, 5, 6])

@@ -97,6 +97,8 @@ class Ledger:
         """Seconds drafting cycles took less (negative: more) than plain passes would have."""
         self.plain_s = 0.0
         """Seconds plain decoding would have taken for this reply's tokens so far."""
+        self.saved_by: dict[str, float] = {}
+        """`saved`, by drafter."""
 
     @property
     def credit(self) -> float:
@@ -109,8 +111,11 @@ class Ledger:
             self.plain_s += report.verify_s
             return
         tokens = report.accepted + 1
+        saved = tokens * single_s - report.draft_s - report.verify_s
+        name = report.plan.drafter.name
         self.plain_s += tokens * single_s
-        self.saved += tokens * single_s - report.draft_s - report.verify_s
+        self.saved += saved
+        self.saved_by[name] = self.saved_by.get(name, 0.0) + saved
 
 
 class AutoPolicy(Policy):
@@ -177,18 +182,28 @@ class AutoPolicy(Policy):
         so a cold draft model would hardly ever be chosen; and its acceptance
         depends on the prompt (high when the reply copies, lower in free text),
         so what the last reply taught is checked early in this one."""
-        if self.ledger.plain_s > 0:  # a reply went before this one
-            self._reply_s += 0.5 * (self.ledger.plain_s - self._reply_s)
+        last = self.ledger if self.ledger.plain_s > 0 else None  # the reply that went before, if any
+        if last is not None:
+            self._reply_s += 0.5 * (last.plain_s - self._reply_s)
         self.ledger = Ledger(self._reply_s)
         for bucket, acceptance in self.acceptance.items():
             if acceptance.rate < self._prior(bucket):
                 acceptance.forget(self.FORGET_WEIGHT)
         for drafter in self.drafters:
-            if self._could_pay(drafter):
+            if self._could_pay(drafter) and self._worth_warming(drafter, prompt, last):
                 drafter.prefill(prompt)
                 # due for a probe PROBE_FIRST cycles in (the wait between later probes is kept)
                 self._idle[drafter.name] = max(self._idle[drafter.name],
                                                self._probe_wait[drafter.name] - self.PROBE_FIRST)
+
+    def _worth_warming(self, drafter: Drafter, prompt: Sequence[int], last: Ledger | None) -> bool:
+        """Whether reading the prompt into the drafter now is worth delaying the
+        first token for: after a reply whose savings from it would have paid for
+        the reading, or when the reading costs no more than the ledger lends. In a
+        session of edits that prompt lookup serves, an idle draft model would
+        otherwise read each new prompt (the last reply and the new message) for nothing."""
+        cost = self.costs.catch_up(drafter.name, drafter.behind(prompt))
+        return last is None or last.saved_by.get(drafter.name, 0.0) >= cost or cost <= self.ledger.credit
 
     def _could_pay(self, drafter: Drafter) -> bool:
         """Whether the drafter, warm and right OPTIMISTIC of the time, beats plain
