@@ -133,7 +133,6 @@ def generate(
             if held < len(context):
                 yield Chunk("", stats=stats)  # a long prompt: how far reading has got; the consumer may stop here
         stats.prompt_evaluated += 1
-        stats.prompt_cached = len(prompt) - stats.prompt_evaluated
         policy.prefill(prompt)
         decode_start = time.perf_counter()
         steps = speculative_steps(target, list(prompt), params, policy, is_eog, rng)
