@@ -49,7 +49,9 @@ if ! has_build; then
     case " $CMAKE_ARGS " in *" -DGGML_RPC="*) ;; *) CMAKE_ARGS="${CMAKE_ARGS:+$CMAKE_ARGS }-DGGML_RPC=ON" ;; esac
     export CMAKE_ARGS
     echo "Building llama-cpp-python $llama_cpp_version (a few minutes) with CMAKE_ARGS='${CMAKE_ARGS}'"
-    # No wheel cache: a cached build may have been made with other CMAKE_ARGS.
+    # pip keeps an installed build of the same version, so drop it first. No
+    # wheel cache: a cached build may have been made with other CMAKE_ARGS.
+    .venv/bin/python -m pip uninstall -q -y llama-cpp-python 2>/dev/null || true
     .venv/bin/python -m pip install -q --no-cache-dir "llama-cpp-python==$llama_cpp_version"
 fi
 
