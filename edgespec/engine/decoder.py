@@ -54,7 +54,10 @@ def speculative_steps(
         if room < 1:
             yield Step([], [], Plan(None, 0), finish_reason="context")
             return
-        plan = policy.plan(history)
+        # The first token is decoded alone: its pass reads the prompt's last
+        # token, and drafts verified with it would delay the first token that
+        # the user waits for (llama.cpp's loops draft from the second on).
+        plan = policy.plan(history) if produced else first_token_plan()
         k = min(plan.k, room - 1, params.max_tokens - produced - 1)
 
         t0 = time.perf_counter()
@@ -86,6 +89,10 @@ def speculative_steps(
                    len(draft.tokens), n, finish)
         if finish:
             return
+
+
+def first_token_plan() -> Plan:
+    return Plan(None, 0, "plain: the first token is decoded alone")
 
 
 def _propose(plan: Plan, history, k, params, rng) -> Draft:
@@ -124,7 +131,7 @@ def generate(
     stops = StopStrings(params.stop)
     rng = np.random.default_rng(params.seed)
     start = time.perf_counter()
-    context = prompt[:-1]  # the last prompt token is read by the first cycle, with its drafts
+    context = prompt[:-1]  # the last prompt token is read by the first cycle
     stats.prompt_cached = common_prefix_length(target.tokens, context)
     steps = None
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from edgespec.engine.cache import common_prefix_length
+from edgespec.engine.decoder import first_token_plan
 from edgespec.engine.costs import Costs
 from edgespec.engine.policy import CycleReport, Policy
 from edgespec.engine.drafters import Draft, Drafter, PromptLookup, too_unsure
@@ -106,7 +107,7 @@ def replay(policy: Policy, trace: Trace, costs: Costs, draft: ReplayedDraft,
     policy.prefill(trace.prompt)
     history, reply, i, seconds = list(trace.prompt), trace.reply, 0, 0.0
     while i < len(reply):
-        plan = policy.plan(history)
+        plan = policy.plan(history) if i else first_token_plan()  # as the decoder does
         k = min(plan.k, len(reply) - i - 1) if plan.drafter else 0
         proposed = Draft([])
         if k > 0:
@@ -152,4 +153,4 @@ def ceiling(trace: Trace, costs: Costs, k_max: int, lookup: PromptLookup | None 
             options.append(costs.target_pass(k + 1) + costs.draft("draft", k)
                            + best[min(i + min(run, k) + 1, n_reply)])
         best[i] = min(options)
-    return best[0]
+    return costs.target_pass(1) + best[1] if n_reply else 0.0  # the first token alone, as ever
