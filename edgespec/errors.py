@@ -46,4 +46,10 @@ class WorkerUnreachableError(EdgespecError):
 
 
 class WorkerLostError(EdgespecError):
-    """An RPC worker holding some of the target's layers went away while in use."""
+    """An RPC worker holding some of the target's layers went away while in use.
+    `fact` names it and says how; the message adds what the user can do (the
+    server, which reloads by itself, words that part its own way)."""
+
+    def __init__(self, fact: str):
+        super().__init__(f"{fact}. Start it again, then reload the model (the models screen, or run the command again)")
+        self.fact = fact

@@ -293,3 +293,40 @@ async def test_the_app_survives_a_lost_worker_and_reloads_once_it_is_back(smollm
                 assert boxes(app)[3].status in ("done", "stopped") and boxes(app)[3].content
     finally:
         stop(proc)
+
+
+@needs_rpc
+@pytest.mark.slow
+def test_the_server_answers_a_lost_worker_with_503_and_loads_again_once_it_is_back(smollm2):
+    """`edgespec serve` over a worker killed mid-stream: the stream ends with an
+    error naming it, the server keeps running, and once the worker is back the
+    next request loads the model again and is answered."""
+    openai = pytest.importorskip("openai", reason="needs the test extra: pip install 'edgespec[test]'")
+    pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'edgespec[serve]'")
+    from edgespec.server import ServerSettings, create_app
+    from tests.server_helpers import ServerThread, http
+
+    proc, endpoint = start_worker()
+    split = Split((endpoint,))
+    served = ServerThread(create_app(
+        lambda: Engine.load(ModelSettings(smollm2, n_ctx=512, n_threads=1, n_gpu_layers=-1, rpc=split)),
+        ServerSettings(model_id="smollm2")))
+    try:
+        served.wait_ready(60)
+        client = openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        stream = client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=400, stream=True)
+        with pytest.raises(openai.APIError, match=f"lost the RPC worker at {endpoint}"):
+            for i, _ in enumerate(stream):
+                if i == 3:
+                    proc.kill()
+        proc.wait(10)
+        status, body = http("GET", served.url + "/health", key=None)
+        assert status == 503 and body["error"]["code"] == "worker_lost"
+
+        proc, _ = start_worker(endpoint.port)
+        reply = client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=8)
+        assert reply.usage.completion_tokens == 8
+        assert http("GET", served.url + "/health", key=None)[0] == 200
+    finally:
+        served.stop()
+        stop(proc)

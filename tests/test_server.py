@@ -8,8 +8,6 @@ import json
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -21,55 +19,14 @@ from edgespec import cli  # noqa: E402
 from edgespec.chat.template import chat_template  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 from edgespec.engine.runtime import Engine, ModelSettings  # noqa: E402
-from edgespec.errors import ModelFileError  # noqa: E402
-from edgespec.server import ServerSettings, bind, check_exposure, create_app, is_loopback, run, url  # noqa: E402
+from edgespec.errors import ModelFileError, WorkerLostError, WorkerUnreachableError  # noqa: E402
+from edgespec.server import ServerSettings, bind, check_exposure, create_app, is_loopback, run  # noqa: E402
 from tests.fakes import FakeEngine, SlowReader  # noqa: E402
+from tests.server_helpers import KEY, ServerThread, http  # noqa: E402
 
 MODEL = "smollm2"
-KEY = "test-key"
 CTX = 1024
 QUESTION = [{"role": "user", "content": "Name three colours."}]
-
-
-class ServerThread:
-    """uvicorn serving `app` on a free loopback port, in a thread; stopped by `stop()`."""
-
-    def __init__(self, app):
-        import uvicorn
-
-        self.app = app
-        self.sock = bind("127.0.0.1", 0)
-        self.url = url(self.sock)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if http("GET", self.url + "/health")[0] == 200:
-                return
-            time.sleep(0.1)
-        raise TimeoutError("the server did not become ready")
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive(), "the server did not stop"
-
-
-def http(method: str, address: str, body: bytes | None = None, *, key: str | None = KEY,
-         content_type: str = "application/json") -> tuple[int, dict]:
-    """One plain HTTP request (for what the openai client would never send)."""
-    headers = {"Content-Type": content_type} | ({"Authorization": f"Bearer {key}"} if key else {})
-    request = urllib.request.Request(address, data=body, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-    except (ConnectionError, urllib.error.URLError):
-        return 0, {}
 
 
 # -- no model needed ----------------------------------------------------------------------------
@@ -127,6 +84,49 @@ def test_a_model_that_fails_to_load_stops_the_server_with_its_error():
     app = create_app(load, ServerSettings(model_id="x"))
     with pytest.raises(ModelFileError, match="x.gguf"):
         run(app, bind("127.0.0.1", 0))
+
+
+def test_after_a_lost_worker_the_next_request_loads_the_model_again():
+    """A worker lost mid-reply leaves the engine unusable: that request fails
+    with 503 naming the worker, and each later request loads the model again
+    (503 while the worker is still away), so the server needs no restart."""
+    lost = WorkerLostError("lost the RPC worker at 127.0.0.1:50052 (connection closed)")
+    worker_up = threading.Event()
+    engines = []
+
+    class LosingEngine(FakeEngine):
+        def generate(self, prompt_tokens, params):
+            for i, chunk in enumerate(super().generate(prompt_tokens, params)):
+                if i == 2 and len(engines) == 1:
+                    raise lost
+                yield chunk
+
+    def load():
+        if engines and not worker_up.is_set():
+            raise WorkerUnreachableError("cannot reach the RPC worker at 127.0.0.1:50052")
+        engines.append(LosingEngine())
+        return engines[-1]
+
+    served = ServerThread(create_app(load, ServerSettings(model_id="fake")))
+    complete = json.dumps({"prompt": "hi", "max_tokens": 5}).encode()
+    try:
+        served.wait_ready(30)
+        status, body = http("POST", served.url + "/v1/completions", complete)
+        assert status == 503 and body["error"]["code"] == "worker_lost"
+        assert body["error"]["message"] == ("lost the RPC worker at 127.0.0.1:50052 (connection closed). "
+                                            "Start it again: the next request loads the model again.")
+        assert engines[0].closed
+        status, body = http("GET", served.url + "/health")
+        assert status == 503 and body["error"]["code"] == "worker_lost"
+        status, body = http("POST", served.url + "/v1/completions", complete)  # the worker is still away
+        assert status == 503 and "cannot reach the RPC worker" in body["error"]["message"]
+        worker_up.set()
+        status, body = http("POST", served.url + "/v1/completions", complete)
+        assert status == 200 and body["choices"][0]["text"] == "reply"
+        assert len(engines) == 2 and http("GET", served.url + "/health")[0] == 200
+    finally:
+        served.stop()
+    assert engines[1].closed
 
 
 def test_a_client_gone_while_its_long_prompt_is_read_frees_the_engine_between_batches():

@@ -414,8 +414,7 @@ class Guard:
         for endpoint in lost:  # the next load connects to them afresh; the others' connections still work
             _epochs[endpoint] = _epochs.get(endpoint, 0) + 1
         names = ", ".join(str(e) for e in lost)
-        self.lost = (f"lost the RPC worker at {names} ({why}). Start it again, then reload the model "
-                     f"(the models screen, or run the command again)")
+        self.lost = f"lost the RPC worker at {names} ({why})"
         raise WorkerLostError(self.lost)
 
 

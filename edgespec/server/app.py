@@ -26,6 +26,7 @@ from sse_starlette import EventSourceResponse
 
 from edgespec import __version__
 from edgespec.engine.events import GenerationParams
+from edgespec.errors import WorkerLostError
 from edgespec.server.completion import Completer, Delta, Done
 from edgespec.server.errors import ApiError, api_error, install_handlers
 from edgespec.server.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
@@ -68,7 +69,8 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
     """The app. `load` returns a loaded Engine; it is called on the engine's own
     thread once the server is up (GET /health answers 503 until it returns), and
     the app closes the engine when it stops."""
-    worker: EngineWorker[Completer] = EngineWorker(lambda: Completer(load(), template=settings.template))
+    worker: EngineWorker[Completer] = EngineWorker(lambda: Completer(load(), template=settings.template),
+                                                   fatal=(WorkerLostError,))
     started = int(time.time())
 
     @asynccontextmanager
@@ -102,8 +104,11 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health():
-        """200 once the model is loaded and the server takes requests; 503 before."""
+        """200 once the model is loaded and the server takes requests; 503 before,
+        and after an RPC worker was lost until a request has loaded the model again."""
         completer()
+        if worker.lost is not None:
+            raise api_error(worker.lost)
         return {"status": "ok", "queued": worker.queued}
 
     @app.get("/v1/models", response_model=ModelList)

@@ -14,7 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from edgespec.errors import ContextFullError, EdgespecError, TemplateError
+from edgespec.errors import (ContextFullError, EdgespecError, TemplateError, WorkerLostError,
+                             WorkerUnreachableError)
 from edgespec.server.worker import Cancelled
 
 log = logging.getLogger("edgespec.server")
@@ -47,6 +48,11 @@ def api_error(exc: BaseException, *, prompt_param: str = "messages") -> ApiError
         return ApiError(400, str(exc), param="messages")
     if isinstance(exc, ValueError):  # a setting the engine refused (e.g. mode "draft" with no draft model)
         return ApiError(400, str(exc))
+    if isinstance(exc, WorkerLostError):
+        return ApiError(503, f"{exc.fact}. Start it again: the next request loads the model again.",
+                        type="server_error", code="worker_lost")
+    if isinstance(exc, WorkerUnreachableError):  # loading the model again after a lost worker
+        return ApiError(503, f"{exc}.", type="server_error")
     if isinstance(exc, EdgespecError):
         return ApiError(500, str(exc), type="server_error")
     log.error("request failed", exc_info=exc)

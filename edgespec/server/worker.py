@@ -65,10 +65,14 @@ class EngineWorker(Generic[R]):
     """Loads a resource on its own thread, runs jobs on it one at a time, closes it on stop.
 
     `load` returns the resource (anything with `close()`); until it has, the
-    worker is not ready, and if it fails, `error` says why."""
+    worker is not ready, and if it fails, `error` says why. A job that fails
+    with one of `fatal` (the resource can no longer be used, as an engine
+    whose RPC worker went away) closes the resource, and the next job loads it
+    again first; until that works, `lost` says why."""
 
-    def __init__(self, load: Callable[[], R]):
+    def __init__(self, load: Callable[[], R], *, fatal: tuple[type[BaseException], ...] = ()):
         self._load = load
+        self._fatal = fatal
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
         self._loaded = threading.Event()
@@ -76,6 +80,8 @@ class EngineWorker(Generic[R]):
         self._current: Job | None = None
         self.resource: R | None = None
         self.error: BaseException | None = None
+        self.lost: BaseException | None = None
+        """What made the resource unusable; it is loaded again at the next job."""
 
     @property
     def ready(self) -> bool:
@@ -122,10 +128,24 @@ class EngineWorker(Generic[R]):
                 if self._stopping:
                     job.cancel()
                 self._current = job
-                self._execute(job)
+                if self.lost is None or self._reload(job):
+                    self._execute(job)
                 self._current = None
         finally:
-            self.resource.close()
+            if self.lost is None:
+                self.resource.close()
+
+    def _reload(self, job: Job) -> bool:
+        if job.cancelled:
+            job._send("error", Cancelled("the server is shutting down" if self._stopping else "cancelled"))
+            return False
+        try:
+            self.resource = self._load()
+        except Exception as e:  # still unusable (the worker is away): this job is told why, the next tries again
+            job._send("error", e)
+            return False
+        self.lost = None
+        return True
 
     def _execute(self, job: Job) -> None:
         try:
@@ -142,6 +162,9 @@ class EngineWorker(Generic[R]):
         except Cancelled:
             job._send("error", Cancelled("the server is shutting down" if self._stopping else "cancelled"))
         except Exception as e:
+            if isinstance(e, self._fatal):
+                self.lost = e
+                self.resource.close()
             job._send("error", e)
         else:
             job._send("end")
