@@ -74,15 +74,23 @@ def test_acceptance_pattern_follows_the_draft(engines):
     assert far.stats.acceptance_rate < near.stats.acceptance_rate < 1.0
 
 
-def test_the_first_token_is_decoded_alone(engines):
-    """Its pass reads the prompt's last token; drafting there would add verify
-    columns before the first token appears (llama.cpp's loops draft from the
-    second token on too), so the time to the first token is plain decoding's."""
+def test_the_first_token_comes_from_the_prompts_own_pass(engines, monkeypatch):
+    """As in llama.cpp's loops: a pass of its own, or drafts verified with it,
+    would delay the first token. The prompt's last token is read with the rest
+    of the prompt (again on its own when all of it is cached, for its logits),
+    and drafting starts after."""
     engine = engines["same"]
-    cycles = [(len(c.tokens), c.stats.drafted) for c in
-              engine.generate(PROMPTS[2], GenerationParams(mode="draft", k=4, max_tokens=9, p_min=0.0)) if c.tokens]
-    # then 4 drafts and the target's token; then 2 (all max_tokens leaves room for) and its token
-    assert cycles == [(1, 0), (5, 4), (3, 6)]  # (tokens in the cycle, drafted so far)
+    engine.reset()
+    seq, passes = engine.target_seq, []
+    extend = seq.extend
+    monkeypatch.setattr(seq, "extend", lambda tokens, **kw: (passes.append(len(tokens)), extend(tokens, **kw))[1])
+    params = GenerationParams(mode="draft", k=4, max_tokens=9, p_min=0.0)
+    for read in (len(PROMPTS[2]), 1):  # the second time, all of the prompt is cached
+        passes.clear()
+        cycles = [(len(c.tokens), c.stats.drafted) for c in engine.generate(PROMPTS[2], params)]
+        # then 4 drafts and the target's token; then 2 (all max_tokens leaves room for) and its token
+        assert cycles == [(1, 0), (5, 4), (3, 6)]  # (tokens in the cycle, drafted so far)
+        assert passes == [read, 5, 3]
 
 
 def test_cycles_report_the_draft_length_asked_for(engines, monkeypatch):
@@ -99,9 +107,8 @@ def test_cycles_report_the_draft_length_asked_for(engines, monkeypatch):
     monkeypatch.setattr(engine, "policy", lambda params: Recording(engine.draft_model, 4))
     _, _, last = run(engine, PROMPTS[2], mode="draft", k=4, max_tokens=30, p_min=0.6)
     assert last.stats.stop_reason == "max_tokens"
-    assert reports[0].plan.drafter is None and reports[0].asked == 0  # the first token alone
-    produced = 1
-    for r in reports[1:]:
+    produced = 1  # the first token comes from the prompt's pass, not a cycle
+    for r in reports:
         assert r.asked == min(4, 30 - produced - 1)
         assert r.stopped == (r.drafted < r.asked)
         produced += r.accepted + 1
@@ -148,10 +155,10 @@ def test_draft_model_reports_how_far_it_had_to_catch_up(engines):
     assert drafter.propose(history, 4, params, None).caught_up == 2  # the last draft token and the target's
 
 
-def test_the_draft_model_reads_the_prompt_with_the_target(engines, monkeypatch):
-    """As in llama.cpp's loops, so that decoding starts with a warm draft model
-    (its first draft reads only the prompt's last token and the first token, as
-    the target's second pass does)."""
+def test_the_draft_model_reads_the_prompt_before_its_first_draft(engines, monkeypatch):
+    """Once the first token is out, so that drafting starts with a warm draft
+    model (its first draft reads only the first token, as the target's first
+    pass does) and the first token does not wait for it."""
     engine = engines["same"]
     engine.reset()
     caught_up = []
@@ -164,7 +171,7 @@ def test_the_draft_model_reads_the_prompt_with_the_target(engines, monkeypatch):
 
     monkeypatch.setattr(type(engine.draft_model), "propose", spy)
     run(engine, PROMPTS[4], mode="draft", k=4, max_tokens=10)
-    assert len(PROMPTS[4]) > 3 and caught_up[0] == 2
+    assert len(PROMPTS[4]) > 2 and caught_up[0] == 1
 
 
 def test_calibration_measures_costs_and_leaves_the_caches_as_they_were(engines, synth_target):
@@ -213,7 +220,7 @@ def test_kv_truncation_leaves_both_caches_as_if_fed_only_the_accepted_tokens(
         history = list(prompt)
         for chunk in chunks:
             history += chunk.tokens
-            if not all(chunk.from_draft):  # a rejection happened in this cycle
+            if chunk.stats.drafted and not all(chunk.from_draft):  # a cycle (not the first token) had a rejection
                 break
         chunks.close()
         target_seq, draft_seq = engine.target_seq, engine.draft_seq
@@ -282,9 +289,9 @@ def test_max_tokens_and_stop_reasons(engines):
     assert last.stats.stop_reason == "max_tokens"
 
 
-def test_decode_speed_pays_for_every_token_including_the_first(engines, monkeypatch):
-    # Decode speed counts from the first pass, not the first token: measured
-    # from the first token on, the first token's pass would come for free.
+def test_decode_speed_pays_for_every_cycle(engines, monkeypatch):
+    # Decode speed counts from the end of the prompt's pass, not from the first
+    # token: the first cycle's time is in it.
     engine = engines["same"]
     slow_cycle = 0.05
     propose = engine.draft_model.propose
@@ -296,7 +303,7 @@ def test_decode_speed_pays_for_every_token_including_the_first(engines, monkeypa
     monkeypatch.setattr(engine.draft_model, "propose", slow_propose)
     tokens, _, last = run(engine, PROMPTS[1], mode="draft", k=4, max_tokens=5, p_min=0.0)
     stats = last.stats
-    assert stats.target_passes == 2 and len(tokens) == 5  # the first token alone, then one cycle: the draft is the target
+    assert stats.target_passes == 2 and len(tokens) == 5  # the first token (prompt's pass), one cycle: the draft is the target
     assert stats.decode_s >= slow_cycle  # the drafting cycle is in the decode time
     assert stats.tokens_per_s == pytest.approx(len(tokens) / stats.decode_s)
 

@@ -150,7 +150,6 @@ def test_a_draft_with_another_vocabulary_size_drafts_in_auto_mode(models, draft,
             params = GenerationParams(mode="auto", temperature=temperature, max_tokens=12, k=3, p_min=0.0, seed=seed)
             costs = engine.policy(params).costs  # a machine where drafting pays: verifying is free
             costs.target, costs.per_draft_token["draft"] = {1: 1.0, 4: 1.0}, 0.0
-            costs.observe = lambda report: None  # and stays so (the real passes would teach otherwise)
             for chunk in engine.generate(PROMPT, params):
                 used.add(chunk.stats.drafter)
                 assert all(t < n_vocab for t in chunk.tokens)

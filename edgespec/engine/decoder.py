@@ -44,55 +44,69 @@ def speculative_steps(
     is_eog: Callable[[int], bool],
     rng: np.random.Generator,
 ) -> Iterator[Step]:
-    """Extend `history` one cycle at a time. The target's cache holds all of
-    history but its last token, which goes in at the head of the next pass."""
-    if target.tokens != history[:-1]:
-        raise RuntimeError("the target cache must hold the history but its last token")
-    produced = 0
-    while True:
+    """Extend `history` one cycle at a time.
+
+    The target's cache holds all of history, and the last decode left the
+    logits of its last token: the first token is chosen from those, the
+    prompt's own pass (as llama.cpp's loops do: a pass of its own, or drafts
+    verified with it, would delay the first token). Only then do the drafters
+    read the prompt (Policy.prefill), so that the first token does not wait for
+    them either. From then on the cache holds all of history but its last
+    token, which goes in at the head of the next pass."""
+    if target.tokens != history:
+        raise RuntimeError("the target cache must hold the history, its last token's logits at hand")
+    _, token = _choose(Draft([]), [target.logits(-1)], params, rng)
+    new, finish = _ended([token], 0, params, is_eog)
+    history.extend(new)
+    produced = len(new)
+    yield Step(new, [False] * len(new), Plan(None, 0, "plain: the first token comes from the prompt's pass"),
+               finish_reason=finish)
+    if not finish:
+        policy.prefill(history[:-1])
+    while not finish:
         room = target.room - 1  # free positions once the last token is in
         if room < 1:
             yield Step([], [], Plan(None, 0), finish_reason="context")
             return
-        # The first token is decoded alone: its pass reads the prompt's last
-        # token, and drafts verified with it would delay the first token that
-        # the user waits for (llama.cpp's loops draft from the second on).
-        plan = policy.plan(history) if produced else first_token_plan()
+        plan = policy.plan(history)
         k = min(plan.k, room - 1, params.max_tokens - produced - 1)
 
         t0 = time.perf_counter()
         draft = _propose(plan, history, k, params, rng)
         t1 = time.perf_counter()
         target.extend([history[-1], *draft.tokens], all_logits=True)
-        rows = [target.logits(i) for i in range(len(draft.tokens) + 1)]
-        if params.temperature == 0:
-            n, token = accept_greedy(draft.tokens, rows)
-        else:
-            n, token = accept_sampled(draft.tokens, draft.probs, [distribution(r, params) for r in rows], rng)
+        n, token = _choose(draft, [target.logits(i) for i in range(len(draft.tokens) + 1)], params, rng)
         target.truncate(len(history) + n)  # drop the rejected drafts from the target's cache
         t2 = time.perf_counter()
 
-        new = [*draft.tokens[:n], token]
-        finish = None
-        eog = next((i for i, t in enumerate(new) if is_eog(t)), None)
-        if eog is not None:
-            new, finish = new[:eog], "eog"
+        new, finish = _ended([*draft.tokens[:n], token], produced, params, is_eog)
         history.extend(new)
         produced += len(new)
-        if finish is None and produced >= params.max_tokens:
-            finish = "max_tokens"
         if plan.drafter is not None:
             plan.drafter.rewind(history)  # and from the drafter's
         policy.observe(CycleReport(plan, drafted=len(draft.tokens), accepted=n, draft_s=t1 - t0, verify_s=t2 - t1,
                                    caught_up=draft.caught_up, catch_up_s=draft.catch_up_s, asked=max(k, 0)))
         yield Step(new, [True] * min(n, len(new)) + [False] * (len(new) - n), plan,
                    len(draft.tokens), n, finish)
-        if finish:
-            return
 
 
-def first_token_plan() -> Plan:
-    return Plan(None, 0, "plain: the first token is decoded alone")
+def _choose(draft: Draft, rows: list[np.ndarray], params: GenerationParams,
+            rng: np.random.Generator) -> tuple[int, int]:
+    """How many draft tokens the target keeps, and its own next token (`rows`:
+    its logits at each draft position and the one after)."""
+    if params.temperature == 0:
+        return accept_greedy(draft.tokens, rows)
+    return accept_sampled(draft.tokens, draft.probs, [distribution(r, params) for r in rows], rng)
+
+
+def _ended(new: list[int], produced: int, params: GenerationParams,
+           is_eog: Callable[[int], bool]) -> tuple[list[int], str | None]:
+    """The tokens a cycle adds (none from an end-of-generation token on), and why
+    the reply ends there, if it does."""
+    eog = next((i for i, t in enumerate(new) if is_eog(t)), None)
+    if eog is not None:
+        return new[:eog], "eog"
+    return new, "max_tokens" if produced + len(new) >= params.max_tokens else None
 
 
 def _propose(plan: Plan, history, k, params, rng) -> Draft:
@@ -131,16 +145,15 @@ def generate(
     stops = StopStrings(params.stop)
     rng = np.random.default_rng(params.seed)
     start = time.perf_counter()
-    context = prompt[:-1]  # the last prompt token is read by the first cycle
-    stats.prompt_cached = common_prefix_length(target.tokens, context)
+    # The prompt's last token is always read, even when cached: its logits give the first token.
+    stats.prompt_cached = min(common_prefix_length(target.tokens, prompt), len(prompt) - 1)
+    target.truncate(stats.prompt_cached)
     steps = None
     try:
-        for held in target.sync_steps(context):
+        for held in target.sync_steps(prompt):
             stats.prompt_evaluated = held - stats.prompt_cached
-            if held < len(context):
+            if held < len(prompt):
                 yield Chunk("", stats=stats)  # a long prompt: how far reading has got; the consumer may stop here
-        stats.prompt_evaluated += 1
-        policy.prefill(prompt)
         decode_start = time.perf_counter()
         steps = speculative_steps(target, list(prompt), params, policy, is_eog, rng)
         for step in steps:

@@ -128,9 +128,9 @@ class DraftModel(Drafter):
         self.seq.truncate(common_prefix_length(self.seq.tokens, self._readable(history)))
 
     def prefill(self, prompt):
-        # All but the last token, as the target holds it: the first cycle reads that one.
-        if len(prompt) - 1 < self.seq.n_ctx:
-            self.seq.sync(self._readable(prompt[:-1]))
+        # All of it, as the target reads it: the first draft catches up on the first token only.
+        if len(prompt) < self.seq.n_ctx:
+            self.seq.sync(self._readable(prompt))
 
     def behind(self, history):
         return len(history) - common_prefix_length(self.seq.tokens, self._readable(history))

@@ -97,8 +97,9 @@ class Policy(ABC):
         """Learn from a finished cycle (fixed policies ignore it)."""
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        """Let the drafters this policy expects to use read the prompt now, as
-        part of prompt processing (llama.cpp's loops do the same)."""
+        """Let the drafters this policy expects to use read the prompt now,
+        once the first token is out (llama.cpp's loops do it with the prompt,
+        which delays the first token by the reading)."""
 
 
 class FixedPolicy(Policy):

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Sequence
 
 from edgespec.engine.cache import common_prefix_length
-from edgespec.engine.decoder import first_token_plan
 from edgespec.engine.costs import Costs
 from edgespec.engine.policy import CycleReport, Policy
 from edgespec.engine.drafters import Draft, Drafter, PromptLookup, too_unsure
@@ -70,7 +69,7 @@ class ReplayedDraft(Drafter):
         self.trace, self.tokens = trace, []
 
     def prefill(self, prompt):
-        self.tokens = list(prompt[:-1])
+        self.tokens = list(prompt)
 
     def behind(self, history):
         return len(history) - common_prefix_length(self.tokens, history)
@@ -104,10 +103,11 @@ def replay(policy: Policy, trace: Trace, costs: Costs, draft: ReplayedDraft,
     (the prompt's own processing, and the draft's reading of it, not counted)."""
     params = params or GenerationParams()
     draft.start(trace)
+    # The first token comes with the prompt's pass, then the drafters read the prompt, as in the decoder.
+    history, reply, i, seconds = [*trace.prompt, *trace.reply[:1]], trace.reply, 1, 0.0
     policy.prefill(trace.prompt)
-    history, reply, i, seconds = list(trace.prompt), trace.reply, 0, 0.0
     while i < len(reply):
-        plan = policy.plan(history) if i else first_token_plan()  # as the decoder does
+        plan = policy.plan(history)
         k = min(plan.k, len(reply) - i - 1) if plan.drafter else 0
         proposed = Draft([])
         if k > 0:
@@ -131,7 +131,7 @@ def replay(policy: Policy, trace: Trace, costs: Costs, draft: ReplayedDraft,
 
 
 def plain_seconds(trace: Trace, costs: Costs) -> float:
-    return len(trace.reply) * costs.target_pass(1)
+    return max(len(trace.reply) - 1, 0) * costs.target_pass(1)  # the first token comes with the prompt's pass
 
 
 def ceiling(trace: Trace, costs: Costs, k_max: int, lookup: PromptLookup | None = None) -> float:
@@ -153,4 +153,4 @@ def ceiling(trace: Trace, costs: Costs, k_max: int, lookup: PromptLookup | None 
             options.append(costs.target_pass(k + 1) + costs.draft("draft", k)
                            + best[min(i + min(run, k) + 1, n_reply)])
         best[i] = min(options)
-    return costs.target_pass(1) + best[1] if n_reply else 0.0  # the first token alone, as ever
+    return best[1] if n_reply else 0.0  # the first token comes with the prompt's pass
