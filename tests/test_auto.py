@@ -132,6 +132,23 @@ def test_costs_follow_measured_cycles():
     assert costs.draft("draft", 1) == pytest.approx(0.001, rel=1e-3)
 
 
+def test_a_new_reply_prices_passes_from_the_calibration_again():
+    """Pass costs are kept by size, but grow with the context: after long passes
+    measured deep in a long conversation, a short new one must not read them as
+    they were (auto would stay plain, and plain cycles never re-measure them)."""
+    p = policy(CPU, 0.010, prior=0.9)
+    history = [9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8, 7]
+    for _ in range(30):  # a long context: passes over 2 and 5 tokens cost 3.5x and 10x a single one
+        p.observe(CycleReport(Plan(PromptLookup(), 4), drafted=4, accepted=4, draft_s=0.0, verify_s=0.35))
+        p.observe(CycleReport(Plan(PromptLookup(), 1), drafted=1, accepted=1, draft_s=0.0, verify_s=0.12))
+        p.observe(CycleReport(Plan(None, 0), drafted=0, accepted=0, draft_s=0.0, verify_s=0.035))
+    assert p.plan(history).drafter is None  # as measured there, drafting would not pay
+    p.prefill(history)
+    assert p.costs.target == CPU
+    plan = p.plan(history)
+    assert plan.drafter.name == "lookup" and plan.k >= 2
+
+
 def test_a_catch_up_after_idle_cycles_is_measured_apart_from_drafting():
     costs = Costs({1: 0.03, 5: 0.08}, {"draft": 0.01}, {"draft": 0.001})
     d = FakeDraftModel()

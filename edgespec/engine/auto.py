@@ -182,6 +182,7 @@ class AutoPolicy(Policy):
         so a cold draft model would hardly ever be chosen; and its acceptance
         depends on the prompt (high when the reply copies, lower in free text),
         so what the last reply taught is checked early in this one."""
+        self.costs.restart()
         last = self.ledger if self.ledger.plain_s > 0 else None  # the reply that went before, if any
         if last is not None:
             self._reply_s += 0.5 * (last.plain_s - self._reply_s)

@@ -29,9 +29,20 @@ class Costs:
     def __init__(self, target: dict[int, float], per_draft_token: dict[str, float],
                  per_catch_up_token: dict[str, float] | None = None):
         self.target = dict(target)
+        self.calibrated = dict(target)
+        """The pass costs as first given (measured at load, at an empty context)."""
         self.per_draft_token = dict(per_draft_token)
         self.per_catch_up_token = dict(per_catch_up_token or {})
         """Seconds per token a drafter takes to read the history it missed (in a batch)."""
+
+    def restart(self) -> None:
+        """Pass costs back to the calibration's, for a new reply. A pass costs
+        more at a longer context, but the estimates are kept by size only: sizes
+        last measured in a long conversation read dear in a short one, and a
+        size a policy no longer uses is never measured again (after a turn at a
+        6,600-token context auto saw lookup at 0.49x plain on the next short
+        conversation and decoded all of it plain). The first cycles relearn."""
+        self.target = dict(self.calibrated)
 
     def target_pass(self, n: int) -> float:
         """Time of a target pass over n tokens, interpolated between measured sizes."""
