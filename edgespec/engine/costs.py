@@ -38,10 +38,9 @@ class Costs:
     def restart(self) -> None:
         """Pass costs back to the calibration's, for a new reply. A pass costs
         more at a longer context, but the estimates are kept by size only: sizes
-        last measured in a long conversation read dear in a short one, and a
-        size a policy no longer uses is never measured again (after a turn at a
-        6,600-token context auto saw lookup at 0.49x plain on the next short
-        conversation and decoded all of it plain). The first cycles relearn."""
+        last measured in a long conversation would read dear in a short one, and
+        a size a policy stops using is never measured again. The first cycles
+        relearn them."""
         self.target = dict(self.calibrated)
 
     def target_pass(self, n: int) -> float:

@@ -137,7 +137,7 @@ class EngineWorker(Generic[R]):
 
     def _reload(self, job: Job) -> bool:
         if job.cancelled:
-            job._send("error", Cancelled("the server is shutting down" if self._stopping else "cancelled"))
+            job._send("error", self._cancel_error())
             return False
         try:
             self.resource = self._load()
@@ -146,6 +146,9 @@ class EngineWorker(Generic[R]):
             return False
         self.lost = None
         return True
+
+    def _cancel_error(self) -> Cancelled:
+        return Cancelled("the server is shutting down" if self._stopping else "cancelled")
 
     def _execute(self, job: Job) -> None:
         try:
@@ -160,7 +163,7 @@ class EngineWorker(Generic[R]):
             finally:
                 items.close()  # runs the job's cleanup (the engine's cache bookkeeping) now
         except Cancelled:
-            job._send("error", Cancelled("the server is shutting down" if self._stopping else "cancelled"))
+            job._send("error", self._cancel_error())
         except Exception as e:
             if isinstance(e, self._fatal):
                 self.lost = e
