@@ -103,7 +103,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exact", action="store_true",
                    help="batch-invariant kernels for the target: greedy speculation then equals plain greedy decoding "
                         "token for token (slower on some machines; verify batches capped at those measured exact)")
+    g.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto",
+                   help="flash attention (default auto: off where all layers run on the CPU, whose kernel for it "
+                        "is slower deep in a conversation; elsewhere llama.cpp's choice)")
     add_rpc_options(g)
+
+
+FLASH_ATTN = {"auto": None, "on": True, "off": False}
+"""--flash-attn, as ModelSettings.flash_attn takes it."""
 
 
 def add_rpc_options(g) -> None:
@@ -220,6 +227,8 @@ def check_model_options(args: argparse.Namespace) -> None:
     if args.threads is not None and args.threads > cores:
         _note(f"--threads {args.threads}: this machine has {cores} cores; using {cores}")
         args.threads = cores
+    if args.exact and args.flash_attn == "off":
+        raise ValueError("--exact needs flash attention (its Q8_0 KV cache): leave out --flash-attn off")
     if args.n_gpu_layers is None:
         args.n_gpu_layers = -1 if args.rpc else 0  # with workers, every layer goes to them (and local GPUs)
     if ((args.n_gpu_layers and not args.rpc) or args.n_gpu_layers_draft) and not system_info()["gpu_offload"]:
@@ -250,7 +259,8 @@ def engine_from_args(args: argparse.Namespace, *, progress=None):
             args.target, args.draft, pair=args.pair or DEFAULT_PAIR, no_draft=args.no_draft,
             resolve=lambda name: resolve_model(name, progress=progress), pair_models=pair_models,
             n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-            n_gpu_layers_draft=args.n_gpu_layers_draft, exact=args.exact, rpc=split)
+            n_gpu_layers_draft=args.n_gpu_layers_draft, exact=args.exact, rpc=split,
+            flash_attn=FLASH_ATTN[args.flash_attn])
     finally:
         if isinstance(progress, ProgressBars):
             progress.close()  # a failed download leaves its bar drawn, and the terminal usable

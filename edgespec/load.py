@@ -18,11 +18,13 @@ from edgespec.llama.rpc import Split
 def load_engine(target: str | None, draft: str | None = None, *, pair: str | None = None, no_draft: bool = False,
                 resolve: Callable[[str], str | Path], pair_models: Callable[[str], tuple[str, str | None]],
                 n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int = 0,
-                n_gpu_layers_draft: int = 0, exact: bool = False, rpc: Split | None = None) -> Engine:
+                n_gpu_layers_draft: int = 0, exact: bool = False, rpc: Split | None = None,
+                flash_attn: bool | None = None) -> Engine:
     """Load `target` (and `draft`), or else the pair's target and draft (`draft`
     replaces the pair's; `no_draft`: none at all). `resolve` turns a name or path
     into a local file, `pair_models` a pair name into its (target, draft) names.
-    `rpc`: RPC workers for the target's n_gpu_layers (the draft stays local).
+    `rpc`: RPC workers for the target's n_gpu_layers (the draft stays local);
+    `flash_attn`: ModelSettings.flash_attn, for both.
 
     Slow: call it from a worker. Raises ModelFileError (missing model, with how to
     get it), ModelLoadError, IncompatibleDraftError.
@@ -38,7 +40,7 @@ def load_engine(target: str | None, draft: str | None = None, *, pair: str | Non
     draft_path = resolve(draft) if draft else None
     return Engine.load(
         ModelSettings(target_path, n_gpu_layers=n_gpu_layers, exact=exact, n_ctx=n_ctx, n_threads=n_threads,
-                      rpc=rpc),
+                      rpc=rpc, flash_attn=flash_attn),
         ModelSettings(draft_path, n_gpu_layers=n_gpu_layers_draft, n_ctx=n_ctx,
-                      n_threads=n_threads) if draft_path else None,
+                      n_threads=n_threads, flash_attn=flash_attn) if draft_path else None,
     )

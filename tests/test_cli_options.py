@@ -107,3 +107,22 @@ def test_progress_is_drawn_one_line_per_finished_file_off_a_terminal():
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and "download" in lines[0] and "m.gguf" in lines[0] and "2.0/2.0 MB" in lines[0]
     assert "verify" in lines[1] and "100%" in lines[1]
+
+
+
+def test_flash_attention_is_a_model_option_and_exact_kernels_refuse_it_off(capsys, home, monkeypatch):
+    import edgespec.load
+
+    asked = []
+
+    def load_engine(*args, **kw):
+        asked.append(kw["flash_attn"])
+        raise KeyboardInterrupt  # stop here: the models are not the point
+
+    monkeypatch.setattr(edgespec.load, "load_engine", load_engine)
+    for value in ("on", "off", "auto"):
+        with pytest.raises(KeyboardInterrupt):
+            cli.engine_from_args(cli.build_parser().parse_args(["generate", "hi", "--flash-attn", value]))
+    assert asked == [True, False, None]
+    assert cli.main(["generate", "hi", "--exact", "--flash-attn", "off"]) == cli.EXIT_ERROR
+    assert "--exact needs flash attention" in capsys.readouterr().err and len(asked) == 3

@@ -75,3 +75,18 @@ def test_default_kernels_speculate_past_the_exact_cap_and_exact_is_opt_in(smollm
     with Engine.load(ModelSettings(smollm2, n_ctx=512, exact=True)) as exact:
         assert exact.describe()["exact"] is True
         assert 1 <= exact.max_verify_batch() <= PROBE_LIMIT
+
+
+def test_a_model_all_on_the_cpu_runs_without_flash_attention_unless_asked(smollm2):
+    """ggml's CPU flash attention reads the KV cache once per batch token: off by
+    default where every layer is on the CPU (engine/runtime.py, CPU_FLASH_ATTN);
+    asked for, or needed by exact kernels, it is on. Each way the model decodes."""
+    outputs = {}
+    for settings, wanted in ((ModelSettings(smollm2, n_ctx=512), "off"),
+                             (ModelSettings(smollm2, n_ctx=512, flash_attn=True), "on"),
+                             (ModelSettings(smollm2, n_ctx=512, exact=True, flash_attn=False), "on")):
+        with Engine.load(settings) as engine:
+            assert engine.describe()["models"]["target"]["flash_attn"] == wanted
+            outputs[wanted, settings.exact] = generate(engine, chat_tokens(engine, QUESTIONS[1]), mode="plain",
+                                                        max_tokens=24)[0]
+    assert all(len(tokens) >= 8 for tokens in outputs.values()), outputs

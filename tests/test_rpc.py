@@ -155,10 +155,12 @@ def test_target_split_over_two_workers_and_the_cpu_decodes_as_on_one_machine(smo
 def test_the_output_layer_can_stay_here_so_that_logits_do_not_cross_the_network(smollm2):
     proc, endpoint = start_worker()
     try:
-        with Engine.load(ModelSettings(smollm2, n_ctx=512)) as local:
+        # the same attention kernels both ways (by default only an all-CPU model runs without flash attention)
+        with Engine.load(ModelSettings(smollm2, n_ctx=512, flash_attn=True)) as local:
             tokens = local.tokenize(PROMPT, add_bos=True, special=False)
             alone, _ = generate(local, tokens, mode="plain", max_tokens=16)
-        target = ModelSettings(smollm2, n_ctx=512, n_gpu_layers=-1, rpc=Split((endpoint,), local_output=True))
+        target = ModelSettings(smollm2, n_ctx=512, n_gpu_layers=-1, rpc=Split((endpoint,), local_output=True),
+                               flash_attn=True)
         with Engine.load(target) as engine:
             layers = engine.describe()["models"]["target"]["layers"]
             assert [(r["worker"], r["layers"]) for r in layers] == [(str(endpoint), 30), (None, 1)]

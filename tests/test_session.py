@@ -226,11 +226,12 @@ def test_a_model_without_template_needs_a_chosen_format():
 
 @pytest.fixture(scope="module")
 def smol(smollm2):
-    """SmolLM2-135M as target, and as its own draft model."""
+    """SmolLM2-135M as target (exact kernels: speculative greedy is then plain
+    greedy token for token), and as its own draft model."""
     from edgespec.engine.runtime import Engine, ModelSettings
 
     path = smollm2
-    with Engine.load(ModelSettings(path, n_ctx=2048), ModelSettings(path, n_ctx=2048)) as engine:
+    with Engine.load(ModelSettings(path, n_ctx=2048, exact=True), ModelSettings(path, n_ctx=2048)) as engine:
         yield engine
 
 

@@ -45,6 +45,8 @@ class LlamaContext:
         """Most tokens one llama_decode takes: llama.cpp lowers the n_batch asked for
         to the n_ctx asked for, and then may round n_ctx itself up."""
         self.n_vocab = model.n_vocab
+        self.flash_attn = flash_attn
+        """As asked: None when llama.cpp decided."""
         self.decode_s = 0.0
         """Seconds spent inside llama_decode (to tell llama.cpp's time from ours)."""
 

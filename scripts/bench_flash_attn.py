@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Flash attention on or off, on this machine: prompt reading and verify passes
+at several depths of the KV cache, side by side.
+
+Two contexts of the same model, one with llama.cpp's flash attention and one
+without, read the same tokens to each depth; at each depth both time the
+reading that got there and passes of 1..33 tokens (what decoding and verifying
+a draft cost), interleaved, medians. It prints off/on ratios of time: below
+1.00x, off is faster. edgespec turns it off where every layer runs on the CPU
+(engine/runtime.py, CPU_FLASH_ATTN); this is how to check that on a machine.
+
+    .venv/bin/python scripts/bench_flash_attn.py [--target PATH_OR_NAME] [--threads N] [--depths 0,1500,4000,6500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgespec.bench import machine  # noqa: E402
+from edgespec.engine.cache import KVSequence  # noqa: E402
+from edgespec.llama.context import LlamaContext  # noqa: E402
+from edgespec.llama.model import LlamaModel  # noqa: E402
+from edgespec.models.fetch import resolve_model, resolve_pair  # noqa: E402
+
+SIZES = (1, 2, 5, 9, 17, 33)
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", help="model (default: the bundled pair's target)")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--depths", default="0,1500,4000,6500", help="KV cache depths to measure at")
+    parser.add_argument("--rounds", type=int, default=5, help="passes of each size per configuration and depth")
+    args = parser.parse_args()
+    depths = sorted(int(d) for d in args.depths.split(","))
+    path = resolve_model(args.target) if args.target else resolve_pair(None)[0]
+    print(f"{Path(path).name}; {machine()}; threads {args.threads or 'all'}")
+
+    model = LlamaModel(path)
+    rng = random.Random(0)
+    tokens = [rng.randrange(100, min(model.n_vocab, 30000)) for _ in range(depths[-1] + max(SIZES))]
+    n_ctx = depths[-1] + max(SIZES) + 64
+    seqs = {fa: KVSequence(LlamaContext(model, n_ctx=n_ctx, n_threads=args.threads, flash_attn=fa))
+            for fa in (True, False)}
+    print(f"{'depth':>6} {'read (off/on)':>22}  " + "  ".join(f"{f'pass {n}':>20}" for n in SIZES))
+    for depth in depths:
+        read = {fa: timed(lambda: seq.sync(tokens[:depth])) for fa, seq in seqs.items()}
+        passes: dict[bool, dict[int, list[float]]] = {True: {}, False: {}}
+        for n in SIZES:
+            for _ in range(args.rounds):
+                for fa, seq in seqs.items():
+                    passes[fa].setdefault(n, []).append(
+                        timed(lambda: seq.extend(tokens[depth:depth + n], all_logits=True)))
+                    seq.truncate(depth)
+        cells = []
+        for n in SIZES:
+            on, off = (statistics.median(passes[fa][n]) * 1e3 for fa in (True, False))
+            cells.append(f"{off:5.0f}/{on:5.0f} ms {off / on:4.2f}x")
+        grown = read[True] > 0.05
+        read_cell = f"{read[False]:5.1f}/{read[True]:5.1f} s {read[False] / read[True]:4.2f}x" if grown else "-"
+        print(f"{depth:>6} {read_cell:>22}  " + "  ".join(f"{c:>20}" for c in cells), flush=True)
+    for seq in seqs.values():
+        seq.close()
+        seq.ctx.close()
+    model.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
