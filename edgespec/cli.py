@@ -359,7 +359,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     with engine_from_args(args, progress=_stderr_progress()) as engine:
         info = engine.describe()
         print(f"backend {info['backend']}; {bench.machine()}; " + "; ".join(
-            f"{role} {Path(m['path']).name} ({m['n_gpu_layers']}/{m['n_layer'] + 1} layers on GPU)"
+            f"{role} {Path(m['path']).name} ({m['n_gpu_layers']}/{m['n_layer'] + 1} layers on GPU, "
+            f"flash attention {m['flash_attn']})"
             for role, m in info["models"].items()))
         if args.rpc:
             from edgespec.engine.runtime import placement_line

@@ -7,7 +7,7 @@ without, read the same tokens to each depth; at each depth both time the
 reading that got there and passes of 1..33 tokens (what decoding and verifying
 a draft cost), interleaved, medians. It prints off/on ratios of time: below
 1.00x, off is faster. edgespec turns it off where every layer runs on the CPU
-(engine/runtime.py, CPU_FLASH_ATTN); this is how to check that on a machine.
+(engine/runtime.py, cpu_flash_attn); this is how to check that on a machine.
 
     .venv/bin/python scripts/bench_flash_attn.py [--target PATH_OR_NAME] [--threads N] [--depths 0,1500,4000,6500]
 """

@@ -68,15 +68,22 @@ class ModelSettings:
     kernels need it on (their Q8_0 cache) and override an off."""
 
 
-CPU_FLASH_ATTN = False
-"""Flash attention for a model whose layers all run on the CPU: off. ggml's CPU
-kernel for it reads the whole KV cache once per token of a batch, where the
-unfused path multiplies the batch against the cache in one matrix product: deep
-in a conversation, verify passes and prompt reading cost much less without it
+CPU_SCORES_MAX_BYTES = 512 << 20
+"""Flash attention for a model whose layers all run on the CPU: off, while the
+attention scores of one batch over the whole context (what the unfused path
+holds, n_ctx x n_batch x n_head floats) take at most this much memory; beyond,
+llama.cpp's choice (on), which holds none of them. ggml's CPU kernel for flash
+attention reads the whole KV cache once per token of a batch, where the unfused
+path multiplies the batch against the cache in one matrix product: deep in a
+conversation, verify passes and prompt reading cost much less without it
 (2-core AVX-512 EPYC, 1.5B target, 6,600 tokens deep: a 17-token pass 569 ms
 against 994, 2,600 tokens read 29 s against 37; alike at an empty cache).
-llama.cpp's own choice turns it on wherever the backend has it.
 scripts/bench_flash_attn.py measures both on any machine."""
+
+
+def cpu_flash_attn(n_ctx: int, n_batch: int, n_head: int) -> bool | None:
+    """Flash attention for a model all on the CPU (None: llama.cpp's choice); see CPU_SCORES_MAX_BYTES."""
+    return False if n_ctx * n_batch * n_head * 4 <= CPU_SCORES_MAX_BYTES else None
 
 
 def vocab_info(model: LlamaModel) -> VocabInfo:
@@ -128,7 +135,8 @@ class _Loaded:
             on_cpu = self.settings.n_gpu_layers == 0 and self.settings.rpc is None
         else:
             on_cpu = devices == {"CPU"}
-        return CPU_FLASH_ATTN if on_cpu else None
+        s = self.settings
+        return cpu_flash_attn(s.n_ctx, s.n_batch, self.model.n_head()) if on_cpu else None
 
     def close(self) -> None:
         self.seq.close()

@@ -111,6 +111,9 @@ class LlamaModel:
     def n_layer(self) -> int:
         return llama_cpp.llama_model_n_layer(self.ptr)
 
+    def n_head(self) -> int:
+        return llama_cpp.llama_model_n_head(self.ptr)
+
     def n_params(self) -> int:
         return llama_cpp.llama_model_n_params(self.ptr)
 
