@@ -128,14 +128,14 @@ class _Loaded:
             return LlamaContext(self.model, kv_type="f16", flash_attn=True, **common)
 
     def _flash_attn(self) -> bool | None:
-        if self.settings.flash_attn is not None:
-            return self.settings.flash_attn
+        s = self.settings
+        if s.flash_attn is not None:
+            return s.flash_attn
         devices = set(self.model.layer_devices.values())
         if not devices:  # llama.cpp did not say where the layers went: by what was asked
-            on_cpu = self.settings.n_gpu_layers == 0 and self.settings.rpc is None
+            on_cpu = s.n_gpu_layers == 0 and s.rpc is None
         else:
             on_cpu = devices == {"CPU"}
-        s = self.settings
         return cpu_flash_attn(s.n_ctx, s.n_batch, self.model.n_head()) if on_cpu else None
 
     def close(self) -> None:
