@@ -106,7 +106,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto",
                    help="flash attention (default auto: off where all layers run on the CPU, whose kernel for it "
                         "is slower deep in a conversation, unless the context is so long that the attention "
-                        "scores would take over 512 MiB; elsewhere llama.cpp's choice)")
+                        "scores it does without would take too much memory; elsewhere llama.cpp's choice)")
     add_rpc_options(g)
 
 
