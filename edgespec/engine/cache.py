@@ -1,14 +1,17 @@
-"""KVSequence: a context's KV cache and the tokens it holds, always in step.
+"""KVSequence: one sequence of a context's KV cache and the tokens it holds, always in step.
 
 Every change to the cache goes through here: `extend` (llama_decode) and
 `truncate` (llama_memory_seq_rm). `sync` is prefix reuse: keep the longest
 common prefix with the wanted tokens and evaluate only the rest, which is how
 a chat turn, a regenerated reply and the draft model's catch-up all work.
+A sequence that shares its context with others (engine/slots.py) asks them to
+make room before a decode, and before a read looks for a snapshot that holds
+more of the wanted tokens than it does.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -24,11 +27,29 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return next(i for i in range(n) if a[i] != b[i])
 
 
-class KVSequence:
-    """Sequence 0 of a LlamaContext, with the list of tokens its cache holds."""
+RECALL_MIN = 32
+"""Fewer unread tokens than this are read, not looked for in snapshots: a draft
+model's catch-up each cycle is one or two tokens, and a snapshot is worth
+restoring only when it spares a real read."""
 
-    def __init__(self, ctx: LlamaContext):
+
+class Neighbours(Protocol):
+    """The other sequences of a context (engine/slots.py's SequencePool)."""
+
+    def make_room(self, n: int, seq: "KVSequence") -> bool:
+        """Free cells for n more tokens of `seq` (others' go to snapshots); False if none could be freed."""
+
+    def recall(self, seq: "KVSequence", tokens: Sequence[int]) -> str | None:
+        """Before `seq` reads `tokens`: restore a snapshot that holds more of them; where it came from."""
+
+
+class KVSequence:
+    """One sequence of a LlamaContext, with the list of tokens its cache holds."""
+
+    def __init__(self, ctx: LlamaContext, seq_id: int = 0, *, pool: Neighbours | None = None):
         self.ctx = ctx
+        self.seq_id = seq_id
+        self.pool = pool
         self.tokens: list[int] = []
         self.n_ctx = ctx.n_ctx()
         self.evaluated = 0
@@ -44,7 +65,7 @@ class KVSequence:
     def truncate(self, n: int) -> None:
         """Keep the first n tokens; remove the rest from the KV cache."""
         if n < len(self.tokens):
-            self.ctx.memory_seq_rm(n)
+            self.ctx.memory_seq_rm(self.seq_id, n)
             del self.tokens[n:]
             if self._logits_at >= n:
                 self._logits_at = -1
@@ -63,16 +84,43 @@ class KVSequence:
         try:
             for i in range(0, len(tokens), self._batch.capacity):
                 chunk = tokens[i : i + self._batch.capacity]
-                self._batch.set(chunk, len(self.tokens), all_logits=all_logits)
-                self.ctx.decode(self._batch)
+                self._batch.set(chunk, len(self.tokens), all_logits=all_logits, seq_id=self.seq_id)
+                self._decode(len(chunk))
                 self.tokens.extend(chunk)
                 self.evaluated += len(chunk)
         except BaseException:
             # A failed or interrupted decode may leave part of a batch in the cache.
-            self.ctx.memory_seq_rm(len(self.tokens))
+            self.ctx.memory_seq_rm(self.seq_id, len(self.tokens))
             self._logits_at = -1
             raise
         self._logits_at = len(self.tokens) - 1
+
+    def _decode(self, n: int) -> None:
+        """Decode the batch of n tokens; with neighbours, free their cells first
+        (and again if llama.cpp still finds no room, until none is left to free)."""
+        if self.pool is None:
+            self.ctx.decode(self._batch)
+            return
+        self.pool.make_room(n, self)
+        while True:
+            try:
+                self.ctx.decode(self._batch)
+                return
+            except ContextFullError:
+                if not self.pool.make_room(self.n_ctx, self):
+                    raise
+
+    def recall(self, tokens: Sequence[int]) -> str | None:
+        """Before reading `tokens`: if a snapshot holds more of them than this
+        sequence does, restore it ("ram" or "disk": where it came from)."""
+        if self.pool is None or len(tokens) - common_prefix_length(self.tokens, tokens) < RECALL_MIN:
+            return None
+        return self.pool.recall(self, tokens)
+
+    def restored(self, tokens: Sequence[int]) -> None:
+        """The cache now holds `tokens` (a snapshot was loaded into it)."""
+        self.tokens = list(tokens)
+        self._logits_at = -1
 
     def logits(self, i: int) -> np.ndarray:
         """Logits of the i-th output of the last extend (a view, valid until the next decode)."""
@@ -90,6 +138,7 @@ class KVSequence:
         """`sync`, one batch at a time, yielding after each how many of `tokens`
         the cache holds: reading a long prompt can be stopped between batches
         (the cache then holds a prefix of it, which the next sync reuses)."""
+        self.recall(tokens)
         self.truncate(common_prefix_length(self.tokens, tokens))
         step = self._batch.capacity
         while len(self.tokens) < len(tokens):
@@ -107,8 +156,8 @@ class KVSequence:
         return self.logits(-1)
 
     def reset(self) -> None:
-        """Empty the cache (the next sync evaluates everything)."""
-        self.ctx.memory_clear()
+        """Empty this sequence (the next sync evaluates everything)."""
+        self.ctx.memory_seq_rm(self.seq_id, 0)
         self.tokens.clear()
         self._logits_at = -1
 

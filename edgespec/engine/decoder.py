@@ -145,8 +145,10 @@ def generate(
     stops = StopStrings(params.stop)
     rng = np.random.default_rng(params.seed)
     start = time.perf_counter()
+    restored = target.recall(prompt)
     # The prompt's last token is always read, even when cached: its logits give the first token.
     stats.prompt_cached = min(common_prefix_length(target.tokens, prompt), len(prompt) - 1)
+    stats.prompt_cache = restored or ("sequence" if stats.prompt_cached else "")
     target.truncate(stats.prompt_cached)
     steps = None
     try:

@@ -51,6 +51,9 @@ class Stats:
     """Prompt tokens the target actually evaluated (so far, while it reads the prompt)."""
     prompt_cached: int = 0
     """Prompt tokens its KV cache already held (reused, not evaluated)."""
+    prompt_cache: str = ""
+    """Where those came from: "sequence" (held in the KV cache), "ram" or "disk" (a
+    snapshot of the conversation, restored), or "" (none)."""
     generated_tokens: int = 0
     drafted: int = 0
     accepted: int = 0

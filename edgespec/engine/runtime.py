@@ -7,8 +7,11 @@ network: paths in, chunks out.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+
+import llama_cpp
 from typing import Iterator, Sequence
 
 from edgespec.engine import decoder
@@ -20,12 +23,16 @@ from edgespec.engine.policy import FixedPolicy, Policy
 from edgespec.engine.drafters import DraftModel, PromptLookup
 from edgespec.engine.events import MODES, Chunk, GenerationParams
 from edgespec.engine.exact import largest_exact_batch
+from edgespec.engine.slots import SequencePool
+from edgespec.engine.snapshots import SnapshotCache, cache_key, file_identity
 from edgespec.errors import ModelLoadError
 from edgespec.llama import system_info
 from edgespec.llama.context import LlamaContext
 from edgespec.llama.model import LlamaModel
 from edgespec.llama.rpc import Split
 
+
+log = logging.getLogger("edgespec.cache")
 
 FAST_MAX_BATCH = 17
 """Without exact kernels: the longest verify pass (prompt lookup may draft 16)."""
@@ -96,26 +103,59 @@ def vocab_info(model: LlamaModel) -> VocabInfo:
     )
 
 
-class _Loaded:
-    """One model with its context and KV sequence."""
+@dataclass
+class CacheSettings:
+    """How many conversations the KV caches hold at once, and what is kept of
+    those they let go (snapshots, engine/snapshots.py). One for the engine."""
 
-    def __init__(self, settings: ModelSettings):
+    slots: int = 4
+    """Sequences in each model's context (llama-server's default parallel slots):
+    conversations held at once, switched between with no reading at all."""
+    ram_mib: int = 2048
+    """Host memory for snapshots of conversations evicted from the KV caches; 0: none."""
+    disk: Path | None = None
+    """Folder for snapshots kept between runs (the app and `chat` use one); None: none."""
+    disk_mib: int = 4096
+
+    def snapshot_cache(self) -> SnapshotCache:
+        return SnapshotCache(ram_bytes=self.ram_mib << 20, disk=self.disk, disk_bytes=self.disk_mib << 20)
+
+
+class _Loaded:
+    """One model with its context and the KV sequences in it."""
+
+    def __init__(self, settings: ModelSettings, *, slots: int = 1, cache: SnapshotCache | None = None):
         self.settings = settings
         self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers, split=settings.rpc)
         try:
-            self.ctx = self._context()
+            self.ctx = self._context(slots)
+            self.pool = SequencePool(self.ctx, key=self._cache_key(), cache=cache)
         except BaseException:
+            if getattr(self, "ctx", None) is not None:
+                self.ctx.close()
             self.model.close()
             raise
-        self.seq = KVSequence(self.ctx)
+
+    @property
+    def seq(self) -> KVSequence:
+        """The sequence in use."""
+        return self.pool.current
 
     @property
     def exact(self) -> bool:
         return self.settings.exact
 
-    def _context(self) -> LlamaContext:
+    def _cache_key(self) -> str:
+        """What a KV snapshot of this model must have been made with to be used here:
+        the same file and everything that changes what its cache holds."""
+        s, c = self.settings, self.ctx
+        return cache_key(model=file_identity(s.path), kv=c.kv_type, flash_attn=c.flash_attn, exact=s.exact,
+                         n_batch=c.n_batch, n_gpu_layers=s.n_gpu_layers, rpc=str(s.rpc) if s.rpc else None,
+                         llama_cpp=llama_cpp.__version__)
+
+    def _context(self, slots: int) -> LlamaContext:
         s = self.settings
-        common = dict(n_ctx=s.n_ctx, n_batch=s.n_batch, n_threads=s.n_threads)
+        common = dict(n_ctx=s.n_ctx, n_batch=s.n_batch, n_threads=s.n_threads, n_seq_max=slots)
         if not self.exact:
             return LlamaContext(self.model, flash_attn=self._flash_attn(), **common)
         # A Q8_0 cache keeps llama.cpp's single-token attention from splitting
@@ -139,7 +179,7 @@ class _Loaded:
         return cpu_flash_attn(s.n_ctx, s.n_batch, self.model.n_head()) if on_cpu else None
 
     def close(self) -> None:
-        self.seq.close()
+        self.pool.close()
         self.ctx.close()
         self.model.close()
 
@@ -168,9 +208,10 @@ def placement_line(info: dict) -> str:
 class Engine:
     """Generates with the target, speculating with a draft model or prompt lookup."""
 
-    def __init__(self, target: _Loaded, draft: _Loaded | None):
+    def __init__(self, target: _Loaded, draft: _Loaded | None, cache: SnapshotCache | None = None):
         self._target = target
         self._draft = draft
+        self._cache = cache
         self.lookup = PromptLookup()
         self.draft_model = (DraftModel(draft.seq, is_eog=draft.model.is_eog, n_vocab=target.model.n_vocab)
                             if draft else None)
@@ -179,13 +220,17 @@ class Engine:
         self._probe_timings: dict[int, float] = {}
 
     @classmethod
-    def load(cls, target: ModelSettings, draft: ModelSettings | None = None) -> "Engine":
-        """Load the models; raises ModelFileError, ModelLoadError or IncompatibleDraftError."""
-        t = _Loaded(target)
+    def load(cls, target: ModelSettings, draft: ModelSettings | None = None, *,
+             cache: CacheSettings | None = None) -> "Engine":
+        """Load the models; raises ModelFileError, ModelLoadError or IncompatibleDraftError.
+        `cache`: conversations held at once and snapshots (default: one, none)."""
+        slots = cache.slots if cache else 1
+        snapshots = cache.snapshot_cache() if cache else None
+        t = _Loaded(target, slots=slots, cache=snapshots)
         d = None
         try:
             if draft is not None:
-                d = _Loaded(draft)
+                d = _Loaded(draft, slots=slots, cache=snapshots)
                 ensure_compatible(vocab_info(t.model), vocab_info(d.model),
                                   target_name=Path(target.path).name, draft_name=Path(draft.path).name)
         except BaseException:
@@ -193,7 +238,7 @@ class Engine:
                 d.close()
             t.close()
             raise
-        return cls(t, d)
+        return cls(t, d, snapshots)
 
     # -- the model, for chat formatting ----------------------------------
     @property
@@ -285,19 +330,28 @@ class Engine:
         return self._auto
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
-        """Stream a completion; reuses both KV caches up to the longest common prefix."""
+        """Stream a completion in the sequence that holds most of the prompt (the
+        same conversation), reusing what it holds, or restoring a snapshot that
+        holds more; both models use the same sequence number."""
         model = self._target.model
+        policy = self.policy(params)
+        slot = self._target.pool.choose(prompt_tokens)
+        if self._draft:
+            self.draft_model.seq = self._draft.pool.use(slot)
         return decoder.generate(
-            self._target.seq, prompt_tokens, params, self.policy(params),
+            self._target.seq, prompt_tokens, params, policy,
             is_eog=model.is_eog,
             piece=lambda t: model.token_to_piece(t, special=False),
         )
 
     def reset(self) -> None:
-        """Forget both KV caches (the next generate evaluates its whole prompt)."""
-        self._target.seq.reset()
+        """Forget both KV caches and the snapshots in RAM (the next generate
+        evaluates its whole prompt, unless the disk cache holds it)."""
+        self._target.pool.reset()
         if self._draft:
-            self._draft.seq.reset()
+            self._draft.pool.reset()
+        if self._cache is not None:
+            self._cache.clear()
 
     # -- lifetime ---------------------------------------------------------
     def describe(self) -> dict:
@@ -328,8 +382,19 @@ class Engine:
             },
         }
 
+    def save(self) -> None:
+        """Write the conversations the caches hold to the disk cache, if there is one."""
+        for m in (self._target, self._draft):
+            if m is not None and not (m.model.guard and m.model.guard.lost):
+                m.pool.save()
+
     def close(self) -> None:
-        """Free the models (a target whose RPC worker was lost is abandoned: see LlamaModel.close)."""
+        """Save what the caches hold (see save), then free the models (a target
+        whose RPC worker was lost is abandoned: see LlamaModel.close)."""
+        try:
+            self.save()
+        except Exception as e:  # keeping the reading for next time must never stop a close
+            log.warning("could not save the KV caches: %s", e)
         if self._draft:
             self._draft.close()
             self._draft = None

@@ -8,7 +8,7 @@ import llama_cpp
 
 
 class LlamaBatch:
-    """A reusable batch of up to `capacity` tokens of sequence 0."""
+    """A reusable batch of up to `capacity` tokens of one sequence."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
@@ -18,8 +18,9 @@ class LlamaBatch:
     def struct(self) -> llama_cpp.llama_batch:
         return self._batch
 
-    def set(self, tokens: Sequence[int], start_pos: int, *, all_logits: bool) -> None:
-        """Fill with `tokens` at positions start_pos...; logits for every token, or the last only."""
+    def set(self, tokens: Sequence[int], start_pos: int, *, all_logits: bool, seq_id: int = 0) -> None:
+        """Fill with `tokens` of sequence `seq_id` at positions start_pos...; logits for
+        every token, or the last only."""
         n = len(tokens)
         if not 0 < n <= self.capacity:
             raise ValueError(f"batch holds 1..{self.capacity} tokens, got {n}")
@@ -29,7 +30,7 @@ class LlamaBatch:
             b.token[i] = token
             b.pos[i] = start_pos + i
             b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
+            b.seq_id[i][0] = seq_id
             b.logits[i] = all_logits
         b.logits[n - 1] = True
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 
@@ -15,13 +16,15 @@ from edgespec.llama.model import LlamaModel
 
 
 class LlamaContext:
-    """llama_init_from_model ... llama_free. Sequence 0 only."""
+    """llama_init_from_model ... llama_free. Holds up to n_seq_max sequences in one
+    unified KV cache: every sequence may use all n_ctx cells, together at most n_ctx."""
 
     KV_TYPES = {"f16": 1, "q8_0": 8}
     """ggml types for the KV cache (llama.cpp's --cache-type-k/-v)."""
 
     def __init__(self, model: LlamaModel, *, n_ctx: int = 4096, n_batch: int = 512,
-                 n_threads: int | None = None, kv_type: str = "f16", flash_attn: bool | None = None):
+                 n_threads: int | None = None, kv_type: str = "f16", flash_attn: bool | None = None,
+                 n_seq_max: int = 1):
         """flash_attn None lets llama.cpp decide; a quantized KV cache needs it on."""
         self.model = model
         threads = n_threads or os.cpu_count() or 1
@@ -29,7 +32,8 @@ class LlamaContext:
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
-        params.n_seq_max = 1
+        params.n_seq_max = n_seq_max
+        params.kv_unified = True
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
@@ -47,8 +51,12 @@ class LlamaContext:
         self.n_vocab = model.n_vocab
         self.flash_attn = flash_attn
         """As asked: None when llama.cpp decided."""
+        self.kv_type = kv_type
+        self.n_seq_max = n_seq_max
         self.decode_s = 0.0
         """Seconds spent inside llama_decode (to tell llama.cpp's time from ours)."""
+        self.decoded = 0
+        """Tokens decoded, in every sequence (a counter for stats and tests)."""
 
     def n_ctx(self) -> int:
         return llama_cpp.llama_n_ctx(self._ctx)
@@ -58,6 +66,7 @@ class LlamaContext:
         start = time.perf_counter()
         rc = self.model.call(self._decode, batch.struct)
         self.decode_s += time.perf_counter() - start
+        self.decoded += batch.struct.n_tokens
         if rc == 1:
             raise ContextFullError(f"no room in the {self.n_ctx()}-token context for {batch.struct.n_tokens} more tokens")
         if rc != 0:
@@ -76,13 +85,29 @@ class LlamaContext:
             raise IndexError(f"no logits for output {i} of the last batch")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
-    def memory_seq_rm(self, p0: int, p1: int = -1) -> None:
-        """Remove positions [p0, p1) of sequence 0 from the KV cache (p1 < 0: to the end)."""
-        if not self.model.call(llama_cpp.llama_memory_seq_rm, self._memory, 0, p0, p1):
+    def memory_seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:
+        """Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end)."""
+        if not self.model.call(llama_cpp.llama_memory_seq_rm, self._memory, seq_id, p0, p1):
             raise RuntimeError(f"llama.cpp could not remove KV positions {p0}..{p1} (a non-trimmable cache?)")
 
     def memory_clear(self) -> None:
         self.model.call(llama_cpp.llama_memory_clear, self._memory, True)
+
+    def state_seq_get_data(self, seq_id: int) -> bytes:
+        """A sequence's KV state (its cells and their keys and values), as bytes."""
+        size = self.model.call(llama_cpp.llama_state_seq_get_size, self._ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        n = self.model.call(llama_cpp.llama_state_seq_get_data, self._ctx, buf, size, seq_id)
+        return bytes(memoryview(buf)[:n])
+
+    def state_seq_set_data(self, seq_id: int, data: bytes) -> bool:
+        """Load a state from state_seq_get_data into an empty sequence; False when
+        llama.cpp refuses it (no room, or not a state of this model and cache)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        n = self.model.call(llama_cpp.llama_state_seq_set_data, self._ctx, buf, len(data), seq_id)
+        if n == 0:
+            self.memory_seq_rm(seq_id, 0)  # a failed load may leave part of it
+        return n != 0
 
     def close(self) -> None:
         """llama_free; a context whose worker was lost is abandoned (see LlamaModel.close)."""

@@ -1,0 +1,277 @@
+"""Snapshots of KV sequences: what one model's cache held after reading some
+tokens, kept so that those tokens are never read again.
+
+A snapshot is the bytes of `llama_state_seq_get_data` with the tokens they
+hold and the key of the model and cache settings they were made with. The
+cache keeps them in RAM, least recently used out past a budget, and on disk
+(between runs), least recently used out past a disk budget. A snapshot is only
+used for the same key and for a prompt that starts with (part of) its tokens;
+a file that is short, corrupt or for another key is an ordinary read and a
+line in the log, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+log = logging.getLogger("edgespec.cache")
+
+MAGIC = b"ESKVSNP1"
+"""The first bytes of a snapshot file (the format's version is its last digit)."""
+_HEADER = struct.Struct("<8sI")  # magic, length of the JSON header that follows
+
+
+def prefix_length(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens two arrays share."""
+    n = min(a.size, b.size)
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
+
+
+def file_identity(path: str | Path) -> str:
+    """Which model file this is, by content rather than name: its size, its
+    modification time and the hash of its first and last 8 MiB (a GGUF's header
+    and tensor index are at the front, and any two quantizations differ there)."""
+    path = Path(path)
+    st = path.stat()
+    h = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    span = 8 << 20
+    with open(path, "rb") as f:
+        h.update(f.read(span))
+        if st.st_size > 2 * span:
+            f.seek(st.st_size - span)
+            h.update(f.read(span))
+    return h.hexdigest()
+
+
+def cache_key(**settings) -> str:
+    """The key of snapshots made with these settings (the model's identity and
+    everything about its context that changes what its cache holds)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+@dataclass(eq=False)
+class Snapshot:
+    key: str
+    tokens: np.ndarray
+    """The tokens the state holds (int32), in order from position 0."""
+    data: bytes
+    on_disk: bool = field(default=False)
+    """Written to disk already (a snapshot is never changed, so it need not be again)."""
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + self.tokens.nbytes
+
+
+@dataclass
+class Found:
+    snapshot: Snapshot
+    shared: int
+    """Tokens it shares with the prompt it was found for."""
+    source: str
+    """"ram" or "disk"."""
+
+
+class SnapshotCache:
+    """Snapshots in RAM (within `ram_bytes`) and, if `disk` is a folder, on disk
+    (within `disk_bytes`). Shared by every model of an engine: the key tells
+    their snapshots apart."""
+
+    def __init__(self, *, ram_bytes: int, disk: str | Path | None = None, disk_bytes: int = 0):
+        self.ram_bytes = max(0, int(ram_bytes))
+        self.disk = Path(disk) if disk is not None and disk_bytes > 0 else None
+        self.disk_bytes = max(0, int(disk_bytes))
+        self._ram: OrderedDict[int, Snapshot] = OrderedDict()  # least recently used first
+        self._index: dict[Path, tuple[str, np.ndarray, int]] = {}
+        """Files seen on disk: key, tokens and size, read from their headers once."""
+
+    # -- RAM --------------------------------------------------------------------------
+    @property
+    def ram_used(self) -> int:
+        return sum(s.nbytes for s in self._ram.values())
+
+    def snapshots(self) -> list[Snapshot]:
+        """What RAM holds, least recently used first."""
+        return list(self._ram.values())
+
+    def keep(self, snapshot: Snapshot) -> bool:
+        """Hold `snapshot` in RAM (a snapshot that another one extends is not kept
+        twice); the least recently used go past the budget. False when it does not
+        fit at all."""
+        if snapshot.nbytes > self.ram_bytes:
+            return False
+        for sid, other in list(self._ram.items()):
+            if other.key != snapshot.key:
+                continue
+            shared = prefix_length(other.tokens, snapshot.tokens)
+            if shared == snapshot.tokens.size:  # holds no more than `other`
+                self._ram.move_to_end(sid)
+                return True
+            if shared == other.tokens.size:  # `other` is a prefix of it
+                del self._ram[sid]
+        self._ram[id(snapshot)] = snapshot
+        used = self.ram_used
+        while used > self.ram_bytes:
+            _, out = self._ram.popitem(last=False)
+            used -= out.nbytes
+        return True
+
+    def clear(self) -> None:
+        """Forget the RAM snapshots (disk ones stay)."""
+        self._ram.clear()
+
+    # -- finding ------------------------------------------------------------------------
+    def find(self, key: str, tokens: Sequence[int], *, more_than: int) -> Found | None:
+        """The snapshot for `key` that shares the longest prefix with `tokens`, if
+        it shares more than `more_than` of them: from RAM, else from disk (loaded,
+        checked and then held in RAM too)."""
+        want = np.asarray(tokens, dtype=np.int32)
+        best: Found | None = None
+        for sid, snap in self._ram.items():
+            if snap.key == key:
+                n = prefix_length(snap.tokens, want)
+                if n > more_than and (best is None or n > best.shared):
+                    best = Found(snap, n, "ram")
+        if best is not None:
+            self._ram.move_to_end(id(best.snapshot))
+        floor = best.shared if best else more_than
+        for path, n in self._disk_candidates(key, want, more_than=floor):
+            snap = self._read(path, key)
+            if snap is not None:
+                self.keep(snap)
+                return Found(snap, n, "disk")
+        return best
+
+    # -- disk -----------------------------------------------------------------------------
+    def save(self, snapshot: Snapshot) -> bool:
+        """Write `snapshot` to disk (atomically: a file is whole or absent), then
+        drop the least recently used files past the budget. False, with a line in
+        the log, when there is no disk cache or the write failed (a full disk
+        loses the snapshot, nothing else)."""
+        if self.disk is None or snapshot.nbytes > self.disk_bytes:
+            return False
+        if snapshot.on_disk:
+            return True
+        folder = self.disk / snapshot.key
+        path = folder / (hashlib.sha256(snapshot.tokens.tobytes()).hexdigest()[:32] + ".kv")
+        header = json.dumps({"key": snapshot.key, "n_tokens": int(snapshot.tokens.size),
+                             "data_bytes": len(snapshot.data), "crc32": zlib.crc32(snapshot.data)}).encode()
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(_HEADER.pack(MAGIC, len(header)))
+                f.write(header)
+                f.write(snapshot.tokens.astype("<i4").tobytes())
+                f.write(snapshot.data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("could not write a KV snapshot to %s (%s); the conversation is kept, only "
+                        "its cached reading is lost", folder, e.strerror or e)
+            tmp.unlink(missing_ok=True)
+            return False
+        snapshot.on_disk = True
+        self._index[path] = (snapshot.key, snapshot.tokens, path.stat().st_size)
+        self._trim_disk()
+        return True
+
+    def _files(self) -> list[Path]:
+        if self.disk is None or not self.disk.is_dir():
+            return []
+        return [p for p in self.disk.glob("*/*.kv") if p.is_file()]
+
+    def _disk_candidates(self, key: str, want: np.ndarray, *, more_than: int) -> list[tuple[Path, int]]:
+        """Files for `key` sharing more than `more_than` tokens with `want`, best first."""
+        if self.disk is None:
+            return []
+        folder = self.disk / key
+        found = []
+        for path in folder.glob("*.kv") if folder.is_dir() else []:
+            entry = self._index.get(path)
+            if entry is None:
+                entry = self._read_header(path)
+                if entry is None:
+                    continue
+                self._index[path] = entry
+            if entry[0] == key:
+                n = prefix_length(entry[1], want)
+                if n > more_than:
+                    found.append((path, n))
+        return sorted(found, key=lambda f: -f[1])
+
+    def _read_header(self, path: Path) -> tuple[str, np.ndarray, int] | None:
+        try:
+            with open(path, "rb") as f:
+                magic, n = _HEADER.unpack(f.read(_HEADER.size))
+                if magic != MAGIC or n > 4096:
+                    raise ValueError("not an edgespec KV snapshot")
+                header = json.loads(f.read(n))
+                count = int(header["n_tokens"])
+                tokens = np.frombuffer(f.read(4 * count), dtype="<i4").astype(np.int32)
+                size = os.fstat(f.fileno()).st_size
+            if tokens.size != count or size != _HEADER.size + n + 4 * count + int(header["data_bytes"]):
+                raise ValueError("truncated")
+            return str(header["key"]), tokens, size
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
+            self._discard(path, e)
+            return None
+
+    def _read(self, path: Path, key: str) -> Snapshot | None:
+        """The snapshot in `path`, checked whole (size, key, checksum), or None."""
+        try:
+            with open(path, "rb") as f:
+                _, n = _HEADER.unpack(f.read(_HEADER.size))
+                header = json.loads(f.read(n))
+                count, size = int(header["n_tokens"]), int(header["data_bytes"])
+                tokens = np.frombuffer(f.read(4 * count), dtype="<i4").astype(np.int32)
+                data = f.read(size + 1)
+            if header["key"] != key or tokens.size != count or len(data) != size:
+                raise ValueError("truncated or not for this model")
+            if zlib.crc32(data) != header["crc32"]:
+                raise ValueError("checksum mismatch")
+            os.utime(path)  # recently used: last out of the disk budget
+            return Snapshot(key, tokens, data, on_disk=True)
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
+            self._discard(path, e)
+            return None
+
+    def _discard(self, path: Path, why: BaseException) -> None:
+        log.warning("ignoring KV snapshot %s (%s): the prompt is read instead", path.name, why)
+        self._index.pop(path, None)
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+    def _trim_disk(self) -> None:
+        files = []
+        for p in self._files():
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            files.append((st.st_mtime, st.st_size, p))
+        total = sum(size for _, size, _ in files)
+        for _, size, p in sorted(files):
+            if total <= self.disk_bytes:
+                break
+            try:
+                p.unlink()
+            except OSError:
+                continue
+            self._index.pop(p, None)
+            total -= size
