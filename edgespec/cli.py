@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     app = parser.add_argument_group("chat app (no command)")
     _add_model_names(app)
     add_rpc_options(app)
+    add_cache_options(app)
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_generate(sub)
     _add_bench(sub)
@@ -82,7 +83,7 @@ def _cmd_app(args: argparse.Namespace) -> int:
     """The chat app; a missing or broken model is shown there (with how to get it), not raised."""
     from edgespec.tui import run_app
 
-    run_app(pair=args.pair, target=args.target, draft=args.draft, rpc=_rpc_text(args))
+    run_app(pair=args.pair, target=args.target, draft=args.draft, rpc=_rpc_text(args), cache=cache_from_args(args))
     return 0
 
 
@@ -108,6 +109,45 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "is slower deep in a conversation, unless the context is so long that the attention "
                         "scores it does without would take too much memory; elsewhere llama.cpp's choice)")
     add_rpc_options(g)
+    add_cache_options(g)
+
+
+def add_cache_options(g) -> None:
+    """--parallel, --cache-ram, --cache-disk: conversations held in the KV caches and their snapshots."""
+    from edgespec.engine.runtime import CacheSettings
+
+    default = CacheSettings()
+    g.add_argument("--parallel", type=_positive, default=default.slots, metavar="N",
+                   help=f"conversations held in the KV caches at once (default {default.slots}); coming back to "
+                        "one reads only its new tokens")
+    g.add_argument("--cache-ram", type=_non_negative, default=default.ram_mib, metavar="MiB",
+                   help=f"host memory for the caches of conversations let go (default {default.ram_mib}; 0: none)")
+    g.add_argument("--cache-disk", type=_non_negative, default=default.disk_mib, metavar="MiB",
+                   help=f"disk space for them between runs, in edgespec's cache folder (default {default.disk_mib}; "
+                        "0: none)")
+
+
+def cache_from_args(args: argparse.Namespace):
+    from edgespec.load import kv_cache
+
+    return kv_cache(parallel=args.parallel, ram_mib=args.cache_ram, disk_mib=args.cache_disk)
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 0, got {text!r}")
+    return value
 
 
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
@@ -261,7 +301,7 @@ def engine_from_args(args: argparse.Namespace, *, progress=None):
             resolve=lambda name: resolve_model(name, progress=progress), pair_models=pair_models,
             n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
             n_gpu_layers_draft=args.n_gpu_layers_draft, exact=args.exact, rpc=split,
-            flash_attn=FLASH_ATTN[args.flash_attn])
+            flash_attn=FLASH_ATTN[args.flash_attn], cache=cache_from_args(args))
     finally:
         if isinstance(progress, ProgressBars):
             progress.close()  # a failed download leaves its bar drawn, and the terminal usable
@@ -335,6 +375,7 @@ def _add_bench(sub) -> None:
                        description="Runs a prompt suite in several modes, interleaved, and prints tokens/s, "
                                    "acceptance and the speedup over plain decoding; writes JSON and a PNG chart.")
     add_model_options(p)
+    p.set_defaults(cache_disk=0)  # a benchmark keeps nothing for a later run
     p.add_argument("--prompts", metavar="FILE", help="a prompt suite YAML (default: the shipped one)")
     p.add_argument("--category", action="append", help="only these categories (repeatable)")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES),

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from edgespec.engine.runtime import Engine, ModelSettings
+from edgespec.config import dirs
+from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings
 from edgespec.errors import ModelFileError
 from edgespec.llama.rpc import Split
 
@@ -19,12 +20,13 @@ def load_engine(target: str | None, draft: str | None = None, *, pair: str | Non
                 resolve: Callable[[str], str | Path], pair_models: Callable[[str], tuple[str, str | None]],
                 n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int = 0,
                 n_gpu_layers_draft: int = 0, exact: bool = False, rpc: Split | None = None,
-                flash_attn: bool | None = None) -> Engine:
+                flash_attn: bool | None = None, cache: CacheSettings | None = None) -> Engine:
     """Load `target` (and `draft`), or else the pair's target and draft (`draft`
     replaces the pair's; `no_draft`: none at all). `resolve` turns a name or path
     into a local file, `pair_models` a pair name into its (target, draft) names.
     `rpc`: RPC workers for the target's n_gpu_layers (the draft stays local);
-    `flash_attn`: ModelSettings.flash_attn, for both.
+    `flash_attn`: ModelSettings.flash_attn, for both; `cache`: conversations held at
+    once and their snapshots (`kv_cache()`; None: one, and none kept).
 
     Slow: call it from a worker. Raises ModelFileError (missing model, with how to
     get it), ModelLoadError, IncompatibleDraftError.
@@ -43,4 +45,14 @@ def load_engine(target: str | None, draft: str | None = None, *, pair: str | Non
                       rpc=rpc, flash_attn=flash_attn),
         ModelSettings(draft_path, n_gpu_layers=n_gpu_layers_draft, n_ctx=n_ctx,
                       n_threads=n_threads, flash_attn=flash_attn) if draft_path else None,
+        cache=cache,
     )
+
+
+def kv_cache(*, parallel: int | None = None, ram_mib: int | None = None, disk_mib: int | None = None) -> CacheSettings:
+    """What every face keeps of the conversations it reads: CacheSettings' defaults
+    for what is not given, and disk snapshots under edgespec's cache folder (0 MiB: none)."""
+    default = CacheSettings()
+    disk_mib = default.disk_mib if disk_mib is None else disk_mib
+    return CacheSettings(slots=parallel or default.slots, ram_mib=default.ram_mib if ram_mib is None else ram_mib,
+                         disk=dirs().cache / "kv" if disk_mib > 0 else None, disk_mib=disk_mib)

@@ -294,14 +294,20 @@ def test_a_draft_model_the_last_reply_gained_nothing_from_is_not_warmed_at_a_dea
     """A session of edits served by prompt lookup: reading each new prompt (the
     last reply and the new message) into an idle draft model would delay every
     first token for nothing. It is warmed when the last reply's savings from it
-    would have paid for that, or when warming costs no more than the ledger lends."""
+    would have paid for that, or when warming costs no more than the ledger lends
+    or than the draft model is expected to save in a reply of the usual length."""
     costs = Costs(GPU, {"draft": 0.002, "lookup": 0.0}, {"draft": 0.004})
     draft = FakeDraftModel()
     p = AutoPolicy(costs, [PromptLookup(), draft], k_max=4, priors={"draft": 0.9, "lookup": 0.5})
     prompt = list(range(1, 3001))
-    draft.missed = 2000  # the last reply and the new message: 8 s to read
+    draft.missed = 2000  # 8 s to read: more than a reply of the usual length could save
     p.prefill(prompt)
-    assert draft.prefilled == [len(prompt)]  # the first reply: nothing known yet
+    assert draft.prefilled == []
+    draft.missed = 200  # 0.8 s: what a warm draft model right 90% of the time saves on this GPU
+    assert p._expected_saving(draft) > costs.catch_up("draft", 200)
+    p.prefill(prompt)
+    assert draft.prefilled == [len(prompt)]  # the first reply: warmed on what it is expected to save
+    draft.missed = 2000
     lookup = p.drafters[0]
     for _ in range(100):  # a reply served by lookup alone
         p.observe(CycleReport(Plan(lookup, 8), drafted=8, accepted=8, draft_s=0.0, verify_s=0.026))

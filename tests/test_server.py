@@ -319,3 +319,34 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(served, client):
 
     ok = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)
     assert ok.choices[0].message.content
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slots, source", [(2, "sequence"), (1, "ram")])
+def test_coming_back_to_a_conversation_reads_only_its_new_message(smollm2, slots, source):
+    """A, B, then A with one more turn: A's tokens come from its own sequence of the
+    KV cache (two held at once), or from its snapshot in RAM (one held, B evicted it)."""
+    from edgespec.engine.runtime import CacheSettings
+
+    settings = ServerSettings(model_id=MODEL, api_key=KEY)
+    server = ServerThread(create_app(lambda: Engine.load(
+        ModelSettings(smollm2, n_ctx=2048), cache=CacheSettings(slots=slots, ram_mib=64)), settings))
+    try:
+        server.wait_ready()
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        notes = {name: " ".join(f"Note {i} on {name}: it matters for reason {i}." for i in range(40))
+                 for name in ("apples", "rivers")}
+        chats = {name: [{"role": "user", "content": f"{text}\nSummarise the notes on {name}."}]
+                 for name, text in notes.items()}
+        for name in ("apples", "rivers"):
+            reply = client.chat.completions.create(model=MODEL, messages=chats[name], max_tokens=8)
+            chats[name].append({"role": "assistant", "content": reply.choices[0].message.content})
+            assert reply.model_extra["timings"]["cache_n"] < 32  # nothing of it was held before
+        chats["apples"].append({"role": "user", "content": "Shorter, please."})
+        again = client.chat.completions.create(model=MODEL, messages=chats["apples"], max_tokens=8)
+        timings = again.model_extra["timings"]
+        assert timings["cache_from"] == source
+        assert timings["prompt_n"] < 20 and timings["cache_n"] > 400  # the new message only
+        assert timings["prompt_n"] + timings["cache_n"] == again.usage.prompt_tokens
+    finally:
+        server.stop()

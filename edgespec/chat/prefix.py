@@ -15,28 +15,37 @@ from typing import Sequence
 from edgespec.engine.protocol import ChatEngine
 
 
+REMEMBERED = 16
+"""Conversations whose last prompt and reply are remembered (the engine's caches
+hold several, and snapshots of more)."""
+
+
 class PrefixTokenizer:
-    """Tokenizes prompts for one engine, remembering the previous prompt and reply."""
+    """Tokenizes prompts for one engine, remembering the latest prompts and replies."""
 
     def __init__(self, engine: ChatEngine):
         self.engine = engine
-        self._cached: tuple[str, list[int]] | None = None
-        """Text and tokens of the previous prompt and reply, as the engine's caches hold them."""
+        self._cached: list[tuple[str, list[int]]] = []
+        """Text and tokens of recent prompts with their replies, as the engine's caches
+        hold them; the most recent last."""
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
         """The tokens of `text` (special texts parsed); `add_bos` applies only
         when nothing cached is reused."""
-        if self._cached and text.startswith(self._cached[0]):
-            cached_text, cached_tokens = self._cached
+        found = max((c for c in self._cached if text.startswith(c[0])), key=lambda c: len(c[0]), default=None)
+        if found:
+            cached_text, cached_tokens = found
             return cached_tokens + self.engine.tokenize(text[len(cached_text):], add_bos=False, special=True)
         return self.engine.tokenize(text, add_bos=add_bos, special=True)
 
     def remember(self, prompt_text: str, prompt_tokens: Sequence[int], reply_text: str,
                  reply_tokens: Sequence[int]) -> None:
-        """Keep the prompt and reply tokens for the next prompt, if they spell the reply
-        exactly (the end-of-generation token that closed it is not part of the text)."""
-        self._cached = None
+        """Keep the prompt and reply tokens for a later prompt, if they spell the reply
+        exactly (the end-of-generation token that closed it is not part of the text).
+        What they extend is forgotten: the longer one serves both."""
         for n in (len(reply_tokens), len(reply_tokens) - 1):
             if n >= 0 and self.engine.detokenize(reply_tokens[:n]) == reply_text:
-                self._cached = (prompt_text + reply_text, [*prompt_tokens, *reply_tokens[:n]])
+                text = prompt_text + reply_text
+                self._cached = [c for c in self._cached if not text.startswith(c[0])][-(REMEMBERED - 1):]
+                self._cached.append((text, [*prompt_tokens, *reply_tokens[:n]]))
                 return

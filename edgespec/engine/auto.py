@@ -198,13 +198,25 @@ class AutoPolicy(Policy):
                                                self._probe_wait[drafter.name] - self.PROBE_FIRST)
 
     def _worth_warming(self, drafter: Drafter, prompt: Sequence[int], last: Ledger | None) -> bool:
-        """Whether reading the prompt into the drafter now is worth delaying the
-        first token for: after a reply whose savings from it would have paid for
-        the reading, or when the reading costs no more than the ledger lends. In a
+        """Whether reading the prompt into the drafter now is worth its time: after a
+        reply whose savings from it would have paid for the reading, or when the
+        reading costs no more than the ledger lends or than the drafter is expected
+        to save in this reply. In a
         session of edits that prompt lookup serves, an idle draft model would
         otherwise read each new prompt (the last reply and the new message) for nothing."""
         cost = self.costs.catch_up(drafter.name, drafter.behind(prompt))
-        return last is None or last.saved_by.get(drafter.name, 0.0) >= cost or cost <= self.ledger.credit
+        if last is not None and last.saved_by.get(drafter.name, 0.0) >= cost:
+            return True
+        return cost <= max(self.ledger.credit, self._expected_saving(drafter))
+
+    def _expected_saving(self, drafter: Drafter) -> float:
+        """Seconds a warm drafter is expected to save over a reply of the usual
+        length at its acceptance so far: what warming it for a first reply may cost
+        (on a GPU the reading is cheap and the saving large; on a compute-bound CPU
+        it saves nothing, and a short reply must not wait for the reading)."""
+        plain = 1.0 / self.costs.target_pass(1)
+        rate = self._best_rate(drafter, self._acceptance(Bucket(drafter.name)))
+        return self._reply_s * max(0.0, 1.0 - plain / rate)
 
     def _could_pay(self, drafter: Drafter) -> bool:
         """Whether the drafter, warm and right OPTIMISTIC of the time, beats plain

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from edgespec.engine.drafters import Drafter
 
@@ -100,6 +100,25 @@ class Policy(ABC):
         """Let the drafters this policy expects to use read the prompt now,
         once the first token is out (llama.cpp's loops do it with the prompt,
         which delays the first token by the reading)."""
+
+
+class Deferred(Policy):
+    """A policy made only once the first token is out (at its prefill), so that what
+    making it measures (auto mode's calibration) does not delay the first token."""
+
+    def __init__(self, make: Callable[[], Policy]):
+        self._make = make
+        self._policy: Policy | None = None
+
+    def prefill(self, prompt):
+        self._policy = self._make()
+        self._policy.prefill(prompt)
+
+    def plan(self, history):
+        return self._policy.plan(history)  # the decoder always prefills first
+
+    def observe(self, report):
+        self._policy.observe(report)
 
 
 class FixedPolicy(Policy):

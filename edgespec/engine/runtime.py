@@ -19,7 +19,7 @@ from edgespec.engine.cache import KVSequence
 from edgespec.engine.compat import VocabInfo, ensure_compatible
 from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.costs import calibrate
-from edgespec.engine.policy import FixedPolicy, Policy
+from edgespec.engine.policy import Deferred, FixedPolicy, Policy
 from edgespec.engine.drafters import DraftModel, PromptLookup
 from edgespec.engine.events import MODES, Chunk, GenerationParams
 from edgespec.engine.exact import largest_exact_batch
@@ -321,12 +321,17 @@ class Engine:
     def auto_policy(self, params: GenerationParams, k_cap: int) -> Policy:
         """One AutoPolicy per engine: costs and acceptance carry over between replies."""
         k_max = min(params.k, k_cap)
+        if self._auto is None:  # made after the first reply's first token: calibrating takes a second or two
+            return Deferred(lambda: self._make_auto(k_max, k_cap))
+        self._auto.k_max = k_max
+        return self._auto
+
+    def _make_auto(self, k_max: int, k_cap: int) -> AutoPolicy:
         if self._auto is None:
             costs = calibrate(self._target.seq, self._draft.seq if self._draft else None, k_max,
                               measured=self._probe_timings)
             drafters = [self.lookup] + ([self.draft_model] if self.draft_model else [])
             self._auto = AutoPolicy(costs, drafters, k_max=k_max, lookup_k_max=k_cap, priors=ACCEPTANCE_PRIORS)
-        self._auto.k_max = k_max
         return self._auto
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:

@@ -184,7 +184,7 @@ def _usage(stats: dict) -> Usage:
 
 def _timings(s: dict) -> Timings:
     return Timings(
-        prompt_n=s["prompt_evaluated"], cache_n=s["prompt_cached"],
+        prompt_n=s["prompt_evaluated"], cache_n=s["prompt_cached"], cache_from=s["prompt_cache"],
         predicted_n=s["generated_tokens"], predicted_ms=s["decode_s"] * 1000,
         predicted_per_second=s["tokens_per_s"], draft_n=s["drafted"], draft_n_accepted=s["accepted"],
         ttft_ms=s["ttft_s"] * 1000 if s["ttft_s"] is not None else None, mode=s["mode"], drafter=s["drafter"],

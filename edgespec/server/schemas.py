@@ -200,6 +200,9 @@ class Timings(BaseModel):
     prompt_n: int
     """Prompt tokens evaluated; the rest (cache_n) came from the KV cache."""
     cache_n: int
+    cache_from: str
+    """Where the cache_n tokens came from: "sequence" (held in the KV cache), "ram"
+    or "disk" (a snapshot of the conversation, restored), or "" (none)."""
     predicted_n: int
     predicted_ms: float
     predicted_per_second: float

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 
 def run_app(*, pair: str | None = None, target: str | None = None, draft: str | None = None,
-            template: str | None = None, rpc: str | None = None) -> None:
+            template: str | None = None, rpc: str | None = None, cache=None) -> None:
     """Open the chat app on a registry pair (default: the bundled one) or on model files / names.
-    `rpc`: RPC workers for the target, instead of the settings' ('HOST:PORT[,...]')."""
+    `rpc`: RPC workers for the target, instead of the settings' ('HOST:PORT[,...]');
+    `cache`: the engine's CacheSettings (default: edgespec.load.kv_cache())."""
     from edgespec.tui.app import EdgespecApp
     from edgespec.tui.library import ModelChoice
 
@@ -16,4 +17,4 @@ def run_app(*, pair: str | None = None, target: str | None = None, draft: str | 
         from edgespec.models.registry import DEFAULT_PAIR
 
         choice = ModelChoice(pair=pair or DEFAULT_PAIR, draft=draft)
-    EdgespecApp(choice, template=template, rpc=rpc).run()
+    EdgespecApp(choice, template=template, rpc=rpc, cache=cache).run()

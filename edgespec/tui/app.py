@@ -95,7 +95,7 @@ class EdgespecApp(App):
                  library: Library | Callable[[], Library] | None = None,
                  defaults: ChatSettings | None = None, defaults_path: str | Path | None = None,
                  export_dir: str | Path | None = None, template: str | None = None,
-                 rpc: str | None = None) -> None:
+                 rpc: str | None = None, cache=None) -> None:
         super().__init__()
         self.choice = choice or ModelChoice()
         self._store = store
@@ -109,6 +109,8 @@ class EdgespecApp(App):
         """A built-in chat format's name (or Jinja source) instead of the GGUF's own."""
         self.rpc = rpc
         """RPC workers given on the command line: they replace the settings' for this run."""
+        self.cache = cache
+        """The engine's CacheSettings (conversations held at once, snapshots); None: the defaults."""
         self.engine: ChatEngine | None = None
         self.model_label = self.choice.label
         """Which models are loaded (or being loaded), and once loaded where they run."""
@@ -195,7 +197,7 @@ class EdgespecApp(App):
     def _load_installed(self, choice: ModelChoice, settings: ChatSettings, *,
                         progress: ProgressCallback) -> ChatEngine:
         """The models of the library, installed ones only (slow: the load worker calls it)."""
-        return load_choice(choice, settings, library=self.library, progress=progress)
+        return load_choice(choice, settings, library=self.library, progress=progress, cache=self.cache)
 
     @work(thread=True, exclusive=True, group="load")
     def _load_worker(self, choice: ModelChoice, settings: ChatSettings) -> None:

@@ -136,13 +136,14 @@ class RegistryLibrary:
 
 
 def load_choice(choice: ModelChoice, settings, *, library: Library | None = None,
-                progress: ProgressCallback | None = None):
+                progress: ProgressCallback | None = None, cache=None):
     """Load the chosen models, installed ones only, with the settings' hardware
     options (see edgespec.load.load_engine; slow: call from a worker). `progress`
     hears of the files assembled, made or verified on the way (the first start of
-    a bundled pair assembles and checks its files)."""
+    a bundled pair assembles and checks its files). `cache`: the engine's
+    CacheSettings (default: edgespec.load.kv_cache(), snapshots kept on disk)."""
     from edgespec.llama.rpc import Split, parse_endpoints
-    from edgespec.load import load_engine
+    from edgespec.load import kv_cache, load_engine
     from edgespec.models.fetch import is_path_like
 
     def path_of(name: str) -> str:
@@ -157,4 +158,4 @@ def load_choice(choice: ModelChoice, settings, *, library: Library | None = None
     return load_engine(choice.target, choice.draft, pair=choice.pair, resolve=path_of, pair_models=pair_models,
                        n_threads=settings.threads or None, exact=settings.exact, rpc=split,
                        n_gpu_layers=settings.gpu_layers_target or (-1 if split else 0),  # workers: all by default
-                       n_gpu_layers_draft=settings.gpu_layers_draft)
+                       n_gpu_layers_draft=settings.gpu_layers_draft, cache=cache or kv_cache())
