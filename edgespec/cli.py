@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="show versions and llama.cpp's backend, then exit")
     app = parser.add_argument_group("chat app (no command)")
     _add_model_names(app)
+    _add_no_draft(app)
     add_rpc_options(app)
     add_cache_options(app)
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
@@ -83,7 +84,8 @@ def _cmd_app(args: argparse.Namespace) -> int:
     """The chat app; a missing or broken model is shown there (with how to get it), not raised."""
     from edgespec.tui import run_app
 
-    run_app(pair=args.pair, target=args.target, draft=args.draft, rpc=_rpc_text(args), cache=cache_from_args(args))
+    run_app(pair=args.pair, target=args.target, draft=args.draft, no_draft=args.no_draft, rpc=_rpc_text(args),
+            cache=cache_from_args(args))
     return 0
 
 
@@ -93,7 +95,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     """--target/--draft/--pair and how to run them (GPU layers, threads, context)."""
     g = p.add_argument_group("models")
     _add_model_names(g)
-    g.add_argument("--no-draft", action="store_true", help="load no draft model (plain or lookup only)")
+    _add_no_draft(g)
     g.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
                    help="target layers on the GPU, or with --rpc on the workers and GPUs (-1: all; "
                         "default 0, with --rpc all)")
@@ -204,6 +206,10 @@ def _add_model_names(g) -> None:
     g.add_argument("--pair", metavar="NAME", help="a target + draft pair from the registry (default: the bundled pair)")
     g.add_argument("--target", metavar="PATH_OR_NAME", help=f"target model: {MODEL_NAMES}")
     g.add_argument("--draft", metavar="PATH_OR_NAME", help=f"draft model: {MODEL_NAMES}")
+
+
+def _add_no_draft(g) -> None:
+    g.add_argument("--no-draft", action="store_true", help="load no draft model (plain or lookup only)")
 
 
 def _context_size(text: str) -> int:
@@ -785,6 +791,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
         data = json.loads(Path(args.file).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise StoreError(f"cannot read {args.file}: {e}") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise StoreError(f"cannot read {args.file}: its JSON is nested too deeply to be an edgespec export") from None
     print(f"imported as conversation {_open_store().import_json(data)}")
     return 0
 

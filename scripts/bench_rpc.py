@@ -303,7 +303,7 @@ def main() -> int:
                                  ) as engine:
                     info = engine.describe()
                     print(f"\n== {delay:g} ms round trip; target {placement_line(info)}", flush=True)
-                    engine.policy(GenerationParams(mode="auto", k=args.k))  # auto calibrates once, before the clock
+                    engine.auto(GenerationParams(mode="auto", k=args.k))  # auto calibrates once, before the clock
                     template = chat_template(engine)
                     texts = [template.render([{"role": "user", "content": p.prompt}]) for p in prompts]
                     rows = []

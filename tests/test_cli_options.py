@@ -126,3 +126,41 @@ def test_flash_attention_is_a_model_option_and_exact_kernels_refuse_it_off(capsy
     assert asked == [True, False, None]
     assert cli.main(["generate", "hi", "--exact", "--flash-attn", "off"]) == cli.EXIT_ERROR
     assert "--exact needs flash attention" in capsys.readouterr().err and len(asked) == 3
+
+
+def test_the_app_takes_no_draft_and_the_cache_options_as_the_commands_do(monkeypatch):
+    """`edgespec --no-draft` (the app) loads no draft model, as `generate`, `chat` and
+    `serve` do; the cache options reach the app's engine too."""
+    import edgespec.tui as tui
+
+    seen = {}
+    monkeypatch.setattr(tui, "run_app", lambda **kw: seen.update(kw))
+    assert cli.main(["--no-draft", "--parallel", "2", "--cache-ram", "0", "--cache-disk", "0"]) == 0
+    assert seen["no_draft"] is True
+    assert (seen["cache"].slots, seen["cache"].ram_mib, seen["cache"].disk) == (2, 0, None)
+    assert cli.main([]) == 0 and seen["no_draft"] is False and seen["cache"].disk is not None
+
+
+def test_a_choice_without_a_draft_loads_none_even_from_a_pair():
+    from edgespec.tui.library import ModelChoice, load_choice
+    from edgespec.tui.settings import ChatSettings
+
+    loaded = {}
+
+    class Library:
+        def resolve(self, name, progress=None):
+            return f"/models/{name}.gguf"
+
+        def pair(self, name):
+            return "target", "draft"
+
+    import edgespec.load as load
+
+    def fake_load(target, draft=None, **kw):
+        loaded.update(target=target, draft=draft, no_draft=kw["no_draft"])
+        return "engine"
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(load, "load_engine", fake_load)
+        load_choice(ModelChoice(pair="p", no_draft=True), ChatSettings(), library=Library())
+    assert loaded["no_draft"] is True

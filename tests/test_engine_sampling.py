@@ -148,7 +148,7 @@ def test_a_draft_with_another_vocabulary_size_drafts_in_auto_mode(models, draft,
         used = set()
         for seed in range(20):
             params = GenerationParams(mode="auto", temperature=temperature, max_tokens=12, k=3, p_min=0.0, seed=seed)
-            costs = engine.policy(params).costs  # a machine where drafting pays: verifying is free
+            costs = engine.auto(params).costs  # a machine where drafting pays: verifying is free
             costs.target, costs.per_draft_token["draft"] = {1: 1.0, 4: 1.0}, 0.0
             for chunk in engine.generate(PROMPT, params):
                 used.add(chunk.stats.drafter)

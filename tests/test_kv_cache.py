@@ -227,3 +227,39 @@ def test_the_disk_budget_keeps_the_most_recently_used(tmp_path):
     assert fresh.find("k", snaps[0].tokens.tolist(), more_than=0) is None
     found = fresh.find("k", snaps[2].tokens.tolist() + [7], more_than=0)
     assert found.source == "disk" and found.snapshot.data == snaps[2].data and found.shared == 10
+
+
+async def test_the_app_switches_between_two_chats_without_reading_them_again(smollm2, tmp_path):
+    from edgespec.chat.store import ConversationStore
+    from edgespec.tui.settings import ChatSettings
+    from edgespec.tui.widgets.sidebar import ConversationList
+    from tests.app_helpers import boxes, make_app, send, wait_for
+
+    engines = []
+
+    def load(choice, settings, progress=None):
+        engines.append(Engine.load(ModelSettings(smollm2, n_ctx=2048), cache=CacheSettings(slots=2, ram_mib=0)))
+        return engines[-1]
+
+    with ConversationStore(tmp_path / "chats.db") as store:
+        app = make_app(store, load=load, defaults=ChatSettings(mode="plain", max_tokens=8))
+        async with app.run_test(size=(110, 36)) as pilot:
+            await wait_for(pilot, lambda: app.model_state == "ready", timeout=60)
+            ids = []
+            for topic in TOPICS[:2]:
+                await pilot.press("ctrl+n")
+                await wait_for(pilot, lambda: boxes(app) == [] and app.chat.conversation_id is None)
+                await pilot.pause()
+                await send(pilot, " ".join(f"Point {i} about {topic} is worth a sentence." for i in range(40)), key=False)
+                await wait_for(pilot, lambda: len(boxes(app)) == 2 and not app.chat.generating, timeout=60)
+                ids.append(app.chat.conversation_id)
+            decoded = engines[0].target_seq.ctx.decoded
+            app.query_one(ConversationList).post_message(ConversationList.Selected(ids[0]))
+            await wait_for(pilot, lambda: app.chat.conversation_id == ids[0] and len(boxes(app)) == 2)
+            await send(pilot, "Shorter, please.", key=False)
+            await wait_for(pilot, lambda: len(boxes(app)) == 4 and not app.chat.generating, timeout=60)
+            stats = store.messages(ids[0])[-1].stats
+            assert stats["prompt_cache"] == "sequence" and stats["prompt_evaluated"] < 20
+            assert stats["prompt_cached"] > 400
+            # the new message and at most 8 single-token passes: nothing of either chat read again
+            assert engines[0].target_seq.ctx.decoded - decoded < 20 + 8

@@ -269,6 +269,19 @@ def test_cli_chats_export_import(tmp_path, monkeypatch, capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000,
+                                  '{"messages": ' + "[" * 50_000 + "]" * 50_000 + "}",
+                                  '{"a": ' * 30_000 + "1" + "}" * 30_000], ids=["lists", "messages", "objects"])
+def test_import_of_json_nested_too_deeply_is_refused_with_a_message(tmp_path, monkeypatch, capsys, text):
+    from edgespec.cli import main
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    (tmp_path / "deep.json").write_text(text)
+    assert main(["import", str(tmp_path / "deep.json")]) == 1
+    err = capsys.readouterr().err
+    assert "nested too deeply" in err and "Traceback" not in err
+
+
 # -- a damaged, read-only or full database: messages, not tracebacks ----------------------
 
 def _damage(path: Path, how: str) -> bytes:

@@ -86,7 +86,9 @@ def test_top_p_on_a_large_flat_vocabulary_keeps_the_right_count():
     assert kept.sum() == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(max_tokens=0), dict(k=-1)])
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(max_tokens=0), dict(k=-1),
+                                 dict(temperature=float("nan")), dict(temperature=float("inf")),
+                                 dict(top_p=float("nan")), dict(seed=-1)])
 def test_out_of_range_settings_are_named(bad):
     with pytest.raises(ValueError, match=next(iter(bad)).replace("_", "[ -]")):
         check_params(GenerationParams(**bad))

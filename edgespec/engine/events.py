@@ -132,8 +132,21 @@ def stats_line(stats: dict | None) -> str:
     if stats.get("tokens_per_pass"):
         parts.append(f"{stats['tokens_per_pass']:.2f} tok/pass")
     parts.append(stats.get("mode", "plain"))
+    if stats.get("prompt_cached"):
+        parts.append(cache_note(stats))
     if stats.get("dropped_messages"):
         parts.append(f"{stats['dropped_messages']} oldest messages left out")
     if stats.get("stop_reason") and stats["stop_reason"] != "eog":
         parts.append(f"ended: {stats['stop_reason']}")
     return " · ".join(parts)
+
+
+CACHE_SOURCES = {"sequence": "KV cache", "ram": "RAM snapshot", "disk": "disk snapshot"}
+"""Stats.prompt_cache, for people."""
+
+
+def cache_note(stats: dict) -> str:
+    """How much of the prompt was not read, and from where: 'prompt 1,500/1,531 cached (RAM snapshot)'."""
+    where = CACHE_SOURCES.get(stats.get("prompt_cache", ""), "")
+    return (f"prompt {stats.get('prompt_cached', 0):,}/{stats.get('prompt_tokens', 0):,} cached"
+            + (f" ({where})" if where else ""))

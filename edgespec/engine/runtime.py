@@ -326,6 +326,14 @@ class Engine:
         self._auto.k_max = k_max
         return self._auto
 
+    def auto(self, params: GenerationParams) -> AutoPolicy:
+        """The engine's AutoPolicy, made (and so calibrated) now if it is not yet:
+        for tools that measure or set its costs before a reply."""
+        k_cap = self.max_verify_batch() - 1
+        auto = self._make_auto(min(params.k, k_cap), k_cap)
+        auto.k_max = min(params.k, k_cap)
+        return auto
+
     def _make_auto(self, k_max: int, k_cap: int) -> AutoPolicy:
         if self._auto is None:
             costs = calibrate(self._target.seq, self._draft.seq if self._draft else None, k_max,

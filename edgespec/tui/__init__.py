@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 
-def run_app(*, pair: str | None = None, target: str | None = None, draft: str | None = None,
+def run_app(*, pair: str | None = None, target: str | None = None, draft: str | None = None, no_draft: bool = False,
             template: str | None = None, rpc: str | None = None, cache=None) -> None:
-    """Open the chat app on a registry pair (default: the bundled one) or on model files / names.
+    """Open the chat app on a registry pair (default: the bundled one) or on model files / names
+    (`no_draft`: the target alone).
     `rpc`: RPC workers for the target, instead of the settings' ('HOST:PORT[,...]');
     `cache`: the engine's CacheSettings (default: edgespec.load.kv_cache())."""
     from edgespec.tui.app import EdgespecApp
     from edgespec.tui.library import ModelChoice
 
     if target:
-        choice = ModelChoice(target=target, draft=draft)
+        choice = ModelChoice(target=target, draft=draft, no_draft=no_draft)
     else:
         from edgespec.models.registry import DEFAULT_PAIR
 
-        choice = ModelChoice(pair=pair or DEFAULT_PAIR, draft=draft)
+        choice = ModelChoice(pair=pair or DEFAULT_PAIR, draft=draft, no_draft=no_draft)
     EdgespecApp(choice, template=template, rpc=rpc, cache=cache).run()

@@ -73,12 +73,14 @@ class ModelChoice:
     target: str | None = None
     draft: str | None = None
     pair: str | None = None
+    no_draft: bool = False
+    """The target alone, whatever the pair's draft."""
 
     @property
     def label(self) -> str:
         if self.pair:
-            return self.pair + (f" + {Path(self.draft).name}" if self.draft else "")
-        names = [Path(p).name for p in (self.target, self.draft) if p]
+            return self.pair + (" (no draft)" if self.no_draft else f" + {Path(self.draft).name}" if self.draft else "")
+        names = [Path(p).name for p in (self.target, None if self.no_draft else self.draft) if p]
         return " + ".join(names)
 
 
@@ -155,7 +157,8 @@ def load_choice(choice: ModelChoice, settings, *, library: Library | None = None
         return (library or RegistryLibrary()).pair(name)
 
     split = Split(parse_endpoints(settings.rpc)) if settings.rpc.strip() else None
-    return load_engine(choice.target, choice.draft, pair=choice.pair, resolve=path_of, pair_models=pair_models,
+    return load_engine(choice.target, choice.draft, pair=choice.pair, no_draft=choice.no_draft,
+                       resolve=path_of, pair_models=pair_models,
                        n_threads=settings.threads or None, exact=settings.exact, rpc=split,
                        n_gpu_layers=settings.gpu_layers_target or (-1 if split else 0),  # workers: all by default
                        n_gpu_layers_draft=settings.gpu_layers_draft, cache=cache or kv_cache())

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from edgespec.engine.events import Stats
+from edgespec.engine.events import Stats, cache_note
 from edgespec.tui.origin import DRAFT_STYLE
 
 
@@ -48,6 +48,8 @@ def format_live(stats: Stats, *, plain_tps: float | None = None) -> str:
         parts.append(f"accept {stats.acceptance_rate:.0%}")
     if stats.target_passes:
         parts.append(f"{stats.tokens_per_pass:.2f} tok/pass")
+    if stats.prompt_cached:
+        parts.append(cache_note(stats.to_dict()))
     drafter = f"drafter {stats.drafter}"
     if stats.reason:
         drafter += f" ({stats.reason})"
