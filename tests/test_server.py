@@ -77,6 +77,30 @@ def test_health_is_503_while_the_model_loads_then_200():
         served.stop()
 
 
+@pytest.mark.parametrize("message, param, words", [
+    ({"role": "user", "content": None}, "messages.0.content", "needs content"),
+    ({"role": "user"}, "messages.0.content", "needs content"),
+    ({"role": "system", "content": None}, "messages.0.content", "needs content"),
+    ({"role": "user", "content": [{"type": "text"}]}, "messages.0.content", "'text'"),
+])
+def test_a_message_without_its_text_is_a_400_that_says_so(message, param, words):
+    """As OpenAI answers: only an assistant message may come without content."""
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", template="chatml")))
+    try:
+        served.wait_ready(30)
+        status, body = http("POST", served.url + "/v1/chat/completions",
+                            json.dumps({"messages": [message], "max_tokens": 3}).encode())
+        assert status == 400 and body["error"]["param"].startswith(param), body
+        assert words in body["error"]["message"]
+        history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+                   {"role": "user", "content": "again"}]
+        status, _ = http("POST", served.url + "/v1/chat/completions",
+                         json.dumps({"messages": history, "max_tokens": 3}).encode())
+        assert status == 200
+    finally:
+        served.stop()
+
+
 def test_a_model_that_fails_to_load_stops_the_server_with_its_error():
     def load():
         raise ModelFileError("no such model file: x.gguf")

@@ -46,15 +46,25 @@ class ContentPart(_Body):
 
     @model_validator(mode="after")
     def _text_only(self):
-        if self.type != "text" or self.text is None:
+        if self.type != "text":
             raise _unsupported(f"content of type {self.type!r}", "the models served are text-only")
+        if self.text is None:
+            raise ValueError("a content part of type 'text' needs its 'text'")
         return self
 
 
 class ChatMessage(_Body):
     role: StrictStr
-    content: StrictStr | list[ContentPart] | None = None
+    content: StrictStr | list[ContentPart] | None = Field(None, validate_default=True)
     name: StrictStr | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _has_content(cls, content, info):
+        # As OpenAI's API: only an assistant message (one that called tools) may have none.
+        if content is None and info.data.get("role", "assistant") != "assistant":
+            raise ValueError(f"a {info.data['role']} message needs content (a text, or a list of text parts)")
+        return content
 
     @field_validator("role")
     @classmethod
@@ -82,7 +92,7 @@ class _Generation(_Body):
     top_k: StrictInt | None = Field(None, ge=0)
     """llama-server's extension (0: off)."""
     stop: StrictStr | list[StrictStr] | None = None
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(None, ge=0)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: StrictInt = 1
