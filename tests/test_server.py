@@ -8,6 +8,7 @@ import json
 import logging
 import threading
 import time
+import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -97,6 +98,28 @@ def test_a_message_without_its_text_is_a_400_that_says_so(message, param, words)
         status, _ = http("POST", served.url + "/v1/chat/completions",
                          json.dumps({"messages": history, "max_tokens": 3}).encode())
         assert status == 200
+    finally:
+        served.stop()
+
+
+def test_a_wrong_method_says_which_are_allowed_and_head_works_where_get_does():
+    import urllib.request
+
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        for path, allowed in [("/v1/chat/completions", {"POST"}), ("/health", {"GET", "HEAD"}),
+                              ("/v1/models", {"GET", "HEAD"})]:
+            wrong = "GET" if "POST" in allowed else "DELETE"
+            request = urllib.request.Request(served.url + path, method=wrong)
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(request, timeout=30)
+            assert e.value.code == 405
+            assert {m.strip() for m in e.value.headers["Allow"].split(",")} == allowed, path
+            assert json.loads(e.value.read())["error"]["message"]
+        for path in ("/health", "/v1/models"):
+            with urllib.request.urlopen(urllib.request.Request(served.url + path, method="HEAD"), timeout=30) as r:
+                assert r.status == 200 and r.read() == b""
     finally:
         served.stop()
 

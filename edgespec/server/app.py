@@ -102,7 +102,7 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
             raise ApiError(404, f"The model '{name}' does not exist here: this server serves '{settings.model_id}'.",
                            param="model", code="model_not_found")
 
-    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    @app.api_route("/health", methods=["GET", "HEAD"], responses={503: {"model": ErrorResponse}})
     async def health():
         """200 once the model is loaded and the server takes requests; 503 before,
         and after an RPC worker was lost until a request has loaded the model again."""
@@ -111,7 +111,7 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
             raise api_error(worker.lost)
         return {"status": "ok", "queued": worker.queued}
 
-    @app.get("/v1/models", response_model=ModelList)
+    @app.api_route("/v1/models", methods=["GET", "HEAD"], response_model=ModelList)
     async def models():
         return ModelList(data=[_card(settings.model_id, started, worker)])
 

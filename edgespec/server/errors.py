@@ -100,7 +100,9 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return ApiError(exc.status_code, str(exc.detail), type=kind).response()
+        response = ApiError(exc.status_code, str(exc.detail), type=kind).response()
+        response.headers.update(exc.headers or {})  # a 405's Allow, as HTTP asks
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
