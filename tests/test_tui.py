@@ -22,6 +22,7 @@ from edgespec.tui.stream import RENDER_HZ, RENDER_SHARE, RENDER_WAIT_MAX, redraw
 from edgespec.tui.widgets.messages import MessageBox, code_blocks, format_stats
 from edgespec.tui.widgets.sidebar import ConversationList
 from edgespec.tui.widgets.status import StatusLine, format_live, hardware_label
+from edgespec.tui.widgets.prompt import PromptInput
 from tests.app_helpers import REPLY, boxes, make_app, send, wait_for
 from tests.fakes import FakeEngine, FakeLibrary, SlowReader, SpecFakeEngine
 
@@ -535,3 +536,24 @@ def test_status_line_says_where_each_model_runs():
     assert hardware_label(info(True, 29, 0)) == "cuda · target 29/29 layers on GPU"  # the draft left on the CPU shows
     assert "no GPU backend" in hardware_label(info(False, 29, 0))
     assert hardware_label({"backend": "fake"}) == "fake"
+
+
+async def test_a_message_sent_while_a_conversation_opens_lands_in_the_opened_one(store):
+    """A conversation being opened (its view cleared and filled again) and a message
+    sent meanwhile: the message and its reply are shown once the view is filled,
+    never mounted into the view being cleared (and removed with it)."""
+    first = store.create(title="First")
+    store.append(first, Message("user", "one"))
+    store.append(first, Message("assistant", "uno"))
+    app = make_app(store, reply="dos")
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        for i in range(3):
+            opening = asyncio.ensure_future(app.chat.open_conversation(first))
+            await asyncio.sleep(0)
+            app.chat.post_message(PromptInput.Submitted("two"))
+            await opening
+            shown = 4 + 2 * i  # the stored turns and the new one
+            await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == shown)
+            assert [b.content for b in boxes(app)] == ["one", "uno"] + ["two", "dos"] * (i + 1)
+            assert all(b.is_mounted for b in boxes(app))

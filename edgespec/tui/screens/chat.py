@@ -11,6 +11,8 @@ message; it holds the app's `decoding` lock while it uses the engine.
 
 from __future__ import annotations
 
+import asyncio
+
 import threading
 from typing import Callable, Iterable, Iterator
 
@@ -71,6 +73,9 @@ class ChatScreen(Screen):
 
     def __init__(self) -> None:
         super().__init__()
+        self._view = asyncio.Lock()
+        """Held while the conversation view is cleared and filled, and while a message
+        and its reply are added to it: a message sent meanwhile waits for the view."""
         self.session = None
         self.conversation_id: int | None = None
         self.settings = ChatSettings()
@@ -199,6 +204,10 @@ class ChatScreen(Screen):
     # -- conversations -----------------------------------------------------------------
     async def open_conversation(self, conversation_id: int | None) -> None:
         """Show a stored conversation (None: a new, empty chat) and make it current."""
+        async with self._view:
+            await self._open_conversation(conversation_id)
+
+    async def _open_conversation(self, conversation_id: int | None) -> None:
         app = self.app
         try:
             stored = app.store.settings(conversation_id) if conversation_id is not None else {}
@@ -336,9 +345,12 @@ class ChatScreen(Screen):
             return
         text = event.text
         self.query_one(PromptInput).remember(text)
-        await self.log_view.mount(MessageBox("user", text))
-        session = self.session
-        await self._start_reply(lambda: session.send(text))
+        async with self._view:
+            if not self._ready_to_generate():  # the conversation opened meanwhile may not be usable
+                return
+            await self.log_view.mount(MessageBox("user", text))
+            session = self.session
+            await self._start_reply(lambda: session.send(text))
 
     async def _start_reply(self, make_chunks: Callable[[], Iterator]) -> None:
         box = MessageBox("assistant", show_origin=self.show_origin)
