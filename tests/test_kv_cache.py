@@ -230,7 +230,7 @@ def test_the_disk_budget_keeps_the_most_recently_used(tmp_path):
 
 
 async def test_the_app_switches_between_two_chats_without_reading_them_again(smollm2, tmp_path):
-    from edgespec.chat.store import ConversationStore
+    from edgespec.chat.store import ConversationStore, Message
     from edgespec.tui.settings import ChatSettings
     from edgespec.tui.widgets.sidebar import ConversationList
     from tests.app_helpers import boxes, make_app, send, wait_for
@@ -242,24 +242,36 @@ async def test_the_app_switches_between_two_chats_without_reading_them_again(smo
         return engines[-1]
 
     with ConversationStore(tmp_path / "chats.db") as store:
+        ids = []
+        for topic in TOPICS[:2]:
+            ids.append(store.create(title=topic))
+            store.append(ids[-1], Message("user", " ".join(f"Point {i} about {topic} is worth a sentence."
+                                                           for i in range(40))))
+            store.append(ids[-1], Message("assistant", f"Noted, all about {topic}."))
         app = make_app(store, load=load, defaults=ChatSettings(mode="plain", max_tokens=8))
         async with app.run_test(size=(110, 36)) as pilot:
             await wait_for(pilot, lambda: app.model_state == "ready", timeout=60)
-            ids = []
-            for topic in TOPICS[:2]:
-                await pilot.press("ctrl+n")
-                await wait_for(pilot, lambda: boxes(app) == [] and app.chat.conversation_id is None)
-                await pilot.pause()
-                await send(pilot, " ".join(f"Point {i} about {topic} is worth a sentence." for i in range(40)), key=False)
-                await wait_for(pilot, lambda: len(boxes(app)) == 2 and not app.chat.generating, timeout=60)
-                ids.append(app.chat.conversation_id)
+
+            async def turn(cid: int, text: str) -> dict:
+                if app.chat.conversation_id != cid:
+                    app.query_one(ConversationList).post_message(ConversationList.Selected(cid))
+                    await wait_for(pilot, lambda: app.chat.conversation_id == cid)
+                shown = len(store.messages(cid))
+                await wait_for(pilot, lambda: len(boxes(app)) == shown)
+                await send(pilot, text, key=False)
+
+                def replied() -> bool:
+                    messages = store.messages(cid)
+                    return len(messages) == shown + 2 and messages[-1].status == "done" and not app.chat.generating
+
+                await wait_for(pilot, replied, timeout=60)
+                return store.messages(cid)[-1].stats
+
+            assert (await turn(ids[0], "Summarise."))["prompt_cache"] == ""  # read once
+            assert (await turn(ids[1], "Summarise."))["prompt_cache"] == ""
             decoded = engines[0].target_seq.ctx.decoded
-            app.query_one(ConversationList).post_message(ConversationList.Selected(ids[0]))
-            await wait_for(pilot, lambda: app.chat.conversation_id == ids[0] and len(boxes(app)) == 2)
-            await send(pilot, "Shorter, please.", key=False)
-            await wait_for(pilot, lambda: len(boxes(app)) == 4 and not app.chat.generating, timeout=60)
-            stats = store.messages(ids[0])[-1].stats
-            assert stats["prompt_cache"] == "sequence" and stats["prompt_evaluated"] < 20
+            stats = await turn(ids[0], "Shorter, please.")
+            assert stats["prompt_cache"] == "sequence" and stats["prompt_evaluated"] < 20, stats
             assert stats["prompt_cached"] > 400
             # the new message and at most 8 single-token passes: nothing of either chat read again
             assert engines[0].target_seq.ctx.decoded - decoded < 20 + 8
