@@ -55,9 +55,10 @@ def conversations(chars: int) -> dict[str, list[dict]]:
             for name, path in FILES.items()}
 
 
-def specs(args, target: Path, draft: Path) -> list[ServerSpec]:
+def specs(args, target: Path, draft: Path, home: str) -> list[ServerSpec]:
+    """The two servers; edgespec's keeps its files (KV snapshots included) in `home`."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "EDGESPEC_HOME": tempfile.mkdtemp(prefix="bench-switch-home-")}
+           "EDGESPEC_HOME": home}
     n = str(args.threads)
     ours = ServerSpec(OURS, lambda port: [
         sys.executable, "-m", "edgespec.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -91,9 +92,10 @@ def alternate(server: Server, chats: dict[str, list[dict]], max_tokens: int) -> 
 def part_server(args, target: Path, draft: Path) -> None:
     chats = conversations(args.chars)
     results: dict[str, list[list[dict]]] = {OURS: [], THEIRS: []}
-    all_specs = specs(args, target, draft)
     with tempfile.TemporaryDirectory() as logs:
         for r in range(args.repeats):
+            # a fresh home each run: the snapshots the last run left on disk would spare the first reads
+            all_specs = specs(args, target, draft, tempfile.mkdtemp(prefix="bench-switch-home-", dir=logs))
             order = all_specs if r % 2 == 0 else all_specs[::-1]
             for spec in order:
                 server = Server(spec, Path(logs))
@@ -144,7 +146,9 @@ def chat_once(home: str, target: Path, draft: Path, args) -> dict:
         raise RuntimeError(err.decode(errors="replace"))
     line = next((ln for ln in err.decode().splitlines() if "first token" in ln), "")
     ttft = float(line.split("first token ")[1].split(" ms")[0]) / 1000 if line else float("nan")
-    return {"wall_to_first_byte_s": first_byte_s, "ttft_s": ttft, "stats": line, "text": (first + out).decode()}
+    prompt = int(line.split("prompt ")[1].split("/")[1].split(" ")[0].replace(",", "")) if "prompt " in line else 0
+    return {"wall_to_first_byte_s": first_byte_s, "ttft_s": ttft, "stats": line, "prompt_tokens": prompt,
+            "text": (first + out).decode()}
 
 
 def part_reopen(args, target: Path, draft: Path) -> None:
@@ -162,7 +166,7 @@ def part_reopen(args, target: Path, draft: Path) -> None:
             for label, r in (("first run", first), ("after restart", again)):
                 print(f"  {label:14s} TTFT {r['ttft_s']:6.2f} s   first byte {r['wall_to_first_byte_s']:6.2f} s   "
                       f"{r['stats']}", flush=True)
-    print(f"\na ~{args.reopen_words * 13 // 10:,}-token chat, `edgespec chat --once` in a new process "
+    print(f"\na {max(r[1]['prompt_tokens'] for r in runs):,}-token chat, `edgespec chat --once` in a new process "
           f"(medians of {args.repeats})")
     for i, label in enumerate(("first run (reads it)", "after a restart")):
         ttft = statistics.median(r[i]["ttft_s"] for r in runs)

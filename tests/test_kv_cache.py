@@ -275,3 +275,29 @@ async def test_the_app_switches_between_two_chats_without_reading_them_again(smo
             assert stats["prompt_cached"] > 400
             # the new message and at most 8 single-token passes: nothing of either chat read again
             assert engines[0].target_seq.ctx.decoded - decoded < 20 + 8
+
+
+def test_auto_calibrates_once_per_machine_and_models_not_once_per_process(smollm2, tmp_path, monkeypatch):
+    """A one-shot `chat` or `generate` would otherwise measure its passes before every
+    reply; the calibration is kept beside the snapshots, and a damaged one measured again."""
+    import edgespec.engine.runtime as runtime
+
+    disk = tmp_path / "kv"
+    with load(smollm2, slots=1, ram_mib=16, disk=disk) as engine:
+        reply(engine, conversation(engine, TOPICS[0]), mode="auto")
+    (kept,) = (disk / "costs").glob("*.json")
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("calibrated again")
+
+    with monkeypatch.context() as m:
+        m.setattr(runtime, "calibrate", no_calibration)
+        with load(smollm2, slots=1, ram_mib=16, disk=disk) as engine:
+            _, stats = reply(engine, conversation(engine, TOPICS[1]), mode="auto")
+            assert stats.generated_tokens > 1
+    kept.write_text('{"target": {"1": "NaN"}}')
+    measured, real = [], runtime.calibrate
+    monkeypatch.setattr(runtime, "calibrate", lambda *a, **kw: measured.append(1) or real(*a, **kw))
+    with load(smollm2, slots=1, ram_mib=16, disk=disk) as engine:
+        reply(engine, conversation(engine, TOPICS[1]), mode="auto")
+    assert measured == [1]

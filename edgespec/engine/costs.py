@@ -5,7 +5,12 @@ load (`calibrate`) and kept current from every cycle (`Costs.observe`).
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+import os
 import time
+from pathlib import Path
 
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.policy import CycleReport
@@ -127,3 +132,34 @@ def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
         catch_up_costs["draft"] = measure_pass(draft, n) / n
     return Costs(target_costs, draft_costs, catch_up_costs)
 
+
+
+def save_costs(costs: Costs, path: Path) -> None:
+    """Keep a calibration for the next process on the same machine and models (a
+    one-shot `chat` or `generate` would otherwise pay for it every time).
+    Best effort: a failed write only means measuring again next time."""
+    data = {"target": {str(n): t for n, t in costs.calibrated.items()},
+            "per_draft_token": costs.per_draft_token, "per_catch_up_token": costs.per_catch_up_token}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError as e:
+        logging.getLogger("edgespec.cache").warning("could not keep the calibration in %s: %s", path, e)
+        tmp.unlink(missing_ok=True)
+
+
+def load_costs(path: Path) -> Costs | None:
+    """A calibration save_costs kept, or None (none, or not one: measured again)."""
+    try:
+        data = json.loads(path.read_text())
+        target = {int(n): float(t) for n, t in data["target"].items()}
+        draft = {str(k): float(v) for k, v in data["per_draft_token"].items()}
+        catch_up = {str(k): float(v) for k, v in data["per_catch_up_token"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    values = [*target.values(), *draft.values(), *catch_up.values()]
+    if not target or any(n < 1 for n in target) or not all(math.isfinite(v) and v >= 0 for v in values):
+        return None
+    return Costs(target, draft, catch_up)

@@ -8,6 +8,7 @@ network: paths in, chunks out.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from edgespec.engine import decoder
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.compat import VocabInfo, ensure_compatible
 from edgespec.engine.auto import AutoPolicy
-from edgespec.engine.costs import calibrate
+from edgespec.engine.costs import calibrate, load_costs, save_costs
 from edgespec.engine.policy import Deferred, FixedPolicy, Policy
 from edgespec.engine.drafters import DraftModel, PromptLookup
 from edgespec.engine.events import MODES, Chunk, GenerationParams
@@ -326,6 +327,15 @@ class Engine:
         self._auto.k_max = k_max
         return self._auto
 
+    def _costs_path(self, k_max: int) -> Path | None:
+        """Where the calibration for these models, settings, threads and k is kept
+        between runs (beside the KV snapshots), if anywhere."""
+        if self._cache is None or self._cache.disk is None:
+            return None
+        key = cache_key(target=self._target.pool.key, draft=self._draft.pool.key if self._draft else None,
+                        threads=self._target.settings.n_threads or os.cpu_count(), k_max=k_max)
+        return self._cache.disk / "costs" / f"{key}.json"
+
     def auto(self, params: GenerationParams) -> AutoPolicy:
         """The engine's AutoPolicy, made (and so calibrated) now if it is not yet:
         for tools that measure or set its costs before a reply."""
@@ -336,8 +346,13 @@ class Engine:
 
     def _make_auto(self, k_max: int, k_cap: int) -> AutoPolicy:
         if self._auto is None:
-            costs = calibrate(self._target.seq, self._draft.seq if self._draft else None, k_max,
-                              measured=self._probe_timings)
+            kept = self._costs_path(k_max)
+            costs = load_costs(kept) if kept else None
+            if costs is None:
+                costs = calibrate(self._target.seq, self._draft.seq if self._draft else None, k_max,
+                                  measured=self._probe_timings)
+                if kept:
+                    save_costs(costs, kept)
             drafters = [self.lookup] + ([self.draft_model] if self.draft_model else [])
             self._auto = AutoPolicy(costs, drafters, k_max=k_max, lookup_k_max=k_cap, priors=ACCEPTANCE_PRIORS)
         return self._auto
