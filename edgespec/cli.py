@@ -116,12 +116,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 def add_cache_options(g) -> None:
     """--parallel, --cache-ram, --cache-disk: conversations held in the KV caches and their snapshots."""
-    from edgespec.engine.runtime import CacheSettings
+    from edgespec.engine.runtime import SLOTS, CacheSettings
 
     default = CacheSettings()
-    g.add_argument("--parallel", type=_positive, default=default.slots, metavar="N",
-                   help=f"conversations held in the KV caches at once (default {default.slots}); coming back to "
-                        "one reads only its new tokens")
+    g.add_argument("--parallel", type=_positive, default=None, metavar="N",
+                   help=f"conversations held in the KV caches at once (default {SLOTS} where flash attention is on, "
+                        "1 where it is off: its kernel attends to every conversation's cells); those let go wait "
+                        "in RAM, and coming back to one reads only its new tokens")
     g.add_argument("--cache-ram", type=_non_negative, default=default.ram_mib, metavar="MiB",
                    help=f"host memory for the caches of conversations let go (default {default.ram_mib}; 0: none)")
     g.add_argument("--cache-disk", type=_non_negative, default=default.disk_mib, metavar="MiB",

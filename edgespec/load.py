@@ -54,5 +54,5 @@ def kv_cache(*, parallel: int | None = None, ram_mib: int | None = None, disk_mi
     for what is not given, and disk snapshots under edgespec's cache folder (0 MiB: none)."""
     default = CacheSettings()
     disk_mib = default.disk_mib if disk_mib is None else disk_mib
-    return CacheSettings(slots=parallel or default.slots, ram_mib=default.ram_mib if ram_mib is None else ram_mib,
+    return CacheSettings(slots=parallel, ram_mib=default.ram_mib if ram_mib is None else ram_mib,
                          disk=dirs().cache / "kv" if disk_mib > 0 else None, disk_mib=disk_mib)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -62,7 +63,8 @@ def specs(args, target: Path, draft: Path, home: str) -> list[ServerSpec]:
     n = str(args.threads)
     ours = ServerSpec(OURS, lambda port: [
         sys.executable, "-m", "edgespec.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--target", str(target), "--draft", str(draft), "--ctx", str(args.ctx), "--threads", n], env)
+        "--target", str(target), "--draft", str(draft), "--ctx", str(args.ctx), "--threads", n,
+        *shlex.split(args.edgespec_args)], env)
     theirs = ServerSpec(THEIRS, lambda port: [
         args.bin, "-m", str(target), "-c", str(args.ctx), "-t", n, "-tb", n, "--host", "127.0.0.1",
         "--port", str(port)])
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32, help="per reply in part 1")
     ap.add_argument("--chars", type=int, default=6000, help="of each source file in part 1 (~1,500 tokens)")
     ap.add_argument("--reopen-words", type=int, default=3000, help="size of part 2's chat, in words")
+    ap.add_argument("--edgespec-args", default="", help="more options for `edgespec serve` (e.g. '--parallel 4')")
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--skip-reopen", action="store_true")
     ap.add_argument("--json", metavar="FILE", help="part 1's per-request results")

@@ -109,9 +109,9 @@ class CacheSettings:
     """How many conversations the KV caches hold at once, and what is kept of
     those they let go (snapshots, engine/snapshots.py). One for the engine."""
 
-    slots: int = 4
-    """Sequences in each model's context (llama-server's default parallel slots):
-    conversations held at once, switched between with no reading at all."""
+    slots: int | None = None
+    """Sequences in each model's context: conversations held at once, switched
+    between with no reading at all. None: `default_slots`."""
     ram_mib: int = 2048
     """Host memory for snapshots of conversations evicted from the KV caches; 0: none."""
     disk: Path | None = None
@@ -122,14 +122,30 @@ class CacheSettings:
         return SnapshotCache(ram_bytes=self.ram_mib << 20, disk=self.disk, disk_bytes=self.disk_mib << 20)
 
 
+SLOTS = 4
+"""Conversations held in a context at once where that costs nothing (llama-server's default)."""
+
+
+def default_slots(flash_attn: bool | None) -> int:
+    """SLOTS where the target runs with flash attention (None: llama.cpp's choice,
+    on wherever the backend has it), whose kernels skip the cells of other
+    sequences; 1 where it runs without: the unfused path multiplies every pass
+    against every cell of the unified cache, other conversations' included (a
+    1,300-token prompt read beside a 1,600-token conversation took 22-24 s
+    against 17-19 s alone, 2-core Xeon). There, other conversations wait in RAM
+    snapshots, restored in tens of milliseconds."""
+    return 1 if flash_attn is False else SLOTS
+
+
 class _Loaded:
     """One model with its context and the KV sequences in it."""
 
-    def __init__(self, settings: ModelSettings, *, slots: int = 1, cache: SnapshotCache | None = None):
+    def __init__(self, settings: ModelSettings, *, slots: int | None = 1, cache: SnapshotCache | None = None):
+        """`slots` None: default_slots for this model's flash attention."""
         self.settings = settings
         self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers, split=settings.rpc)
         try:
-            self.ctx = self._context(slots)
+            self.ctx = self._context(slots or default_slots(True if settings.exact else self._flash_attn()))
             self.pool = SequencePool(self.ctx, key=self._cache_key(), cache=cache)
         except BaseException:
             if getattr(self, "ctx", None) is not None:
@@ -225,13 +241,12 @@ class Engine:
              cache: CacheSettings | None = None) -> "Engine":
         """Load the models; raises ModelFileError, ModelLoadError or IncompatibleDraftError.
         `cache`: conversations held at once and snapshots (default: one, none)."""
-        slots = cache.slots if cache else 1
         snapshots = cache.snapshot_cache() if cache else None
-        t = _Loaded(target, slots=slots, cache=snapshots)
+        t = _Loaded(target, slots=cache.slots if cache else 1, cache=snapshots)
         d = None
         try:
-            if draft is not None:
-                d = _Loaded(draft, slots=slots, cache=snapshots)
+            if draft is not None:  # the draft's sequences pair with the target's, one to one
+                d = _Loaded(draft, slots=t.ctx.n_seq_max, cache=snapshots)
                 ensure_compatible(vocab_info(t.model), vocab_info(d.model),
                                   target_name=Path(target.path).name, draft_name=Path(draft.path).name)
         except BaseException:
@@ -393,6 +408,9 @@ class Engine:
             "exact": self._target.exact,
             "max_verify_batch": self._exact_batch if self._target.exact else FAST_MAX_BATCH,
             "workers": [str(e) for e in self._target.settings.rpc.workers] if self._target.settings.rpc else [],
+            "conversations": self._target.ctx.n_seq_max,  # held in the KV caches at once
+            "cache_ram_mib": self._cache.ram_bytes >> 20 if self._cache else 0,
+            "cache_disk": str(self._cache.disk) if self._cache and self._cache.disk else None,
             "models": {
                 role: {
                     "path": str(m.settings.path),
