@@ -557,3 +557,21 @@ async def test_a_message_sent_while_a_conversation_opens_lands_in_the_opened_one
             await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == shown)
             assert [b.content for b in boxes(app)] == ["one", "uno"] + ["two", "dos"] * (i + 1)
             assert all(b.is_mounted for b in boxes(app))
+
+
+async def test_a_users_message_keeps_its_line_breaks(store):
+    """Code pasted without a fence (the usual paste) is shown as it was typed, not
+    as one run-on Markdown paragraph; the reply is still Markdown."""
+    from textual.widgets import Markdown, Static
+
+    code = "def f(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total"
+    app = make_app(store, reply="**done**")
+    async with app.run_test(size=(100, 40)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, code)
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        user, reply = boxes(app)
+        body = user.query_one(".body")
+        assert isinstance(body, Static) and not isinstance(body, Markdown)
+        assert str(body.render()) == code
+        assert isinstance(reply.query_one(".body"), Markdown)

@@ -1,12 +1,13 @@
 """One message of the conversation on screen: a header, the text, the reply's statistics.
 
-The text is Markdown, streamed with `Markdown.get_stream()` while a reply is
+A user's text is shown as typed; a reply's is Markdown, streamed with `Markdown.get_stream()` while a reply is
 generated; with the origin view on, it is plain text coloured by where each
 token came from (accepted draft token or the target's own).
 """
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 
@@ -59,7 +60,10 @@ class MessageBox(Vertical, can_focus=True):
 
     def compose(self):
         yield Static(self._header_text(), classes="header")
-        yield Markdown(self.content, classes="body")
+        if self.role == "user":  # as typed or pasted: code without a fence keeps its lines
+            yield Static(Text(self.content), classes="body")
+        else:
+            yield Markdown(self.content, classes="body")
         yield Static(origin.render(self.runs or [(self.content, False)]), classes="origin")
         yield Static(format_stats(self.stats), classes="stats")
 
@@ -75,7 +79,7 @@ class MessageBox(Vertical, can_focus=True):
 
     def _apply_origin_view(self) -> None:
         coloured = self.show_origin and self.role == "assistant"
-        self.query_one(".body", Markdown).display = not coloured
+        self.query_one(".body").display = not coloured
         self.query_one(".origin", Static).display = coloured
         self.set_class(self.status != "done", "unfinished")
         self.query_one(".stats", Static).display = bool(self.stats)
