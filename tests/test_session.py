@@ -4,6 +4,7 @@ import pytest
 from tests.fakes import FakeEngine
 
 from edgespec.chat import ChatSession, ConversationStore
+from edgespec.chat.store import Message
 from edgespec.engine.events import GenerationParams
 from edgespec.errors import ContextFullError, TemplateError
 
@@ -412,3 +413,22 @@ def test_a_free_conversation_is_not_waited_for(store):
         _run(chat.send(text))
     _run(chat.regenerate())
     assert waited == []
+
+
+def test_one_enormous_old_message_is_left_out_without_being_rendered_or_tokenized(store, monkeypatch):
+    """A chat holding a message far larger than the context (an import, a paste)
+    answers at once: fitting the context never renders or tokenizes what it drops."""
+    engine = FakeEngine(n_ctx=400, reply=lambda prompt: "ok")
+    cid = store.create(title="big")
+    store.append(cid, Message("user", "x" * 5_000_000))
+    chat = ChatSession(engine, store=store, template="chatml", conversation_id=cid)
+    rendered = []
+    render = type(chat.template).render
+    monkeypatch.setattr(type(chat.template), "render", lambda self, messages: rendered.append(
+        sum(len(m["content"]) for m in messages)) or render(self, messages))
+    reply, stats = _run(chat.send("hi"))
+    assert reply == "ok" and stats.dropped_messages == 1
+    assert max(rendered) < 1000
+    with pytest.raises(ContextFullError, match="does not fit"):
+        _run(chat.send("y" * 5_000_000))
+    assert max(rendered) < 1000

@@ -32,6 +32,10 @@ SAVE_EVERY_S = 0.5
 REPLY_SHARE = 4
 """Room kept for the reply: max_tokens, but at most 1/REPLY_SHARE of the context."""
 TITLE_CHARS = 60
+TOKEN_CHARS_MAX = 1024
+"""More characters than any one token spells (real vocabularies stop far below):
+a window of n characters is at least n / TOKEN_CHARS_MAX tokens, so one that
+cannot fit is known without rendering or tokenizing it."""
 
 
 @dataclass
@@ -164,12 +168,17 @@ class ChatSession:
         def fits(c: int) -> bool:
             if c not in tried:
                 window = messages[:n_system] + turns[cuts[c]:]
-                text = self.template.render([{"role": m.role, "content": m.content} for m in window])
-                tokens = self._tokenize(text)
-                tried[c] = _Prompt(text, tokens, cuts[c]) if len(tokens) + room <= self.engine.n_ctx else None
+                at_least = sum(len(m.content) for m in window) // TOKEN_CHARS_MAX
+                if at_least + room > self.engine.n_ctx:  # cannot fit: not worth rendering (it may be huge)
+                    tried[c], size = None, f"at least {at_least}"
+                else:
+                    text = self.template.render([{"role": m.role, "content": m.content} for m in window])
+                    tokens = self._tokenize(text)
+                    tried[c] = _Prompt(text, tokens, cuts[c]) if len(tokens) + room <= self.engine.n_ctx else None
+                    size = str(len(tokens))
                 if c == len(cuts) - 1 and tried[c] is None:
                     raise ContextFullError(
-                        f"The message does not fit: the prompt is {len(tokens)} tokens and a reply needs room "
+                        f"The message does not fit: the prompt is {size} tokens and a reply needs room "
                         f"for {room} more, but the context holds {self.engine.n_ctx}. Shorten the message"
                         + (" or the system prompt" if n_system else "") + ", or load the model with a larger context.")
             return tried[c] is not None
