@@ -124,6 +124,24 @@ def test_a_wrong_method_says_which_are_allowed_and_head_works_where_get_does():
         served.stop()
 
 
+@pytest.mark.parametrize("declared", [99_999_999_999, 100 * 1024 * 1024])
+def test_a_body_declared_too_large_is_refused_from_its_header_without_waiting_for_it(declared):
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        connection = http_client.HTTPConnection("127.0.0.1", served.sock.getsockname()[1], timeout=10)
+        connection.putrequest("POST", "/v1/chat/completions")
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Content-Length", str(declared))
+        connection.endheaders(b'{"messages": ')  # and nothing more: the server must not wait for the rest
+        response = connection.getresponse()
+        assert response.status == 413
+        assert json.loads(response.read())["error"]["code"] == "request_too_large"
+        connection.close()
+    finally:
+        served.stop()
+
+
 def test_a_model_that_fails_to_load_stops_the_server_with_its_error():
     def load():
         raise ModelFileError("no such model file: x.gguf")

@@ -295,6 +295,12 @@ def _json(model) -> str:
     return model.model_dump_json()
 
 
+def _declared_length(scope) -> int:
+    """The request's Content-Length (0 when absent or not a number: the body is then counted as it comes)."""
+    value = dict(scope["headers"]).get(b"content-length", b"")
+    return int(value) if value.isdigit() else 0
+
+
 async def _cancel_on_disconnect(request: Request, job: Job) -> None:
     """Cancel the job when the client disconnects (while it waits, or before a
     whole reply is sent)."""
@@ -317,6 +323,10 @@ class _Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        # A body declared past what would be drained is refused from the header, before any of it comes
+        # (one that would be drained is read: its client, busy sending, then sees the 413, not a reset).
+        if _declared_length(scope) > self.max_body + DRAIN_BYTES:
+            return await self._too_large()(scope, receive, send)
         parts, size = [], 0
         while True:
             message = await receive()
@@ -329,9 +339,7 @@ class _Guard:
             if not message.get("more_body") or size > self.max_body + DRAIN_BYTES:
                 break
         if size > self.max_body:
-            error = ApiError(413, f"The request body is over {self.max_body} bytes, this server's limit.",
-                             code="request_too_large")
-            return await error.response()(scope, receive, send)
+            return await self._too_large()(scope, receive, send)
         if self.key_digest is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
             error = ApiError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.",
                              code="invalid_api_key")
@@ -347,6 +355,10 @@ class _Guard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    def _too_large(self):
+        return ApiError(413, f"The request body is over {self.max_body} bytes, this server's limit.",
+                        code="request_too_large").response()
 
     def _authorized(self, scope) -> bool:
         value = dict(scope["headers"]).get(b"authorization", b"")
