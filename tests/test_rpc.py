@@ -171,6 +171,28 @@ def test_the_output_layer_can_stay_here_so_that_logits_do_not_cross_the_network(
 
 @needs_rpc
 @pytest.mark.slow
+def test_a_call_that_runs_long_on_a_healthy_worker_is_not_taken_for_a_lost_one(smollm2):
+    """A worker serves one client at a time: a second connection to it (a liveness
+    probe) is never accepted, so probing that way took a busy worker for a dead one
+    a few seconds into any long call. The connection in use is watched instead."""
+    proc, endpoint = start_worker()
+    try:
+        target = ModelSettings(smollm2, n_ctx=512, n_gpu_layers=-1, rpc=Split((endpoint,)))
+        with Engine.load(target) as engine:
+            guard = engine._target.model.guard
+            start = time.monotonic()
+            guard.call(time.sleep, 12)  # the worker holds our connection, and its backlog is full
+            assert time.monotonic() - start >= 12 and guard.lost is None
+            tokens = engine.tokenize(PROMPT, add_bos=True, special=False)
+            assert len(generate(engine, tokens, mode="plain", max_tokens=4)[0]) == 4
+            # the connection in use is watched by TCP keepalive (a vanished machine sends no reset)
+            assert rpc.keep_alive([endpoint]) == {endpoint}
+    finally:
+        stop(proc)
+
+
+@needs_rpc
+@pytest.mark.slow
 def test_a_worker_killed_mid_reply_is_an_error_the_reply_so_far_kept_and_a_reload_works(smollm2):
     """ggml-rpc ends the process on a broken connection; the engine turns that
     into WorkerLostError naming the worker, and loads again once it is back

@@ -14,8 +14,10 @@ would talk to the lost worker again.
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import socket
+import stat
 import sys
 import threading
 import time
@@ -33,9 +35,10 @@ from edgespec.llama import backend_init
 DEFAULT_PORT = 50052
 CONNECT_TIMEOUT_S = 3.0
 """How long a TCP connect to a worker may take before it counts as unreachable."""
-WATCH_S = 2.0
-"""While a call over RPC runs, how often the workers are checked to be reachable
-(a worker whose machine vanished never closes its socket)."""
+KEEPALIVE_S = (5, 2, 3)
+"""TCP keepalive on the connections to the workers: first probe after 5 s idle, then
+every 2 s, lost after 3 unanswered (a worker whose machine vanished never closes
+its socket; the kernel then fails the connection, and ggml-rpc's read with it)."""
 HELLO_TIMEOUT_S = 15.0
 """How long a reachable worker may take to answer the first request."""
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -94,6 +97,44 @@ def unreachable(endpoints, *, timeout: float = CONNECT_TIMEOUT_S) -> dict[Endpoi
         except OSError as e:
             failed[endpoint] = e.strerror or str(e)
     return failed
+
+
+def keep_alive(endpoints) -> set:
+    """Turn TCP keepalive (KEEPALIVE_S) on for this process's connections to
+    `endpoints`: ggml-rpc's own sockets, found among the open descriptors. Returns
+    the endpoints that have one."""
+    peers: dict[tuple[str, int], Endpoint] = {}
+    for endpoint in endpoints:
+        try:
+            for *_, address in socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM):
+                peers[(address[0], address[1])] = endpoint
+        except OSError:
+            continue
+    found = set()
+    folder = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+    for name in os.listdir(folder):
+        try:
+            fd = int(name)
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=os.dup(fd))
+        except (ValueError, OSError):
+            continue
+        try:
+            endpoint = peers.get(sock.getpeername()[:2]) if sock.type == socket.SOCK_STREAM else None
+            if endpoint is not None:
+                idle, interval, count = KEEPALIVE_S
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPALIVE", idle),  # the latter: macOS
+                                      ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+                    if hasattr(socket, option):
+                        sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+                found.add(endpoint)
+        except OSError:
+            pass
+        finally:
+            sock.close()  # the duplicate only: the options belong to the socket both name
+    return found
 
 
 def check_reachable(endpoints, *, timeout: float = CONNECT_TIMEOUT_S) -> None:
@@ -366,6 +407,8 @@ class Guard:
         self.endpoints = tuple(endpoints)
         self.lost: str | None = None
         """Why the model is unusable, once a worker was lost."""
+        self._unwatched = set(self.endpoints)
+        """Workers whose connection has no keepalive yet (ggml-rpc connects on first use)."""
         _install_abort_callback()
         self._runner = _Runner()
 
@@ -387,18 +430,18 @@ class Guard:
 
         aborts = _aborts
         self._runner.submit(job)
-        start = last_check = time.monotonic()
+        start = time.monotonic()
+        # A lost worker shows on the connection in use: a killed one resets it (ggml-rpc's read fails and
+        # aborts), a vanished machine fails its keepalive. A second connection could not tell: a worker
+        # serves one client at a time, so it would never answer one while busy with ours.
         while not done.wait(0.05):
             if timeout is not None and time.monotonic() - start > timeout:
                 self._runner = _Runner()  # the old thread stays stuck in the call
                 raise TimeoutError
             if _aborts != aborts:
                 self._lose(_last_abort)
-            if time.monotonic() - last_check > WATCH_S:
-                gone = unreachable(self.endpoints)
-                if gone:
-                    self._lose("; ".join(f"{e}: {why}" for e, why in gone.items()), gone)
-                last_check = time.monotonic()
+        if self._unwatched:
+            self._unwatched -= keep_alive(self._unwatched)
         if "error" in box:
             raise box["error"]
         return box["value"]
