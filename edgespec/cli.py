@@ -84,7 +84,7 @@ def _cmd_app(args: argparse.Namespace) -> int:
     """The chat app; a missing or broken model is shown there (with how to get it), not raised."""
     from edgespec.tui import run_app
 
-    run_app(pair=args.pair, target=args.target, draft=args.draft, no_draft=args.no_draft, rpc=_rpc_text(args),
+    run_app(pair=args.pair, target=args.target, draft=args.draft, no_draft=args.no_draft, rpc=rpc_split(args),
             cache=cache_from_args(args))
     return 0
 
@@ -187,10 +187,6 @@ def _weights(text: str) -> tuple[float, ...]:
     if any(not w >= 0 for w in weights) or not sum(weights) > 0:
         raise argparse.ArgumentTypeError(f"the weights must be 0 or more, and not all 0 (got {text!r})")
     return weights
-
-
-def _rpc_text(args: argparse.Namespace) -> str | None:
-    return ",".join(str(e) for e in args.rpc) if getattr(args, "rpc", None) else None
 
 
 def rpc_split(args: argparse.Namespace):

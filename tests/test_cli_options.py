@@ -164,3 +164,31 @@ def test_a_choice_without_a_draft_loads_none_even_from_a_pair():
         mp.setattr(load, "load_engine", fake_load)
         load_choice(ModelChoice(pair="p", no_draft=True), ChatSettings(), library=Library())
     assert loaded["no_draft"] is True
+
+
+def test_the_app_gets_the_whole_rpc_split_not_only_the_workers(monkeypatch):
+    """`edgespec --rpc ... --tensor-split ... --local-output` (the app) loads with the
+    same split as every other command; workers changed in the settings replace it."""
+    import edgespec.load as load
+    import edgespec.tui as tui
+    from edgespec.llama.rpc import Endpoint, Split
+    from edgespec.tui.library import ModelChoice, load_choice
+    from edgespec.tui.settings import ChatSettings
+
+    seen = {}
+    monkeypatch.setattr(tui, "run_app", lambda **kw: seen.update(kw))
+    assert cli.main(["--rpc", "127.0.0.1:5001", "--tensor-split", "1,3", "--local-output"]) == 0
+    split = Split((Endpoint("127.0.0.1", 5001),), (1.0, 3.0), local_output=True)
+    assert seen["rpc"] == split
+
+    loaded = {}
+    monkeypatch.setattr(load, "load_engine", lambda *a, **kw: loaded.update(kw))
+
+    class Library:
+        def resolve(self, name, progress=None):
+            return f"/models/{name}.gguf"
+
+    load_choice(ModelChoice(target="t"), ChatSettings(rpc="127.0.0.1:5001"), library=Library(), split=split)
+    assert loaded["rpc"] == split
+    load_choice(ModelChoice(target="t"), ChatSettings(rpc="127.0.0.1:6000"), library=Library(), split=split)
+    assert loaded["rpc"] == Split((Endpoint("127.0.0.1", 6000),))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 
 def run_app(*, pair: str | None = None, target: str | None = None, draft: str | None = None, no_draft: bool = False,
-            template: str | None = None, rpc: str | None = None, cache=None) -> None:
+            template: str | None = None, rpc=None, cache=None) -> None:
     """Open the chat app on a registry pair (default: the bundled one) or on model files / names
     (`no_draft`: the target alone).
-    `rpc`: RPC workers for the target, instead of the settings' ('HOST:PORT[,...]');
+    `rpc`: a Split (RPC workers, tensor split, output layer) for the target, instead of the settings' workers;
     `cache`: the engine's CacheSettings (default: edgespec.load.kv_cache())."""
     from edgespec.tui.app import EdgespecApp
     from edgespec.tui.library import ModelChoice

@@ -108,7 +108,9 @@ class EdgespecApp(App):
         self.template = template
         """A built-in chat format's name (or Jinja source) instead of the GGUF's own."""
         self.rpc = rpc
-        """RPC workers given on the command line: they replace the settings' for this run."""
+        """The Split given on the command line (workers, tensor split, output layer): its
+        workers replace the settings' for this run, and while the settings keep them, it is
+        the split loaded."""
         self.cache = cache
         """The engine's CacheSettings (conversations held at once, snapshots); None: the defaults."""
         self.engine: ChatEngine | None = None
@@ -174,7 +176,7 @@ class EdgespecApp(App):
                 self.defaults = ChatSettings()
                 self.notify(str(e), title="Settings file ignored", severity="warning", timeout=10)
         if self.rpc is not None:
-            self.defaults = replace(self.defaults, rpc=self.rpc)
+            self.defaults = replace(self.defaults, rpc=",".join(str(e) for e in self.rpc.workers))
         self._chat.settings = self.defaults
         if problem := self._store_notice():
             self.notify(problem, title="Conversations", severity="error", timeout=30)
@@ -197,7 +199,8 @@ class EdgespecApp(App):
     def _load_installed(self, choice: ModelChoice, settings: ChatSettings, *,
                         progress: ProgressCallback) -> ChatEngine:
         """The models of the library, installed ones only (slow: the load worker calls it)."""
-        return load_choice(choice, settings, library=self.library, progress=progress, cache=self.cache)
+        return load_choice(choice, settings, library=self.library, progress=progress, cache=self.cache,
+                           split=self.rpc)
 
     @work(thread=True, exclusive=True, group="load")
     def _load_worker(self, choice: ModelChoice, settings: ChatSettings) -> None:

@@ -138,12 +138,13 @@ class RegistryLibrary:
 
 
 def load_choice(choice: ModelChoice, settings, *, library: Library | None = None,
-                progress: ProgressCallback | None = None, cache=None):
+                progress: ProgressCallback | None = None, cache=None, split=None):
     """Load the chosen models, installed ones only, with the settings' hardware
     options (see edgespec.load.load_engine; slow: call from a worker). `progress`
     hears of the files assembled, made or verified on the way (the first start of
     a bundled pair assembles and checks its files). `cache`: the engine's
-    CacheSettings (default: edgespec.load.kv_cache(), snapshots kept on disk)."""
+    CacheSettings (default: edgespec.load.kv_cache(), snapshots kept on disk);
+    `split`: the command line's Split, used while the settings name its workers."""
     from edgespec.llama.rpc import Split, parse_endpoints
     from edgespec.load import kv_cache, load_engine
     from edgespec.models.fetch import is_path_like
@@ -156,7 +157,8 @@ def load_choice(choice: ModelChoice, settings, *, library: Library | None = None
     def pair_models(name: str) -> tuple[str, str | None]:
         return (library or RegistryLibrary()).pair(name)
 
-    split = Split(parse_endpoints(settings.rpc)) if settings.rpc.strip() else None
+    workers = tuple(parse_endpoints(settings.rpc)) if settings.rpc.strip() else ()
+    split = split if split is not None and tuple(split.workers) == workers else Split(workers) if workers else None
     return load_engine(choice.target, choice.draft, pair=choice.pair, no_draft=choice.no_draft,
                        resolve=path_of, pair_models=pair_models,
                        n_threads=settings.threads or None, exact=settings.exact, rpc=split,
