@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Callable
 
@@ -184,8 +185,8 @@ def _weights(text: str) -> tuple[float, ...]:
         weights = tuple(float(w) for w in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, e.g. 3,1 (got {text!r})") from None
-    if any(not w >= 0 for w in weights) or not sum(weights) > 0:
-        raise argparse.ArgumentTypeError(f"the weights must be 0 or more, and not all 0 (got {text!r})")
+    if any(not 0 <= w < math.inf for w in weights) or not sum(weights) > 0:  # NaN fails every comparison
+        raise argparse.ArgumentTypeError(f"the weights must be finite numbers, 0 or more, and not all 0 (got {text!r})")
     return weights
 
 

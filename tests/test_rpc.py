@@ -96,6 +96,10 @@ def test_rpc_options_are_checked_before_loading(capsys, synth_target):
     with pytest.raises(SystemExit):
         main(["generate", "hi", "--rpc", "nohost"])
     assert "expected HOST:PORT" in capsys.readouterr().err
+    for weights in ("inf", "1e400", "1,nan", "-1,2", "0,0"):
+        with pytest.raises(SystemExit):
+            main(["generate", "hi", "--rpc", "127.0.0.1:50052", f"--tensor-split={weights}"])
+        assert "the weights must be finite numbers" in capsys.readouterr().err, weights
 
 
 def test_the_app_settings_hold_workers_and_reload_when_they_change():
