@@ -20,7 +20,7 @@ from edgespec import cli  # noqa: E402
 from edgespec.chat.template import chat_template  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 from edgespec.engine.runtime import Engine, ModelSettings  # noqa: E402
-from edgespec.errors import ModelFileError, WorkerLostError, WorkerUnreachableError  # noqa: E402
+from edgespec.errors import ModelFileError, ServeError, WorkerLostError, WorkerUnreachableError  # noqa: E402
 from edgespec.server import ServerSettings, bind, check_exposure, create_app, is_loopback, run  # noqa: E402
 from tests.fakes import FakeEngine, SlowReader  # noqa: E402
 from tests.server_helpers import KEY, ServerThread, http  # noqa: E402
@@ -38,6 +38,15 @@ def test_only_loopback_addresses_are_served_without_an_api_key():
     assert check_exposure("127.0.0.1", api_key=None, allow_no_key=False) is None
     assert check_exposure("0.0.0.0", api_key="k", allow_no_key=False) is None
     assert "NO API key" in check_exposure("0.0.0.0", api_key=None, allow_no_key=True)
+
+
+@pytest.mark.parametrize("host", ["bad host!", "", " ", "exa mple.com", "[::1", "host:80"])
+def test_a_host_that_is_not_an_address_is_named_as_such_not_as_an_exposure(host):
+    for key in (None, "k"):
+        with pytest.raises(ServeError, match="not a host name or an IP address"):
+            check_exposure(host, api_key=key, allow_no_key=False)
+    assert check_exposure("my-host.example", api_key="k", allow_no_key=False) is None
+    assert check_exposure("[::1]", api_key=None, allow_no_key=False) is None
 
 
 def test_serve_refuses_an_exposed_address_without_a_key_before_loading_anything(capsys, monkeypatch):

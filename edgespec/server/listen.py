@@ -8,6 +8,7 @@ about loudly.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import threading
 from typing import Callable
@@ -28,9 +29,25 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _is_host(host: str) -> bool:
+    """An IP address (IPv6 possibly in brackets) or a DNS name's syntax."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+        return True
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    return 0 < len(host) <= 253 and all(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", label)
+                                        for label in labels)
+
+
 def check_exposure(host: str, *, api_key: str | None, allow_no_key: bool) -> str | None:
-    """Raise ServeError for a non-loopback host without an API key (unless
-    `allow_no_key`); returns the warning to show when it is allowed anyway."""
+    """Raise ServeError for what is not a host at all, and for a non-loopback host
+    without an API key (unless `allow_no_key`); returns the warning to show when
+    it is allowed anyway."""
+    if not _is_host(host):
+        raise ServeError(f"--host {host!r} is not a host name or an IP address (e.g. 127.0.0.1, ::1, 0.0.0.0)")
     if is_loopback(host) or api_key:
         return None
     if not allow_no_key:
