@@ -148,6 +148,11 @@ def test_import_refuses_what_is_not_an_export(store):
         store.import_json({"format": "edgespec.conversation", "version": 1, "messages": [{"role": "robot"}]})
     with pytest.raises(StoreError, match="Upgrade edgespec"):
         store.import_json({"format": "edgespec.conversation", "version": 7, "messages": []})
+    for version in (None, "1", 1.5, True, 0):
+        data = {"format": "edgespec.conversation", "messages": []} | ({} if version is None else {"version": version})
+        with pytest.raises(StoreError, match="no version number") as e:
+            store.import_json(data)
+        assert "Upgrade" not in str(e.value)
     assert store.list() == []
 
 

@@ -469,7 +469,11 @@ def _validated_messages(data) -> list[Message]:
     import is written whole or not at all, and nothing later trips on its shape."""
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         raise StoreError(f"Not an edgespec conversation export (expected \"format\": \"{EXPORT_FORMAT}\").")
-    if not isinstance(data.get("version"), int) or data["version"] > EXPORT_VERSION:
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise StoreError(f"The export has no version number (\"version\": 1 for this edgespec's exports), "
+                         f"got {version!r}.")
+    if version > EXPORT_VERSION:
         raise StoreError(f"This export has version {data.get('version')!r}; this edgespec reads up to "
                          f"{EXPORT_VERSION}. Upgrade edgespec to import it.")
     for key in ("title", "created", "updated"):
