@@ -111,6 +111,19 @@ def test_a_message_without_its_text_is_a_400_that_says_so(message, param, words)
         served.stop()
 
 
+@pytest.mark.parametrize("body", [b"", b"null", b"[]", b'"hi"'])
+def test_a_body_that_is_not_a_json_object_says_so(body):
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", template="chatml")))
+    try:
+        served.wait_ready(30)
+        for path in ("/v1/chat/completions", "/v1/completions"):
+            status, answer = http("POST", served.url + path, body)
+            assert status == 400 and "None" not in answer["error"]["message"], answer
+            assert "JSON object" in answer["error"]["message"]
+    finally:
+        served.stop()
+
+
 def test_a_wrong_method_says_which_are_allowed_and_head_works_where_get_does():
     import urllib.request
 

@@ -68,6 +68,10 @@ def validation_error(exc: RequestValidationError) -> ApiError:
     if first.get("type") == "json_invalid":
         return ApiError(400, f"The body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')}).")
     loc = _field(first)
+    if not loc and first.get("type") in ("missing", "model_type", "model_attributes_type", "dict_type"):
+        # the body itself: empty, or JSON but not an object
+        sent = "none was sent" if first.get("type") == "missing" else "got another JSON value"
+        return ApiError(400, f"The request body must be a JSON object ({sent}).")
     param = ".".join(loc) or None
     message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
     if first.get("type") == "missing":
