@@ -111,6 +111,24 @@ def test_a_message_without_its_text_is_a_400_that_says_so(message, param, words)
         served.stop()
 
 
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
+     "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stop": ["\ud83d"]}, "stop"),
+    ("/v1/completions", {"prompt": "x\udc80"}, "prompt"),
+])
+def test_a_lone_surrogate_in_a_text_is_a_400_that_names_it(path, body, param):
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", template="chatml")))
+    try:
+        served.wait_ready(30)
+        status, answer = http("POST", served.url + path, json.dumps(body).encode())
+        assert status == 400 and answer["error"]["param"].startswith(param), answer
+        assert "surrogate" in answer["error"]["message"] and "codec" not in answer["error"]["message"]
+    finally:
+        served.stop()
+
+
 @pytest.mark.parametrize("body", [b"", b"null", b"[]", b'"hi"'])
 def test_a_body_that_is_not_a_json_object_says_so(body):
     served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", template="chatml")))

@@ -11,12 +11,26 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from edgespec.engine.events import MODES
 
 Number = Annotated[float, Field(strict=True)]
 """A JSON number (an integer is a number too; a string is not)."""
+
+
+def _unicode(text: str) -> str:
+    """JSON may escape half of a UTF-16 surrogate pair alone ("\\ud800"): no character, and no UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"the text holds a lone UTF-16 surrogate (\\u{ord(text[e.start]):04x}) at character "
+                         f"{e.start}, which is not a character: send valid Unicode text") from None
+    return text
+
+
+Text = Annotated[StrictStr, AfterValidator(_unicode)]
+"""A JSON string that is valid Unicode text."""
 
 
 class _Body(BaseModel):
@@ -42,7 +56,7 @@ class Speculation(_Body):
 
 class ContentPart(_Body):
     type: StrictStr
-    text: StrictStr | None = None
+    text: Text | None = None
 
     @model_validator(mode="after")
     def _text_only(self):
@@ -55,7 +69,7 @@ class ContentPart(_Body):
 
 class ChatMessage(_Body):
     role: StrictStr
-    content: StrictStr | list[ContentPart] | None = Field(None, validate_default=True)
+    content: Text | list[ContentPart] | None = Field(None, validate_default=True)
     name: StrictStr | None = None
 
     @field_validator("content")
@@ -91,7 +105,7 @@ class _Generation(_Body):
     top_p: Number | None = Field(None, gt=0, le=1)
     top_k: StrictInt | None = Field(None, ge=0)
     """llama-server's extension (0: off)."""
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: Text | list[Text] | None = None
     seed: StrictInt | None = Field(None, ge=0)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -157,7 +171,7 @@ class ChatCompletionRequest(_Generation):
 
 
 class CompletionRequest(_Generation):
-    prompt: StrictStr | list[StrictStr] | list[StrictInt]
+    prompt: Text | list[Text] | list[StrictInt]
     echo: StrictBool = False
     suffix: StrictStr | None = None
     logprobs: StrictInt | None = None
