@@ -39,8 +39,9 @@ class Neighbours(Protocol):
     def make_room(self, n: int, seq: "KVSequence") -> bool:
         """Free cells for n more tokens of `seq` (others' go to snapshots); False if none could be freed."""
 
-    def recall(self, seq: "KVSequence", tokens: Sequence[int]) -> str | None:
-        """Before `seq` reads `tokens`: restore a snapshot that holds more of them; where it came from."""
+    def recall(self, seq: "KVSequence", tokens: Sequence[int], held: int) -> str | None:
+        """Before `seq` reads `tokens` (sharing `held` with it): restore a snapshot that
+        holds more of them; where it came from."""
 
 
 class KVSequence:
@@ -110,12 +111,14 @@ class KVSequence:
                 if not self.pool.make_room(self.n_ctx, self):
                     raise
 
-    def recall(self, tokens: Sequence[int]) -> str | None:
+    def recall(self, tokens: Sequence[int], held: int | None = None) -> str | None:
         """Before reading `tokens`: if a snapshot holds more of them than this
-        sequence does, restore it ("ram" or "disk": where it came from)."""
-        if self.pool is None or len(tokens) - common_prefix_length(self.tokens, tokens) < RECALL_MIN:
+        sequence does, restore it ("ram" or "disk": where it came from). `held`:
+        their common prefix with what the sequence holds, if known."""
+        if self.pool is None:
             return None
-        return self.pool.recall(self, tokens)
+        held = common_prefix_length(self.tokens, tokens) if held is None else held
+        return self.pool.recall(self, tokens, held) if len(tokens) - held >= RECALL_MIN else None
 
     def restored(self, tokens: Sequence[int]) -> None:
         """The cache now holds `tokens` (a snapshot was loaded into it)."""
@@ -138,8 +141,10 @@ class KVSequence:
         """`sync`, one batch at a time, yielding after each how many of `tokens`
         the cache holds: reading a long prompt can be stopped between batches
         (the cache then holds a prefix of it, which the next sync reuses)."""
-        self.recall(tokens)
-        self.truncate(common_prefix_length(self.tokens, tokens))
+        held = common_prefix_length(self.tokens, tokens)
+        if self.recall(tokens, held):
+            held = common_prefix_length(self.tokens, tokens)
+        self.truncate(held)
         step = self._batch.capacity
         while len(self.tokens) < len(tokens):
             self.extend(tokens[len(self.tokens) : len(self.tokens) + step])

@@ -146,7 +146,8 @@ class _Loaded:
         self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers, split=settings.rpc)
         try:
             self.ctx = self._context(slots or default_slots(True if settings.exact else self._flash_attn()))
-            self.pool = SequencePool(self.ctx, key=self._cache_key(), cache=cache)
+            # the key reads the model file: only where there are snapshots to tell apart
+            self.pool = SequencePool(self.ctx, key=self._cache_key() if cache else "", cache=cache)
         except BaseException:
             if getattr(self, "ctx", None) is not None:
                 self.ctx.close()

@@ -81,7 +81,7 @@ class SequencePool:
         recently used other sequences; False when there was nothing to evict."""
         freed = False
         for other in list(self.order):
-            if self.used + n <= self.ctx.n_ctx():
+            if self.used + n <= seq.n_ctx:  # the usual case, every decode: nothing to do
                 break
             if other is not seq and other.tokens:
                 self.evict(other)
@@ -105,11 +105,10 @@ class SequencePool:
         return Snapshot(self.key, np.asarray(seq.tokens, dtype=np.int32), data)
 
     # -- snapshots --------------------------------------------------------------------
-    def recall(self, seq: KVSequence, tokens: Sequence[int]) -> str | None:
-        """Before `seq` reads `tokens`: keep what it would give up, and restore the
-        snapshot that shares at least RECALL_MIN more of `tokens` than it does, if any.
-        Returns "ram" or "disk" when a snapshot was restored."""
-        held = common_prefix_length(seq.tokens, tokens)
+    def recall(self, seq: KVSequence, tokens: Sequence[int], held: int) -> str | None:
+        """Before `seq` reads `tokens`, of which it holds the first `held`: keep what it
+        would give up, and restore the snapshot that shares at least RECALL_MIN more
+        of `tokens` than it does, if any. Returns "ram" or "disk" when one was restored."""
         self.keep(seq, beyond=held)
         if self.cache is None:
             return None

@@ -214,17 +214,14 @@ class SnapshotCache:
         return sorted(found, key=lambda f: -f[1])
 
     def _read_header(self, path: Path) -> tuple[str, np.ndarray, int] | None:
+        """A file's key, tokens and size, its length checked against its header; None
+        (and the file gone, with a line in the log) when it is not a whole snapshot."""
         try:
             with open(path, "rb") as f:
-                magic, n = _HEADER.unpack(f.read(_HEADER.size))
-                if magic != MAGIC or n > 4096:
-                    raise ValueError("not an edgespec KV snapshot")
-                header = json.loads(f.read(n))
-                count = int(header["n_tokens"])
-                tokens = np.frombuffer(f.read(4 * count), dtype="<i4").astype(np.int32)
+                header, tokens = _header(f)
                 size = os.fstat(f.fileno()).st_size
-            if tokens.size != count or size != _HEADER.size + n + 4 * count + int(header["data_bytes"]):
-                raise ValueError("truncated")
+                if size != f.tell() + int(header["data_bytes"]):
+                    raise ValueError("truncated")
             return str(header["key"]), tokens, size
         except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
             self._discard(path, e)
@@ -234,12 +231,10 @@ class SnapshotCache:
         """The snapshot in `path`, checked whole (size, key, checksum), or None."""
         try:
             with open(path, "rb") as f:
-                _, n = _HEADER.unpack(f.read(_HEADER.size))
-                header = json.loads(f.read(n))
-                count, size = int(header["n_tokens"]), int(header["data_bytes"])
-                tokens = np.frombuffer(f.read(4 * count), dtype="<i4").astype(np.int32)
+                header, tokens = _header(f)
+                size = int(header["data_bytes"])
                 data = f.read(size + 1)
-            if header["key"] != key or tokens.size != count or len(data) != size:
+            if header["key"] != key or len(data) != size:
                 raise ValueError("truncated or not for this model")
             if zlib.crc32(data) != header["crc32"]:
                 raise ValueError("checksum mismatch")
@@ -275,3 +270,16 @@ class SnapshotCache:
                 continue
             self._index.pop(p, None)
             total -= size
+
+
+def _header(f) -> tuple[dict, np.ndarray]:
+    """A snapshot file's JSON header and tokens; the file is left at its state data."""
+    magic, n = _HEADER.unpack(f.read(_HEADER.size))
+    if magic != MAGIC or n > 4096:
+        raise ValueError("not an edgespec KV snapshot")
+    header = json.loads(f.read(n))
+    count = int(header["n_tokens"])
+    tokens = np.frombuffer(f.read(4 * count), dtype="<i4").astype(np.int32)
+    if tokens.size != count:
+        raise ValueError("truncated")
+    return header, tokens

@@ -409,6 +409,7 @@ class Guard:
         """Why the model is unusable, once a worker was lost."""
         self._unwatched = set(self.endpoints)
         """Workers whose connection has no keepalive yet (ggml-rpc connects on first use)."""
+        self._watch_tries = 16
         _install_abort_callback()
         self._runner = _Runner()
 
@@ -440,7 +441,8 @@ class Guard:
                 raise TimeoutError
             if _aborts != aborts:
                 self._lose(_last_abort)
-        if self._unwatched:
+        if self._unwatched and self._watch_tries > 0:  # a few calls, not every decode, if one is never found
+            self._watch_tries -= 1
             self._unwatched -= keep_alive(self._unwatched)
         if "error" in box:
             raise box["error"]
