@@ -1,6 +1,6 @@
 """Typed errors with messages a user can act on.
 
-Everything below the faces (cli.py, the chat app) raises these; the faces
+Everything below the faces (edgespec.cli, the chat app) raises these; the faces
 catch `EdgespecError` once and print its message.
 """
 

@@ -24,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench import load_prompts, machine  # noqa: E402
-from edgespec.cli import _prompt_tokens, add_model_options, engine_from_args  # noqa: E402
+from edgespec.chat.template import encode_prompt  # noqa: E402
+from edgespec.cli.options import add_model_options, engine_from_args  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 
 
@@ -51,7 +52,7 @@ def main() -> int:
     with engine_from_args(args) as engine:
         print(f"{machine()}; exact kernels: {engine.describe()['exact']}")
         for prompt in load_prompts(categories=args.category):
-            tokens = _prompt_tokens(engine, prompt.prompt, raw=False, system=None, template=None)[0]
+            tokens = encode_prompt(engine, prompt.prompt)[0]
             cost, total, ratios = defaultdict(float), defaultdict(int), []
             for r in range(args.repeats):
                 runs = {}

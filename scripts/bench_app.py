@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgespec.bench import machine  # noqa: E402
 from edgespec.chat.session import ChatSession  # noqa: E402
 from edgespec.chat.store import ConversationStore  # noqa: E402
-from edgespec.cli import add_model_options, engine_from_args  # noqa: E402
+from edgespec.cli.options import add_model_options, engine_from_args  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 from edgespec.tui.app import EdgespecApp  # noqa: E402
 from edgespec.tui.library import ModelChoice  # noqa: E402

@@ -21,7 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench import load_prompts  # noqa: E402
-from edgespec.cli import _prompt_tokens, add_model_options, engine_from_args  # noqa: E402
+from edgespec.chat.template import encode_prompt  # noqa: E402
+from edgespec.cli.options import add_model_options, engine_from_args  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 
 PROMPT_IDS = ("explain", "write-function", "add-docstrings", "reformat-json")
@@ -57,7 +58,7 @@ def main() -> int:
               f"{'overhead/cycle':>15} {'same':>5}")
         overheads, passes = [], []
         for prompt in prompts:
-            tokens = _prompt_tokens(engine, prompt.prompt, raw=False, system=None, template=None)[0]
+            tokens = encode_prompt(engine, prompt.prompt)[0]
             run(engine, tokens, GenerationParams(mode="plain", max_tokens=8))  # warm-up
             rows = {m: [] for m in modes}
             for r in range(args.repeats):

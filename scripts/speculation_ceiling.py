@@ -31,7 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench import load_prompts  # noqa: E402
-from edgespec.cli import _prompt_tokens, add_model_options, engine_from_args  # noqa: E402
+from edgespec.chat.template import encode_prompt  # noqa: E402
+from edgespec.cli.options import add_model_options, engine_from_args  # noqa: E402
 from edgespec.engine.auto import AutoPolicy  # noqa: E402
 from edgespec.engine.costs import Costs, measure_pass  # noqa: E402
 from edgespec.engine.policy import FixedPolicy  # noqa: E402
@@ -82,7 +83,7 @@ def main() -> int:
         k_max = min(engine.max_verify_batch() - 1, 16)
         k = min(args.k, k_max)
         prompts = load_prompts(categories=args.category)
-        encoded = [(p, _prompt_tokens(engine, p.prompt, raw=False, system=None, template=None)[0]) for p in prompts]
+        encoded = [(p, encode_prompt(engine, p.prompt)[0]) for p in prompts]
         costs = measure_costs(engine, encoded[0][1], k_max)
         print("costs: target pass " + ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in sorted(costs.target.items()))
               + f"; draft token {costs.per_draft_token['draft'] * 1000:.1f} ms, catch-up "

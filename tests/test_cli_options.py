@@ -7,14 +7,23 @@ import pytest
 from tests.fakes import FakeEngine
 
 from edgespec import cli
+from edgespec.cli import chats, generate, options
+from edgespec.cli.output import format_stats
+from edgespec.cli.progress import ProgressBars
 from edgespec.engine.events import GenerationParams, Stats
+
+
+def load_with(monkeypatch, load):
+    """Have `generate` and `chat` load their models with `load`."""
+    for command in (generate, chats):
+        monkeypatch.setattr(command, "engine_from_args", load)
 
 
 @pytest.fixture
 def engine(monkeypatch):
     """The engine every command gets; it replies with the prompt it was given."""
     fake = FakeEngine(reply=lambda prompt: "[" + prompt + "]")
-    monkeypatch.setattr(cli, "engine_from_args", lambda args, progress=None: fake)
+    load_with(monkeypatch, lambda args, progress=None: fake)
     return fake
 
 
@@ -22,7 +31,7 @@ def engine(monkeypatch):
 def no_load(monkeypatch):
     def load(args, progress=None):
         raise AssertionError("the models were loaded before the options were checked")
-    monkeypatch.setattr(cli, "engine_from_args", load)
+    load_with(monkeypatch, load)
 
 
 @pytest.mark.parametrize("option, message", [
@@ -47,10 +56,10 @@ def test_threads_are_checked_and_clamped_to_the_cores(capsys, monkeypatch):
     import os
 
     args = cli.build_parser().parse_args(["generate", "hi", "--threads", "4096"])
-    cli.check_model_options(args)
+    options.check_model_options(args)
     assert args.threads == os.cpu_count() and "--threads 4096" in capsys.readouterr().err
     with pytest.raises(ValueError, match="threads"):
-        cli.check_model_options(cli.build_parser().parse_args(["generate", "hi", "--threads", "-2"]))
+        options.check_model_options(cli.build_parser().parse_args(["generate", "hi", "--threads", "-2"]))
 
 
 def test_k_0_outside_plain_mode_says_it_is_plain_decoding():
@@ -59,7 +68,7 @@ def test_k_0_outside_plain_mode_says_it_is_plain_decoding():
     plan = Engine(None, None).policy(GenerationParams(mode="lookup", k=0)).plan([])
     assert plan.k == 0 and "k is 0" in plan.reason
     stats = Stats(mode="lookup", drafter="none", reason=plan.reason, generated_tokens=3)
-    assert "k is 0" in cli.format_stats(stats)
+    assert "k is 0" in format_stats(stats)
 
 
 def test_generate_takes_a_template_for_a_model_without_one(capsys, engine):
@@ -85,10 +94,10 @@ def test_gpu_layers_on_a_build_without_gpu_say_so_once(capsys, monkeypatch, synt
 
     monkeypatch.setattr(edgespec.llama, "system_info", lambda: {"backend": "cpu", "gpu_offload": False})
     args = cli.build_parser().parse_args(["generate", "hi", "--n-gpu-layers", "-1", "--n-gpu-layers-draft", "-1"])
-    cli.check_model_options(args)
+    options.check_model_options(args)
     err = capsys.readouterr().err
     assert err.count("no GPU backend") == 1 and "GGML_METAL" in err and "GGML_CUDA" in err
-    cli.check_model_options(cli.build_parser().parse_args(["generate", "hi"]))
+    options.check_model_options(cli.build_parser().parse_args(["generate", "hi"]))
     assert capsys.readouterr().err == ""
 
 
@@ -98,7 +107,7 @@ def test_progress_is_drawn_one_line_per_finished_file_off_a_terminal():
     from edgespec.models.progress import Progress
 
     out = io.StringIO()
-    bars = cli.ProgressBars(out)
+    bars = ProgressBars(out)
     bars(Progress("m.gguf", 0, 2_000_000, 0.0, None))
     bars(Progress("m.gguf", 1_000_000, 2_000_000, 1e6, 1.0))
     assert out.getvalue() == ""  # not a terminal: nothing until the file is done
@@ -122,7 +131,7 @@ def test_flash_attention_is_a_model_option_and_exact_kernels_refuse_it_off(capsy
     monkeypatch.setattr(edgespec.load, "load_engine", load_engine)
     for value in ("on", "off", "auto"):
         with pytest.raises(KeyboardInterrupt):
-            cli.engine_from_args(cli.build_parser().parse_args(["generate", "hi", "--flash-attn", value]))
+            options.engine_from_args(cli.build_parser().parse_args(["generate", "hi", "--flash-attn", value]))
     assert asked == [True, False, None]
     assert cli.main(["generate", "hi", "--exact", "--flash-attn", "off"]) == cli.EXIT_ERROR
     assert "--exact needs flash attention" in capsys.readouterr().err and len(asked) == 3

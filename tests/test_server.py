@@ -18,6 +18,8 @@ openai = pytest.importorskip("openai", reason="needs the test extra: pip install
 
 from edgespec import cli  # noqa: E402
 from edgespec.chat.template import chat_template  # noqa: E402
+from edgespec.cli.options import params_from_args  # noqa: E402
+from edgespec.cli.serve import API_KEY_ENV  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 from edgespec.engine.runtime import Engine, ModelSettings  # noqa: E402
 from edgespec.errors import ModelFileError, ServeError, WorkerLostError, WorkerUnreachableError  # noqa: E402
@@ -50,7 +52,7 @@ def test_a_host_that_is_not_an_address_is_named_as_such_not_as_an_exposure(host)
 
 
 def test_serve_refuses_an_exposed_address_without_a_key_before_loading_anything(capsys, monkeypatch):
-    monkeypatch.delenv(cli.API_KEY_ENV, raising=False)
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
     assert cli.main(["serve", "--host", "0.0.0.0", "--target", "/nonexistent/model.gguf"]) == cli.EXIT_ERROR
     err = capsys.readouterr().err
     assert "--api-key" in err and "model.gguf" not in err
@@ -58,7 +60,7 @@ def test_serve_refuses_an_exposed_address_without_a_key_before_loading_anything(
 
 def test_serve_without_max_tokens_leaves_replies_unlimited():
     args = cli.build_parser().parse_args(["serve"])
-    assert cli.params_from_args(args).max_tokens is None  # no TypeError: the reply runs until the context is full
+    assert params_from_args(args).max_tokens is None  # no TypeError: the reply runs until the context is full
 
 
 def test_health_is_503_while_the_model_loads_then_200():

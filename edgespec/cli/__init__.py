@@ -1,0 +1,76 @@
+"""The `edgespec` command: argparse entry and subcommands.
+
+The one place that turns errors into messages and exit codes: everything
+below raises EdgespecError (or ValueError for bad settings) with a message
+written for the user. With no command it opens the chat app; each family of
+commands is a module here (generate, models, chats, serve, worker) that adds
+its parsers, and options.py holds the options they share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from edgespec import __version__
+from edgespec.cli import chats, generate, models, serve, worker
+from edgespec.cli.options import (add_cache_options, add_model_names, add_no_draft, add_rpc_options, cache_from_args,
+                                  rpc_split)
+from edgespec.cli.output import EXIT_ERROR, EXIT_INTERRUPTED
+from edgespec.errors import EdgespecError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = getattr(args, "handler", _cmd_app)
+    try:
+        return handler(args) or 0
+    except (EdgespecError, ValueError) as e:
+        print(f"edgespec: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("\nedgespec: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgespec",
+        description="Chat with local GGUF models, made faster by lossless speculative decoding. "
+        "With no command, opens the chat app.",
+    )
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="show versions and llama.cpp's backend, then exit")
+    app = parser.add_argument_group("chat app (no command)")
+    add_model_names(app)
+    add_no_draft(app)
+    add_rpc_options(app)
+    add_cache_options(app)
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for family in (generate, models, chats, serve, worker):
+        family.add_parsers(sub)
+    return parser
+
+
+class _VersionAction(argparse.Action):
+    """--version: edgespec's version and what llama.cpp was built with (CPU, Metal, CUDA)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from edgespec.llama import system_info
+
+        info = system_info()
+        gpu = "GPU offload available" if info["gpu_offload"] else "no GPU offload"
+        rpc = "RPC available (edgespec worker, --rpc)" if info["rpc"] else "no RPC (scripts/install.sh builds it)"
+        print(f"edgespec {__version__}\nllama-cpp-python {info['llama_cpp_python']}, "
+              f"backend {info['backend']} ({gpu}; {rpc})\n{info['system_info']}")
+        parser.exit()
+
+
+def _cmd_app(args: argparse.Namespace) -> int:
+    """The chat app; a missing or broken model is shown there (with how to get it), not raised."""
+    from edgespec.tui import run_app
+
+    run_app(pair=args.pair, target=args.target, draft=args.draft, no_draft=args.no_draft, rpc=rpc_split(args),
+            cache=cache_from_args(args))
+    return 0

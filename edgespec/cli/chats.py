@@ -1,0 +1,143 @@
+"""`edgespec chat` (a stored conversation, headless), `chats`, `export` and `import`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, engine_from_args,
+                                  params_from_args)
+from edgespec.cli.output import format_stats, note, print_table
+from edgespec.cli.progress import stderr_progress
+from edgespec.errors import EdgespecError
+
+
+def add_parsers(sub) -> None:
+    """`chat`, `chats`, `export` and `import`, on the subparsers of the `edgespec` parser."""
+    p = sub.add_parser("chat", help="continue a stored conversation headlessly",
+                       description="Send a message to a stored conversation (default: the latest) and stream "
+                                   "the reply to stdout. Without --once, reads messages from stdin, one per line. "
+                                   "The conversation's models are used again unless --pair/--target is given.")
+    p.add_argument("--once", metavar="MESSAGE", help="send this one message, print the reply, exit")
+    p.add_argument("--conversation", type=int, metavar="ID", help="conversation to continue (see `edgespec chats`)")
+    p.add_argument("--new", action="store_true", help="start a new conversation")
+    p.add_argument("--system", metavar="TEXT", help="system prompt of a new conversation")
+    add_template_option(p)
+    p.add_argument("--stats", action="store_true", help="print each reply's statistics to stderr")
+    add_model_options(p)
+    add_sampling_options(p)
+    p.set_defaults(handler=_cmd_chat)
+
+    p = sub.add_parser("chats", help="list stored conversations, most recent first")
+    p.add_argument("--search", metavar="TEXT", help="only those whose title or messages contain TEXT")
+    p.set_defaults(handler=_cmd_chats)
+
+    p = sub.add_parser("export", help="print a stored conversation as Markdown or JSON")
+    p.add_argument("id", type=int, metavar="ID")
+    p.add_argument("--format", choices=("md", "json"), default="md")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    p.set_defaults(handler=_cmd_export)
+
+    p = sub.add_parser("import", help="store a conversation exported as JSON (`edgespec export ID --format json`)")
+    p.add_argument("file", metavar="FILE")
+    p.set_defaults(handler=_cmd_import)
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from edgespec.chat import ChatSession
+
+    params = params_from_args(args)
+    store = _open_store()
+    cid = None if args.new else (args.conversation or store.latest())
+    stored = store.settings(cid) if cid is not None else {}
+    if not (args.pair or args.target) and stored.get("target") and Path(stored["target"]).exists():
+        args.target = stored["target"]  # the models the conversation was held with
+        if not args.draft and stored.get("draft") and Path(stored["draft"]).exists():
+            args.draft = stored["draft"]
+    template = args.template or (stored.get("template") if stored.get("template") not in (None, "gguf") else None)
+    with engine_from_args(args, progress=stderr_progress()) as engine:
+        name = Path(engine.describe()["models"]["target"]["path"]).name
+        session = ChatSession(engine, store=store, conversation_id=cid, system_prompt=args.system,
+                              params=params, template=template, model_name=name,
+                              on_wait=lambda: note("another edgespec is replying in this conversation; waiting for "
+                                                   "its reply to finish (Ctrl+C gives up)"))
+        for text in [args.once] if args.once is not None else _stdin_lines():
+            last = None
+            for last in session.send(text):
+                sys.stdout.write(last.text)
+                sys.stdout.flush()
+            print()
+            if last is not None and (args.stats or last.stats.dropped_messages):
+                dropped = last.stats.dropped_messages
+                note = f" (the {dropped} oldest messages were left out to fit the context)" if dropped else ""
+                print(format_stats(last.stats) + note, file=sys.stderr)
+    print(f"[conversation {session.conversation_id}]", file=sys.stderr)
+    return 0
+
+
+def _open_store():
+    """The conversation store; what opening it needed telling (a damaged file moved aside) goes to stderr."""
+    from edgespec.chat import ConversationStore
+
+    store = ConversationStore()
+    if store.notice:
+        note(store.notice)
+    return store
+
+
+def _stdin_lines():
+    while True:
+        if sys.stdin.isatty():
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return
+        if line.strip():
+            yield line.rstrip("\n")
+
+
+def _cmd_chats(args: argparse.Namespace) -> int:
+    rows = [[str(c.id), f"{c.updated:%Y-%m-%d %H:%M}", str(c.n_messages), c.title]
+            for c in _open_store().list(search=args.search)]
+    if rows:
+        print_table(["id", "updated", "messages", "title"], rows)
+    else:
+        print("no conversations" + (f" matching {args.search!r}" if args.search else ""), file=sys.stderr)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    store = _open_store()
+    if args.format == "json":
+        text = json.dumps(store.export_json(args.id), ensure_ascii=False, indent=2) + "\n"
+    else:
+        text = store.export_markdown(args.id)
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise EdgespecError(f"cannot write {args.output}: {e.strerror or e}") from None
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from edgespec.chat import StoreError
+
+    try:
+        data = json.loads(Path(args.file).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise StoreError(f"cannot read {args.file}: {e}") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise StoreError(f"cannot read {args.file}: its JSON is nested too deeply to be an edgespec export") from None
+    print(f"imported as conversation {_open_store().import_json(data)}")
+    return 0
+

@@ -1,0 +1,150 @@
+"""`edgespec generate` (one completion) and `edgespec bench` (a prompt suite, mode against mode)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from edgespec.bench import BASELINE, DEFAULT_MODES
+from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, engine_from_args,
+                                  params_from_args)
+from edgespec.cli.output import EXIT_INTERRUPTED, format_stats, note
+from edgespec.cli.progress import stderr_progress
+from edgespec.engine.events import GenerationParams
+from edgespec.errors import EdgespecError
+
+
+def add_parsers(sub) -> None:
+    """`generate` and `bench`, on the subparsers of the `edgespec` parser."""
+    _add_generate(sub)
+    _add_bench(sub)
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="one completion, streamed to stdout (headless; for scripts and benchmarks)",
+                       description="Generate one reply. The prompt comes from the argument or stdin and is "
+                                   "wrapped as one user message with the target's chat template unless --raw.")
+    p.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
+    add_model_options(p)
+    add_sampling_options(p)
+    add_template_option(p)
+    p.add_argument("--raw", action="store_true", help="no chat template: the prompt is the model's input")
+    p.add_argument("--system", metavar="TEXT", help="a system message (ignored with --raw)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: text, tokens, flags, statistics")
+    p.set_defaults(handler=_cmd_generate)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from edgespec.chat.template import encode_prompt
+
+    prompt = args.prompt if args.prompt is not None else _read_stdin()
+    if not prompt.strip():
+        raise EdgespecError("the prompt is empty: pass it as an argument or on stdin")
+    params = params_from_args(args)
+    with engine_from_args(args, progress=stderr_progress()) as engine:
+        tokens, stops = encode_prompt(engine, prompt, raw=args.raw, system=args.system, template=args.template)
+        params.stop += stops
+        text, ids, flags, last = [], [], [], None
+        chunks = engine.generate(tokens, params)
+        try:
+            for last in chunks:
+                text.append(last.text)
+                ids += last.tokens
+                flags += last.from_draft
+                if not args.json:
+                    sys.stdout.write(last.text)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            chunks.close()
+            if last is not None:
+                print(f"\n[stopped] {format_stats(last.stats)}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+    stats = last.stats
+    if args.json:
+        json.dump({"text": "".join(text), "tokens": ids, "from_draft": flags, "stats": stats.to_dict()},
+                  sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        print(file=sys.stdout)
+        print(format_stats(stats), file=sys.stderr)
+    return 0
+
+
+def _read_stdin() -> str:
+    """stdin as UTF-8; bytes that are not UTF-8 become U+FFFD, with a note naming the first."""
+    stdin = sys.stdin
+    data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        note(f"stdin is not valid UTF-8 (first bad byte at byte {e.start}); invalid bytes were replaced by U+FFFD")
+        return data.decode("utf-8", errors="replace")
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="measure speculation against plain decoding on a prompt suite",
+                       description="Runs a prompt suite in several modes, interleaved, and prints tokens/s, "
+                                   "acceptance and the speedup over plain decoding; writes JSON and a PNG chart.")
+    add_model_options(p)
+    p.set_defaults(cache_disk=0)  # a benchmark keeps nothing for a later run
+    p.add_argument("--prompts", metavar="FILE", help="a prompt suite YAML (default: the shipped one)")
+    p.add_argument("--category", action="append", help="only these categories (repeatable)")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                   help=f"comma-separated (default: all: {','.join(DEFAULT_MODES)}; {BASELINE} is plain llama.cpp "
+                        "through llama-cpp-python's Llama, the baseline)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--k", type=int, default=8, help="most tokens drafted per cycle (default 8)")
+    p.add_argument("--out", default="bench-out", metavar="DIR", help="where results.json and speedup.png go")
+    p.set_defaults(handler=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from edgespec import bench
+    from edgespec.chat.template import encode_prompt
+
+    prompts = bench.load_prompts(args.prompts, categories=args.category)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if "plain" not in modes:
+        modes.insert(0, "plain")  # speedups are ratios to plain, measured in the same run
+    params = GenerationParams(max_tokens=args.max_tokens, k=args.k)
+    with engine_from_args(args, progress=stderr_progress()) as engine:
+        info = engine.describe()
+        print(f"backend {info['backend']}; {bench.machine()}; " + "; ".join(
+            f"{role} {Path(m['path']).name} ({m['n_gpu_layers']}/{m['n_layer'] + 1} layers on GPU, "
+            f"flash attention {m['flash_attn']})"
+            for role, m in info["models"].items()))
+        if args.rpc:
+            from edgespec.engine.runtime import placement_line
+
+            print(f"target {placement_line(info)}")
+            if bench.BASELINE in modes:  # llama-cpp-python's Llama would load the whole target here
+                note(f"--rpc: no {bench.BASELINE} row (scripts/bench_rpc.py compares with llama.cpp over RPC)")
+                modes.remove(bench.BASELINE)
+        baseline = None
+        if bench.BASELINE in modes:
+            baseline = bench.LlamaCppBaseline(info["models"]["target"]["path"], n_ctx=args.ctx,
+                                              n_threads=args.threads, is_eog=engine.is_eog)
+        try:
+            results = bench.run_suite(
+                engine, prompts, modes=modes, repeats=args.repeats, params=params, baseline=baseline,
+                encode=lambda text: encode_prompt(engine, text)[0],
+                on_result=lambda table: print(table, flush=True),
+            )
+        finally:
+            if baseline is not None:
+                baseline.close()
+    print()
+    print(bench.summarize(results))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"models": info, "machine": bench.machine(), "repeats": args.repeats, "max_tokens": args.max_tokens,
+            "k": args.k}
+    bench.write_json(results, out / "results.json", meta=meta)
+    bench.write_chart(results, out / "speedup.png")
+    print(f"\nwrote {out / 'results.json'} and {out / 'speedup.png'}")
+    return 0
+

@@ -1,0 +1,244 @@
+"""The options the commands share (models, caches, RPC workers, sampling): each
+is added to a parser here, and read back and checked here before any model loads."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from edgespec.cli.output import note
+from edgespec.cli.progress import ProgressBars
+from edgespec.engine.events import MODES, GenerationParams
+
+
+# -- models ------------------------------------------------------------------------------
+
+MODEL_NAMES = "a .gguf path, a registry name or hf:OWNER/REPO/FILE.gguf"
+"""How a model may be named wherever the CLI takes one."""
+
+MIN_CTX = 32
+"""Smallest --ctx. llama.cpp's batch is never larger than the context asked for,
+and a verify pass (up to 17 tokens) and the draft model's 16-token calibration
+must each fit in one batch; nor does any chat fit in fewer tokens."""
+
+FLASH_ATTN = {"auto": None, "on": True, "off": False}
+"""--flash-attn, as ModelSettings.flash_attn takes it."""
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """--target/--draft/--pair and how to run them (GPU layers, threads, context)."""
+    g = p.add_argument_group("models")
+    add_model_names(g)
+    add_no_draft(g)
+    g.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
+                   help="target layers on the GPU, or with --rpc on the workers and GPUs (-1: all; "
+                        "default 0, with --rpc all)")
+    g.add_argument("--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU (-1: all)")
+    g.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
+    g.add_argument("--ctx", type=_context_size, default=4096, metavar="N",
+                   help=f"context size in tokens (default 4096, at least {MIN_CTX})")
+    g.add_argument("--exact", action="store_true",
+                   help="batch-invariant kernels for the target: greedy speculation then equals plain greedy decoding "
+                        "token for token (slower on some machines; verify batches capped at those measured exact)")
+    g.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto",
+                   help="flash attention (default auto: off where all layers run on the CPU, whose kernel for it "
+                        "is slower deep in a conversation, unless the context is so long that the attention "
+                        "scores it does without would take too much memory; elsewhere llama.cpp's choice)")
+    add_rpc_options(g)
+    add_cache_options(g)
+
+
+def add_model_names(g) -> None:
+    """--pair, --target, --draft: which models to load (the app takes them too)."""
+    g.add_argument("--pair", metavar="NAME", help="a target + draft pair from the registry (default: the bundled pair)")
+    g.add_argument("--target", metavar="PATH_OR_NAME", help=f"target model: {MODEL_NAMES}")
+    g.add_argument("--draft", metavar="PATH_OR_NAME", help=f"draft model: {MODEL_NAMES}")
+
+
+def add_no_draft(g) -> None:
+    """--no-draft (the app takes it too)."""
+    g.add_argument("--no-draft", action="store_true", help="load no draft model (plain or lookup only)")
+
+
+def _context_size(text: str) -> int:
+    n = int(text)  # argparse reports a ValueError as an invalid value
+    if n < MIN_CTX:
+        raise argparse.ArgumentTypeError(f"the context must hold at least {MIN_CTX} tokens (got {n}): "
+                                         f"a speculative pass must fit in one llama.cpp batch, which is "
+                                         f"never larger than the context")
+    return n
+
+
+def check_model_options(args: argparse.Namespace) -> None:
+    """Check how the models are to run before loading them: threads within the
+    cores (more are lowered, with a note), and GPU layers on a build that has a
+    GPU backend (else a note, once: everything runs on the CPU)."""
+    import os
+
+    from edgespec.llama import system_info
+
+    cores = os.cpu_count() or 1
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1 (leave it out to use all {cores} cores), got {args.threads}")
+    if args.threads is not None and args.threads > cores:
+        note(f"--threads {args.threads}: this machine has {cores} cores; using {cores}")
+        args.threads = cores
+    if args.exact and args.flash_attn == "off":
+        raise ValueError("--exact needs flash attention (its Q8_0 KV cache): leave out --flash-attn off")
+    if args.n_gpu_layers is None:
+        args.n_gpu_layers = -1 if args.rpc else 0  # with workers, every layer goes to them (and local GPUs)
+    if ((args.n_gpu_layers and not args.rpc) or args.n_gpu_layers_draft) and not system_info()["gpu_offload"]:
+        note("this llama.cpp build has no GPU backend, so --n-gpu-layers is ignored and the models run on "
+             "the CPU. To use the GPU, rebuild llama-cpp-python for it (README, \"Installing for your "
+             "hardware\"): CMAKE_ARGS=\"-DGGML_METAL=on\" (Apple Silicon) or CMAKE_ARGS=\"-DGGML_CUDA=on\" "
+             "(NVIDIA) pip install --force-reinstall --no-cache-dir llama-cpp-python")
+
+
+def engine_from_args(args: argparse.Namespace, *, progress=None):
+    """Load the models the options name (edgespec.load.load_engine), downloading what is missing."""
+    from edgespec.load import load_engine
+    from edgespec.models.fetch import resolve_model
+    from edgespec.models.registry import DEFAULT_PAIR, load_registry
+
+    def pair_models(name: str) -> tuple[str, str | None]:
+        pair = load_registry().pair_or_model(name)
+        return pair.target, pair.draft
+
+    check_model_options(args)
+    split = rpc_split(args)
+    try:
+        return load_engine(
+            args.target, args.draft, pair=args.pair or DEFAULT_PAIR, no_draft=args.no_draft,
+            resolve=lambda name: resolve_model(name, progress=progress), pair_models=pair_models,
+            n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+            n_gpu_layers_draft=args.n_gpu_layers_draft, exact=args.exact, rpc=split,
+            flash_attn=FLASH_ATTN[args.flash_attn], cache=cache_from_args(args))
+    finally:
+        if isinstance(progress, ProgressBars):
+            progress.close()  # a failed download leaves its bar drawn, and the terminal usable
+
+
+# -- caches ------------------------------------------------------------------------------
+
+def add_cache_options(g) -> None:
+    """--parallel, --cache-ram, --cache-disk: conversations held in the KV caches and their snapshots."""
+    from edgespec.engine.runtime import SLOTS, CacheSettings
+
+    default = CacheSettings()
+    g.add_argument("--parallel", type=_positive, default=None, metavar="N",
+                   help=f"conversations held in the KV caches at once (default {SLOTS} where flash attention is on, "
+                        "1 where it is off: its kernel attends to every conversation's cells); those let go wait "
+                        "in RAM, and coming back to one reads only its new tokens")
+    g.add_argument("--cache-ram", type=_non_negative, default=default.ram_mib, metavar="MiB",
+                   help=f"host memory for the caches of conversations let go (default {default.ram_mib}; 0: none)")
+    g.add_argument("--cache-disk", type=_non_negative, default=default.disk_mib, metavar="MiB",
+                   help=f"disk space for them between runs, in edgespec's cache folder (default {default.disk_mib}; "
+                        "0: none)")
+
+
+def cache_from_args(args: argparse.Namespace):
+    from edgespec.load import kv_cache
+
+    return kv_cache(parallel=args.parallel, ram_mib=args.cache_ram, disk_mib=args.cache_disk)
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 0, got {text!r}")
+    return value
+
+
+# -- RPC workers -------------------------------------------------------------------------
+
+def add_rpc_options(g) -> None:
+    """--rpc and --tensor-split: the target's layers on llama.cpp RPC workers (`edgespec worker`)."""
+    g.add_argument("--rpc", type=_rpc_workers, default=None, metavar="HOST:PORT[,HOST:PORT...]",
+                   help="put the target's offloaded layers on these llama.cpp RPC workers (`edgespec worker` or "
+                        "rpc-server) and this machine's GPUs; the draft model stays here")
+    g.add_argument("--tensor-split", type=_weights, default=None, metavar="W[,W...]",
+                   help="with --rpc: how to weight the devices (the workers' in --rpc order, then local GPUs); "
+                        "default: by free memory, as llama.cpp does")
+    g.add_argument("--local-output", action="store_true",
+                   help="with --rpc: keep the output layer on this machine, so that a pass brings back a hidden "
+                        "state per token instead of n_vocab logits (less traffic, more work here)")
+
+
+def _rpc_workers(text: str):
+    from edgespec.llama.rpc import parse_endpoints
+
+    try:
+        return parse_endpoints(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _weights(text: str) -> tuple[float, ...]:
+    try:
+        weights = tuple(float(w) for w in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, e.g. 3,1 (got {text!r})") from None
+    if any(not 0 <= w < math.inf for w in weights) or not sum(weights) > 0:  # NaN fails every comparison
+        raise argparse.ArgumentTypeError(f"the weights must be finite numbers, 0 or more, and not all 0 (got {text!r})")
+    return weights
+
+
+def rpc_split(args: argparse.Namespace):
+    """--rpc/--tensor-split as a Split for the target (None without --rpc)."""
+    from edgespec.llama.rpc import Split
+
+    if (args.tensor_split or args.local_output) and not args.rpc:
+        option = "--tensor-split" if args.tensor_split else "--local-output"
+        raise ValueError(f"{option} is about the devices of --rpc: pass --rpc HOST:PORT too")
+    return Split(args.rpc, args.tensor_split or (), local_output=args.local_output) if args.rpc else None
+
+
+# -- templates and sampling --------------------------------------------------------------
+
+def add_template_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--template", metavar="FORMAT", help="chat format for a model whose GGUF has no template "
+                   "(chatml, llama3, gemma, plain)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("decoding")
+    g.add_argument("--mode", choices=MODES, default="auto",
+                   help="plain: no speculation; draft: the draft model; lookup: prompt lookup; "
+                        "auto: whichever pays on this machine (default)")
+    g.add_argument("--k", type=int, default=8, metavar="N",
+                   help="most tokens drafted per cycle; auto chooses up to this many (default 8)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=int, default=512)
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
+
+
+def params_from_args(args: argparse.Namespace) -> GenerationParams:
+    """The generation parameters, checked as the engine checks them (so that a bad
+    value is refused before the models load). A k above what one verify pass
+    holds is lowered to that, with a note."""
+    from edgespec.engine.runtime import FAST_MAX_BATCH
+    from edgespec.engine.sampling import check_params
+
+    params = GenerationParams(
+        mode=args.mode, k=args.k, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop),
+    )
+    check_params(params)
+    if params.k > FAST_MAX_BATCH - 1:
+        note(f"--k {params.k}: one verify pass holds at most {FAST_MAX_BATCH - 1} drafted tokens; "
+             f"using {FAST_MAX_BATCH - 1}")
+        params.k = FAST_MAX_BATCH - 1
+    return params

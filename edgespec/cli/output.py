@@ -1,0 +1,33 @@
+"""What the commands write besides a reply (notes, tables, the statistics line), and their exit statuses."""
+
+from __future__ import annotations
+
+import sys
+
+from edgespec.engine.events import stats_line
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+def note(text: str) -> None:
+    print(f"edgespec: note: {text}", file=sys.stderr)
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    for row in [[h.upper() for h in header], *rows]:
+        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
+
+
+def format_stats(stats) -> str:
+    """The statistics line `generate` and `chat` print to stderr: the reply's line,
+    time to first token, and in auto mode what was chosen last and why."""
+    parts = [stats_line(stats.to_dict())]
+    if stats.ttft_s is not None:
+        parts.append(f"first token {stats.ttft_s * 1000:.0f} ms")
+    if stats.reason and stats.mode == "auto":
+        parts.append(f"last choice: {stats.reason}")
+    elif stats.reason and stats.mode != "plain" and stats.drafter == "none":
+        parts.append(stats.reason)  # a speculative mode that did not speculate says why
+    return "[" + " · ".join(parts) + "]"
