@@ -574,3 +574,41 @@ async def test_a_users_message_keeps_its_line_breaks(store):
         assert isinstance(body, Static) and not isinstance(body, Markdown)
         assert str(body.render()) == code
         assert isinstance(reply.query_one(".body"), Markdown)
+
+
+CODE_LINE = "    total = total + values[index] * weight  # a line of pasted code\n"
+
+
+@pytest.mark.parametrize("paste, wraps", [
+    ("x" * 50_000, False),  # one enormous line
+    ("word " * 10_000, False),  # one enormous line with spaces to wrap at
+    (CODE_LINE * 700, True),  # a file of code (47,000 characters): wrapped as before
+    (CODE_LINE * 2_000, False),  # 134,000 characters
+], ids=["one-line", "one-line-of-words", "code-file", "big-code-file"])
+async def test_a_huge_paste_leaves_the_prompt_usable_through_resizes(store, paste, wraps):
+    """Textual's text area redraws a wrapped line whole for each row it shows: a
+    50,000-character line at a narrow width took seconds a redraw, resizes and
+    keys (quitting too) queued behind. Such text scrolls sideways instead."""
+    from textual import events
+
+    app = make_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        app.post_message(events.Paste(paste))  # as the terminal sends it
+        await pilot.pause()
+        assert len(prompt.text) == len(paste) and prompt.text == paste and prompt.soft_wrap is wraps
+        await pilot.resize_terminal(20, 10)
+        await pilot.pause()
+        assert not app.query_one("#sidebar").display  # too narrow for both: the chat keeps the width
+        assert prompt.content_size.width >= 10
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        assert app.query_one("#sidebar").display
+        prompt.select_all()
+        await pilot.press("backspace")  # and once it is gone, short text wraps again
+        await pilot.press("h", "i")
+        assert prompt.text == "hi" and prompt.soft_wrap
+        await pilot.press("ctrl+q")
+    assert not app.is_running

@@ -66,6 +66,9 @@ class ChatScreen(Screen):
             super().__init__()
             self.box, self.error, self.pending, self.redraws = box, error, pending, redraws
 
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (60, "-wide")]
+    """Below 60 columns the sidebar gives its 30 to the chat (app.tcss); ctrl+b still shows it."""
+
     generating: reactive[bool] = reactive(False)
     """Whether a reply is being generated."""
     show_origin: reactive[bool] = reactive(False)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, TextArea
+from textual.widgets import Button, Input, Label
+
+from edgespec.tui.widgets.long_text import LongTextArea
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -45,7 +47,7 @@ class TextPromptScreen(ModalScreen[str | None]):
         with Vertical(classes="dialog-box"):
             yield Label(self.title_text)
             if self.multiline:
-                yield TextArea(self.value, id="value", soft_wrap=True)
+                yield LongTextArea(self.value, id="value", soft_wrap=True)
             else:
                 yield Input(self.value, id="value")
             with Horizontal(classes="buttons"):

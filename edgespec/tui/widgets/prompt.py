@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from textual.message import Message
-from textual.widgets import TextArea
+
+from edgespec.tui.widgets.long_text import LongTextArea
 
 
-class PromptInput(TextArea):
+class PromptInput(LongTextArea):
     """Where the user writes."""
 
     @dataclass
