@@ -1,7 +1,24 @@
-"""`python -m edgespec`: the same as the `edgespec` command."""
+"""The `edgespec` command and `python -m edgespec`.
+
+A launcher that imports nothing heavy itself, so that Ctrl+C at any moment,
+also while the command line's modules are still being imported, ends the
+command with a message instead of a traceback."""
 
 import sys
 
-from edgespec.cli import main
+EXIT_INTERRUPTED = 130
+"""The exit status of a command stopped by Ctrl+C (128 + SIGINT, as shells report it)."""
 
-sys.exit(main())
+
+def main() -> int:
+    try:
+        from edgespec.cli import main as cli_main
+
+        return cli_main()
+    except KeyboardInterrupt:
+        print("\nedgespec: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

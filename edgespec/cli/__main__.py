@@ -2,6 +2,6 @@
 
 import sys
 
-from edgespec.cli import main
+from edgespec.__main__ import main
 
 sys.exit(main())

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 
+from edgespec.__main__ import EXIT_INTERRUPTED  # noqa: F401  (the launcher's, which exits with it too)
 from edgespec.engine.events import stats_line
 
 EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130
 
 
 def note(text: str) -> None:

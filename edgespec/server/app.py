@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from sse_starlette import EventSourceResponse
@@ -44,6 +45,9 @@ OPEN_PATHS = frozenset({"/health"})
 """Paths served without the API key (a load balancer's or a script's liveness check)."""
 PING_S = 15
 """Seconds between SSE keep-alive comments while a reply waits in the queue or runs."""
+STOP_GRACE_S = 1.0
+"""How long a stream has, once the server is told to stop, to send its last event and
+`[DONE]` (less than the server's graceful shutdown, listen.GRACEFUL_S)."""
 
 
 @dataclass(frozen=True)
@@ -260,12 +264,36 @@ async def _respond(request: Request, job: Job, body, shape, *, prompt_param: str
         done = items[-1]
         return shape.whole("".join(item.text for item in items), done)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return EventSourceResponse(_events(job, first, shape, include_usage), ping=PING_S, sep="\n")
+    stopping = anyio.Event()
+    return EventSourceResponse(_events(job, first, shape, include_usage, stopping), ping=PING_S, sep="\n",
+                               shutdown_event=stopping, shutdown_grace_period=STOP_GRACE_S)
 
 
-async def _events(job: Job, first, shape, include_usage: bool):
+class _Stopping(Exception):
+    """The server was told to stop while a reply streamed."""
+
+
+async def _next(job: Job, stopping: anyio.Event):
+    """The job's next item, unless the server is told to stop first (_Stopping)."""
+    if stopping.is_set():
+        raise _Stopping
+    item = asyncio.ensure_future(anext(job))
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        done, _ = await asyncio.wait((item, stop), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        item.cancel()
+        stop.cancel()
+    if item in done:
+        return item.result()
+    raise _Stopping
+
+
+async def _events(job: Job, first, shape, include_usage: bool, stopping: anyio.Event):
     """The SSE stream: OpenAI's chunks, then `[DONE]`. Closing it (the client went
-    away) cancels the job, which frees the engine for the next request at once."""
+    away) cancels the job, which frees the engine for the next request at once. A
+    server told to stop ends it with an error event and `[DONE]`, so that a client
+    can tell a stopped server from a dropped connection."""
     try:
         if isinstance(shape, _ChatShape):
             yield _json(shape.chunk("", role=True))
@@ -282,9 +310,14 @@ async def _events(job: Job, first, shape, include_usage: bool):
                     yield _json(shape.usage_chunk(item))
                 yield "[DONE]"
                 return
-            item = await anext(job)
+            item = await _next(job, stopping)
     except StopAsyncIteration:
         return
+    except _Stopping:
+        job.cancel()
+        yield json.dumps(ApiError(503, "The server is stopping: the reply was cut short.", type="server_error",
+                                  code="server_stopping").body())
+        yield "[DONE]"
     except Exception as e:  # the headers are sent: the error goes in the stream, as OpenAI's does
         yield json.dumps(api_error(e).body())
     finally:

@@ -7,8 +7,10 @@ about loudly.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
+import signal
 import socket
 import threading
 from typing import Callable
@@ -73,6 +75,10 @@ def url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+GRACEFUL_S = 2
+"""How long a stopping server waits for open requests to end before it cuts them."""
+
+
 def run(app: FastAPI, sock: socket.socket, *, on_ready: Callable[[], None] | None = None,
         verbose: bool = False) -> None:
     """Serve `app` on `sock` until Ctrl+C (or SIGTERM). Calls `on_ready` once the
@@ -80,8 +86,8 @@ def run(app: FastAPI, sock: socket.socket, *, on_ready: Callable[[], None] | Non
     import uvicorn
 
     config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
-                            timeout_graceful_shutdown=2, lifespan="on")
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=GRACEFUL_S, lifespan="on")
+    server = _server_class()(config)
     worker = app.state.worker
 
     def watch_loading() -> None:
@@ -94,9 +100,38 @@ def run(app: FastAPI, sock: socket.socket, *, on_ready: Callable[[], None] | Non
     threading.Thread(target=watch_loading, name="edgespec-ready", daemon=True).start()
     try:
         server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it handled: stopping is the normal end
-        pass
     finally:
         sock.close()
     if worker.error is not None:
         raise worker.error
+
+
+def _server_class():
+    import uvicorn
+    from uvicorn.server import HANDLED_SIGNALS
+
+    class Server(uvicorn.Server):
+        """uvicorn's server for a program whose normal end is a signal: Ctrl+C or
+        SIGTERM stops it, a second Ctrl+C cuts the open requests short, and the app
+        (the engine) is closed either way. uvicorn raises the signals again once it
+        has stopped, for its own command line; a second Ctrl+C then cancelled the
+        app's shutdown mid-way, which was logged as a traceback."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handlers = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
+
+        async def shutdown(self, sockets=None) -> None:
+            await super().shutdown(sockets)
+            if self.force_exit:  # uvicorn then skips the app's shutdown
+                await self.lifespan.shutdown()
+
+    return Server

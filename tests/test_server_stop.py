@@ -1,0 +1,120 @@
+"""Stopping `edgespec serve` as a user does, with Ctrl+C or SIGTERM, at any moment:
+while it starts, while it loads, idle, and in the middle of a streamed reply."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE_SERVER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from tests.fakes import FakeEngine
+    from edgespec.server import ServerSettings, bind, create_app, run, url
+
+    app = create_app(lambda: FakeEngine(reply=lambda prompt: "x" * 100_000, delay_s=0.005),
+                     ServerSettings(model_id="fake"))
+    sock = bind("127.0.0.1", 0)
+    print(url(sock), flush=True)
+    run(app, sock, on_ready=lambda: print("ready", flush=True))
+    print("stopped", flush=True)
+""")
+
+
+def _line(stream, timeout: float = 60) -> str:
+    """The next line of a child's pipe, or '' at its end or after `timeout`."""
+    ready, _, _ = select.select([stream], [], [], timeout)
+    return stream.readline() if ready else ""
+
+
+def _wait_for(stream, word: str, timeout: float = 120) -> list[str]:
+    lines = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = _line(stream, deadline - time.monotonic())
+        if not line:
+            break
+        lines.append(line)
+        if word in line:
+            return lines
+    raise AssertionError(f"no {word!r} in {''.join(lines)!r}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_server_stopped_mid_stream_ends_the_stream_with_an_error_and_done(sig):
+    server = subprocess.Popen([sys.executable, "-c", FAKE_SERVER.format(root=str(ROOT))], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        address = _line(server.stdout).strip()
+        _wait_for(server.stdout, "ready")
+        host, port = address.removeprefix("http://").rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        connection.request("POST", "/v1/completions", json.dumps({"prompt": "hi", "stream": True}),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200
+        events = []
+        while not any('"text":"x' in e for e in events):  # the reply is streaming
+            line = response.readline().decode()
+            assert line, "the stream ended before its first token"
+            if line.startswith("data: "):
+                events.append(line[6:].strip())
+        server.send_signal(sig)
+        while line := response.readline().decode():  # to the stream's end
+            if line.startswith("data: "):
+                events.append(line[6:].strip())
+        connection.close()
+        assert events[-1] == "[DONE]", events[-3:]
+        assert json.loads(events[-2])["error"]["code"] == "server_stopping"
+        assert server.wait(timeout=30) == 0
+        out, err = server.communicate(timeout=30)
+        assert "stopped" in out
+        assert "Traceback" not in err and "without completing response" not in err, err
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment, delay_s, twice", [
+    ("while it starts", 0.1, False),
+    ("while it loads", None, False),
+    ("just after it is ready", 0.0, False),
+    ("idle", 0.5, False),
+    ("twice, just after it is ready", 0.0, True),
+    ("twice, idle", 0.3, True),
+])
+def test_ctrl_c_at_any_moment_stops_serve_with_no_traceback(smollm2, moment, delay_s, twice):
+    server = subprocess.Popen([sys.executable, "-m", "edgespec", "serve", "--target", str(smollm2), "--no-draft",
+                               "--port", "0"], cwd=ROOT, text=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        if moment == "while it starts":
+            time.sleep(delay_s)
+        else:
+            _wait_for(server.stderr, "loading" if moment == "while it loads" else "ready")
+            time.sleep(delay_s or 0)
+        server.send_signal(signal.SIGINT)
+        if twice:
+            time.sleep(0.05)
+            server.send_signal(signal.SIGINT)
+        _, err = server.communicate(timeout=60)
+        assert server.returncode in (0, 130), err
+        assert "Traceback" not in err, err
+        assert "stopped" in err or "interrupted" in err, err
+    finally:
+        server.kill()
+        server.wait()
