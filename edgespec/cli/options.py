@@ -159,6 +159,19 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def port(text: str) -> int:
+    """A TCP port: 1-65535."""
+    value = _non_negative(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {text!r}")
+    return value
+
+
+def port_or_any(text: str) -> int:
+    """A TCP port to listen on, or 0: any free one (the OS picks, and the address printed says which)."""
+    return 0 if text.strip() == "0" else port(text)
+
+
 # -- RPC workers -------------------------------------------------------------------------
 
 def add_rpc_options(g) -> None:

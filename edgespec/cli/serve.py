@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, engine_from_args,
-                                  params_from_args)
+                                  params_from_args, port_or_any)
 from edgespec.cli.progress import stderr_progress
 from edgespec.errors import EdgespecError
 
@@ -22,7 +22,7 @@ def add_parsers(sub) -> None:
                                    "are the defaults for requests that leave them out. Ctrl+C stops it.")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; any other needs --api-key)")
-    p.add_argument("--port", type=int, default=8080, help="default 8080")
+    p.add_argument("--port", type=port_or_any, default=8080, help="default 8080 (0: any free port)")
     p.add_argument("--api-key", metavar="KEY", default=None,
                    help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; a key given here is "
                         "visible to other users in `ps`)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from edgespec.cli.options import port
 from edgespec.errors import EdgespecError
 
 
@@ -20,7 +21,7 @@ def add_parsers(sub) -> None:
                                    "and memory. Ctrl+C stops it.")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; any other needs --allow-remote)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    p.add_argument("--port", type=port, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --host: anyone who can reach the port can use the worker "
                         "(only on a network you trust)")
@@ -46,8 +47,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             print(f"{d.name}: {d.description} ({d.kind}, {human_bytes(d.free)} free of {human_bytes(d.total)})")
         return 0
     warning = check_worker_exposure(args.host, allow_remote=args.allow_remote)
-    if not 0 < args.port < 65536:
-        raise ValueError(f"--port must be from 1 to 65535, got {args.port}")
     if not rpc.available():
         rpc.require()  # raises with how to get a build that has it
     devices = rpc.worker_devices(args.device.split(",") if args.device else None)
