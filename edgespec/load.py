@@ -13,7 +13,7 @@ from typing import Callable
 from edgespec.config import dirs
 from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings
 from edgespec.errors import ModelFileError
-from edgespec.llama.rpc import Split
+from edgespec.net import Split
 
 
 def load_engine(target: str | None, draft: str | None = None, *, pair: str | None = None, no_draft: bool = False,

@@ -41,7 +41,7 @@ from edgespec.bench import load_prompts  # noqa: E402
 from edgespec.chat.template import chat_template  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 from edgespec.engine.runtime import Engine, ModelSettings, placement_line  # noqa: E402
-from edgespec.llama.rpc import Endpoint, Split  # noqa: E402
+from edgespec.net import Endpoint, Split  # noqa: E402
 from edgespec.models.fetch import resolve_model, resolve_pair  # noqa: E402
 
 # -- the relay ---------------------------------------------------------------------

@@ -180,7 +180,7 @@ def test_the_app_gets_the_whole_rpc_split_not_only_the_workers(monkeypatch):
     same split as every other command; workers changed in the settings replace it."""
     import edgespec.load as load
     import edgespec.tui as tui
-    from edgespec.llama.rpc import Endpoint, Split
+    from edgespec.net import Endpoint, Split
     from edgespec.tui.library import ModelChoice, load_choice
     from edgespec.tui.settings import ChatSettings
 

@@ -17,7 +17,7 @@ from edgespec.engine.events import GenerationParams
 from edgespec.engine.runtime import Engine, ModelSettings
 from edgespec.errors import WorkerLostError
 from edgespec.llama import rpc
-from edgespec.llama.rpc import Endpoint, Split, parse_endpoints
+from edgespec.net import Endpoint, Split, parse_endpoints
 from edgespec.tui.settings import ChatSettings
 
 needs_rpc = pytest.mark.skipif(not rpc.available(), reason="llama.cpp was built without RPC (scripts/install.sh)")
@@ -79,9 +79,35 @@ def test_endpoints_parse_as_llama_cpp_takes_them():
     assert parse_endpoints("127.0.0.1:50052, gpu-box:6000") == (Endpoint("127.0.0.1", 50052),
                                                                  Endpoint("gpu-box", 6000))
     for bad, says in [("gpu-box", "HOST:PORT"), ("h:0", "port"), ("h:99999", "port"), ("h:x", "port"),
-                      ("::1:50052", "HOST:PORT"), ("h:1,h:1", "twice"), (" , ", "no RPC worker")]:
+                      ("h:1,h:1", "twice"), (" , ", "no RPC worker"), ("bad host!:50052", "not a host name")]:
         with pytest.raises(ValueError, match=says):
             parse_endpoints(bad)
+
+
+@pytest.mark.parametrize("workers", ["[::1]:50052", "::1:50052", "[fe80::1]:6000", "127.0.0.1:50052,[::1]:50053"])
+def test_an_ipv6_worker_is_refused_on_the_client_as_llama_cpp_rpc_is_ipv4_only(workers, capsys):
+    with pytest.raises(ValueError, match="IPv4 only"):
+        parse_endpoints(workers)
+    with pytest.raises(SystemExit):
+        main(["generate", "hi", "--rpc", workers])
+    assert "IPv4 only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("host, says", [("::1", "IPv4 only"), ("[::1]", "IPv4 only"), ("::", "IPv4 only"),
+                                        ("my-host.example", "not a host name"), ("bad host!", "not a host name")])
+def test_a_worker_listens_only_where_llama_cpp_rpc_can(host, says, capsys):
+    """ggml-rpc's server binds an IPv4 literal: an IPv6 address or a host name is
+    refused before llama.cpp is started (an IPv6 worker started, and no client could name it)."""
+    assert main(["worker", "--host", host, "--allow-remote", "--port", str(free_port())]) == 1
+    assert says in capsys.readouterr().err
+
+
+def test_a_port_out_of_range_is_refused_by_the_parser(capsys):
+    for argv in (["worker", "--port", "70000"], ["worker", "--port", "0"], ["serve", "--port", "99999"],
+                 ["serve", "--port", "-1"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "expected" in capsys.readouterr().err
 
 
 def test_a_worker_on_a_non_loopback_address_needs_allow_remote(capsys):

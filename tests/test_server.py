@@ -23,7 +23,8 @@ from edgespec.cli.serve import API_KEY_ENV  # noqa: E402
 from edgespec.engine.events import GenerationParams  # noqa: E402
 from edgespec.engine.runtime import Engine, ModelSettings  # noqa: E402
 from edgespec.errors import ModelFileError, ServeError, WorkerLostError, WorkerUnreachableError  # noqa: E402
-from edgespec.server import ServerSettings, bind, check_exposure, create_app, is_loopback, run  # noqa: E402
+from edgespec.net import is_loopback  # noqa: E402
+from edgespec.server import ServerSettings, bind, check_exposure, create_app, run  # noqa: E402
 from tests.fakes import FakeEngine, SlowReader  # noqa: E402
 from tests.server_helpers import KEY, ServerThread, http  # noqa: E402
 

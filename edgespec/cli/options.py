@@ -188,7 +188,7 @@ def add_rpc_options(g) -> None:
 
 
 def _rpc_workers(text: str):
-    from edgespec.llama.rpc import parse_endpoints
+    from edgespec.net import parse_endpoints
 
     try:
         return parse_endpoints(text)
@@ -208,7 +208,7 @@ def _weights(text: str) -> tuple[float, ...]:
 
 def rpc_split(args: argparse.Namespace):
     """--rpc/--tensor-split as a Split for the target (None without --rpc)."""
-    from edgespec.llama.rpc import Split
+    from edgespec.net import Split
 
     if (args.tensor_split or args.local_output) and not args.rpc:
         option = "--tensor-split" if args.tensor_split else "--local-output"

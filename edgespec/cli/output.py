@@ -14,6 +14,11 @@ def note(text: str) -> None:
     print(f"edgespec: note: {text}", file=sys.stderr)
 
 
+def banner(warning: str) -> str:
+    """A warning no one should miss (listening where others can reach it), framed."""
+    return f"\n{'!' * 78}\n{warning}\n{'!' * 78}\n"
+
+
 def print_table(header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     for row in [[h.upper() for h in header], *rows]:

@@ -7,6 +7,7 @@ import sys
 
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, engine_from_args,
                                   params_from_args, port_or_any)
+from edgespec.cli.output import banner
 from edgespec.cli.progress import stderr_progress
 from edgespec.errors import EdgespecError
 
@@ -50,7 +51,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     warning = server.check_exposure(args.host, api_key=api_key, allow_no_key=args.insecure_no_api_key)
     if warning:
-        print(f"\n{'!' * 78}\n{warning}\n{'!' * 78}\n", file=sys.stderr)
+        print(banner(warning), file=sys.stderr)
     model_id = _served_model_id(args)
     settings = server.ServerSettings(
         model_id=model_id, api_key=api_key, defaults=params_from_args(args), max_tokens=args.max_tokens,

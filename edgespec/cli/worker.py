@@ -6,22 +6,22 @@ from __future__ import annotations
 import argparse
 import sys
 
+from edgespec import net
 from edgespec.cli.options import port
+from edgespec.cli.output import banner
 from edgespec.errors import EdgespecError
 
 
 def add_parsers(sub) -> None:
     """`worker`, on the subparsers of the `edgespec` parser."""
-    from edgespec.llama.rpc import DEFAULT_PORT
-
     p = sub.add_parser("worker", help="serve this machine's CPU or GPU to another edgespec (llama.cpp RPC)",
                        description="Run llama.cpp's RPC server: another machine's `edgespec --rpc HOST:PORT` then "
                                    "keeps some of its target's layers here. llama.cpp's RPC has no authentication "
                                    "and no encryption: anyone who reaches the port can use this machine's devices "
                                    "and memory. Ctrl+C stops it.")
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; any other needs --allow-remote)")
-    p.add_argument("--port", type=port, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+                   help="IPv4 address to listen on (default 127.0.0.1: this machine only; any other needs --allow-remote)")
+    p.add_argument("--port", type=port, default=net.RPC_PORT, help=f"default {net.RPC_PORT}")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --host: anyone who can reach the port can use the worker "
                         "(only on a network you trust)")
@@ -47,18 +47,19 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             print(f"{d.name}: {d.description} ({d.kind}, {human_bytes(d.free)} free of {human_bytes(d.total)})")
         return 0
     warning = check_worker_exposure(args.host, allow_remote=args.allow_remote)
+    host = net.worker_address(args.host)
     if not rpc.available():
         rpc.require()  # raises with how to get a build that has it
     devices = rpc.worker_devices(args.device.split(",") if args.device else None)
     threads = args.threads or os.cpu_count() or 1
-    endpoint = rpc.Endpoint(args.host, args.port)
+    endpoint = net.Endpoint(host, args.port)
     try:  # ggml-rpc only says "Failed to create server socket": find out why first
-        with socket.create_server((args.host, args.port)):
+        with socket.create_server((host, args.port)):
             pass
     except OSError as e:
         raise EdgespecError(f"cannot listen on {endpoint}: {e.strerror or e}") from None
     if warning:
-        print(f"\n{'!' * 78}\n{warning}\n{'!' * 78}\n", file=sys.stderr)
+        print(banner(warning), file=sys.stderr)
     if args.cache:
         os.makedirs(args.cache, exist_ok=True)
     for _, d in devices:
@@ -76,14 +77,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def check_worker_exposure(host: str, *, allow_remote: bool) -> str | None:
     """Refuse a non-loopback address without --allow-remote; with it, the warning to print."""
-    from edgespec.llama.rpc import is_loopback
-
-    if is_loopback(host):
-        return None
-    if not allow_remote:
-        raise EdgespecError(f"refusing to listen on {host}: llama.cpp's RPC has no authentication and no "
-                            "encryption, so anyone who can reach the port could use this machine's devices and "
-                            "memory. Pass --allow-remote to do it anyway, on a network you trust")
-    return (f"WARNING: the worker listens on {host}. llama.cpp's RPC has NO authentication and NO encryption:\n"
-            "anyone who can reach this port can use this machine's devices and memory, and read what it computes.\n"
-            "Only do this on a network you trust, or behind a firewall / SSH tunnel.")
+    return net.check_exposure(
+        host, guarded=False, allowed=allow_remote,
+        refusal=f"refusing to listen on {host}: llama.cpp's RPC has no authentication and no encryption, so "
+                "anyone who can reach the port could use this machine's devices and memory. Pass --allow-remote "
+                "to do it anyway, on a network you trust",
+        warning=f"WARNING: the worker listens on {host}. llama.cpp's RPC has NO authentication and NO encryption:\n"
+                "anyone who can reach this port can use this machine's devices and memory, and read what it "
+                "computes.\nOnly do this on a network you trust, or behind a firewall / SSH tunnel.")

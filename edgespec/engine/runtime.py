@@ -30,7 +30,7 @@ from edgespec.errors import ModelLoadError
 from edgespec.llama import system_info
 from edgespec.llama.context import LlamaContext
 from edgespec.llama.model import LlamaModel
-from edgespec.llama.rpc import Split
+from edgespec.net import Split
 
 
 log = logging.getLogger("edgespec.cache")

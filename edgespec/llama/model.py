@@ -39,7 +39,7 @@ class LlamaModel:
     """A loaded GGUF model: llama_model_load_from_file ... llama_model_free."""
 
     def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, vocab_only: bool = False,
-                 extra_bufts: bool = True, split: rpc.Split | None = None):
+                 extra_bufts: bool = True, split: Split | None = None):
         """extra_bufts=False keeps the weights in plain layouts (no CPU repacking):
         slower, but every batch size then takes the same matrix kernels
         (scripts/exact_kernels.py measures what that costs and keeps exact).
@@ -75,7 +75,7 @@ class LlamaModel:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_gpu_layers = n_gpu_layers
 
-    def _set_devices(self, params, split: rpc.Split):
+    def _set_devices(self, params, split: Split):
         """The workers' devices, then this machine's GPUs, into params (as llama.cpp's --rpc orders them)."""
         found = rpc.add_servers(split.workers) + rpc.offload_devices()
         if split.tensor_split and len(split.tensor_split) != len(found):

@@ -31,8 +31,8 @@ from llama_cpp._ctypes_extensions import load_shared_library
 
 from edgespec.errors import WorkerLostError, WorkerUnreachableError
 from edgespec.llama import backend_init
+from edgespec.net import Endpoint
 
-DEFAULT_PORT = 50052
 CONNECT_TIMEOUT_S = 3.0
 """How long a TCP connect to a worker may take before it counts as unreachable."""
 KEEPALIVE_S = (5, 2, 3)
@@ -41,7 +41,6 @@ every 2 s, lost after 3 unanswered (a worker whose machine vanished never closes
 its socket; the kernel then fails the connection, and ggml-rpc's read with it)."""
 HELLO_TIMEOUT_S = 15.0
 """How long a reachable worker may take to answer the first request."""
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 _DEV_CPU, _DEV_GPU, _DEV_IGPU = 0, 1, 2
 _DEV_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator"}
@@ -49,42 +48,7 @@ _DEV_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator"}
 T = TypeVar("T")
 
 
-# -- endpoints ---------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Endpoint:
-    """One worker: host and port."""
-
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
-    """'HOST:PORT[,HOST:PORT...]' as llama.cpp's --rpc takes it; ValueError says what is wrong."""
-    endpoints = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or ":" in host:  # ggml-rpc splits at the first ':' (no IPv6 literals)
-            raise ValueError(f"RPC worker {item!r}: expected HOST:PORT, e.g. 192.168.1.7:{DEFAULT_PORT}")
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"RPC worker {item!r}: the port must be a number from 1 to 65535")
-        endpoint = Endpoint(host, int(port))
-        if endpoint in endpoints:
-            raise ValueError(f"RPC worker {endpoint} is listed twice")
-        endpoints.append(endpoint)
-    if not endpoints:
-        raise ValueError(f"no RPC worker given: expected HOST:PORT[,HOST:PORT...], e.g. 127.0.0.1:{DEFAULT_PORT}")
-    return tuple(endpoints)
-
-
-def is_loopback(host: str) -> bool:
-    return host in LOOPBACK or host.startswith("127.")
-
+# -- reaching the workers ---------------------------------------------------------
 
 def unreachable(endpoints, *, timeout: float = CONNECT_TIMEOUT_S) -> dict[Endpoint, str]:
     """The endpoints a TCP connect does not reach within `timeout`, with why."""
@@ -249,20 +213,6 @@ class Device:
     def label(self) -> str:
         """For people: 'RPC0 (10.0.0.2:50052)', 'CUDA0 (local)'."""
         return f"{self.name} ({self.endpoint or 'local'})"
-
-
-@dataclass(frozen=True)
-class Split:
-    """Where a model's offloaded layers go: RPC workers' devices (llama.cpp's --rpc),
-    then this machine's GPUs, weighted by tensor_split (llama.cpp's --tensor-split;
-    empty: by free memory)."""
-
-    workers: tuple[Endpoint, ...]
-    tensor_split: tuple[float, ...] = ()
-    local_output: bool = False
-    """Keep the output layer on this machine's CPU: a pass then brings back a
-    hidden state per position instead of n_vocab logits (~0.6 MB for a 150k
-    vocabulary), at the cost of the output layer's memory and compute here."""
 
 
 def _device(ptr, endpoint: Endpoint | None) -> Device:

@@ -11,6 +11,6 @@ Needs the `serve` extra: pip install 'edgespec[serve]'.
 """
 
 from edgespec.server.app import MAX_BODY_BYTES, ServerSettings, create_app
-from edgespec.server.listen import bind, check_exposure, is_loopback, run, url
+from edgespec.server.listen import bind, check_exposure, run, url
 
-__all__ = ["MAX_BODY_BYTES", "ServerSettings", "bind", "check_exposure", "create_app", "is_loopback", "run", "url"]
+__all__ = ["MAX_BODY_BYTES", "ServerSettings", "bind", "check_exposure", "create_app", "run", "url"]

@@ -8,8 +8,6 @@ about loudly.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
-import re
 import signal
 import socket
 import threading
@@ -17,47 +15,22 @@ from typing import Callable
 
 from fastapi import FastAPI
 
+from edgespec import net
 from edgespec.errors import ServeError
 
 
-def is_loopback(host: str) -> bool:
-    """True for an address only this machine can reach. A host name other than
-    localhost may resolve to anything, so it counts as exposed."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def _is_host(host: str) -> bool:
-    """An IP address (IPv6 possibly in brackets) or a DNS name's syntax."""
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        ipaddress.ip_address(bare)
-        return True
-    except ValueError:
-        pass
-    labels = host.rstrip(".").split(".")
-    return 0 < len(host) <= 253 and all(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", label)
-                                        for label in labels)
-
-
 def check_exposure(host: str, *, api_key: str | None, allow_no_key: bool) -> str | None:
-    """Raise ServeError for what is not a host at all, and for a non-loopback host
-    without an API key (unless `allow_no_key`); returns the warning to show when
-    it is allowed anyway."""
-    if not _is_host(host):
-        raise ServeError(f"--host {host!r} is not a host name or an IP address (e.g. 127.0.0.1, ::1, 0.0.0.0)")
-    if is_loopback(host) or api_key:
-        return None
-    if not allow_no_key:
-        raise ServeError(
-            f"--host {host} can be reached from other machines: set an API key (--api-key KEY, or the "
-            f"EDGESPEC_API_KEY environment variable), or bind 127.0.0.1.")
-    return (f"WARNING: serving on {host} with NO API key: anyone who can reach this port can use the model "
-            f"(and this machine's CPU/GPU). Set --api-key unless this network is yours alone.")
+    """ServeError for what is not a host at all, and for a non-loopback host without
+    an API key (unless `allow_no_key`); the warning to show when it is allowed anyway."""
+    try:
+        return net.check_exposure(
+            host, guarded=bool(api_key), allowed=allow_no_key,
+            refusal=f"--host {host} can be reached from other machines: set an API key (--api-key KEY, or the "
+                    f"EDGESPEC_API_KEY environment variable), or bind 127.0.0.1.",
+            warning=f"WARNING: serving on {host} with NO API key: anyone who can reach this port can use the model "
+                    f"(and this machine's CPU/GPU). Set --api-key unless this network is yours alone.")
+    except ValueError as e:
+        raise ServeError(str(e)) from None
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -145,7 +145,7 @@ def load_choice(choice: ModelChoice, settings, *, library: Library | None = None
     a bundled pair assembles and checks its files). `cache`: the engine's
     CacheSettings (default: edgespec.load.kv_cache(), snapshots kept on disk);
     `split`: the command line's Split, used while the settings name its workers."""
-    from edgespec.llama.rpc import Split, parse_endpoints
+    from edgespec.net import Split, parse_endpoints
     from edgespec.load import kv_cache, load_engine
     from edgespec.models.fetch import is_path_like
 

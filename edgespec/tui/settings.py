@@ -57,7 +57,7 @@ class ChatSettings:
         _check(self.gpu_layers_draft >= -1, "GPU layers (draft) must be -1 (all) or more")
         _check(self.threads >= 0, "threads must be 0 (all cores) or more")
         if self.rpc.strip():
-            from edgespec.llama.rpc import parse_endpoints
+            from edgespec.net import parse_endpoints
 
             parse_endpoints(self.rpc)  # a ValueError says what is wrong
 
