@@ -51,7 +51,7 @@ async def send(pilot, text: str, *, key: bool = True) -> None:
         await pilot.press("enter")
     else:
         prompt.post_message(PromptInput.Submitted(text))
-        await asyncio.sleep(0.05)
+        await pilot.pause()  # the screen has taken it
 
 
 def boxes(app) -> list[MessageBox]:

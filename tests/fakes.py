@@ -207,13 +207,19 @@ class SlowReader(FakeEngine):
         super().__init__(**kwargs)
         self.batches = batches
         self.batches_read = []
+        self.reading = threading.Event()
+        """Set once the first batch is read."""
+        self.ended = threading.Event()
+        """Set when a generate() call has ended, read to the end or not."""
 
     def generate(self, prompt_tokens, params):
         read = 0
         try:
             for read in range(1, self.batches + 1):
                 time.sleep(0.05)
+                self.reading.set()
                 yield Chunk("", stats=Stats(prompt_tokens=len(prompt_tokens), prompt_evaluated=read * 512))
             yield from super().generate(prompt_tokens, params)
         finally:
             self.batches_read.append(read)
+            self.ended.set()

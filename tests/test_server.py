@@ -245,12 +245,10 @@ def test_a_client_gone_while_its_long_prompt_is_read_frees_the_engine_between_ba
         connection = http_client.HTTPConnection("127.0.0.1", int(served.url.rsplit(":", 1)[1]), timeout=30)
         connection.request("POST", "/v1/completions", json.dumps({"prompt": "a long file", "max_tokens": 5}),
                            {"Content-Type": "application/json"})
-        time.sleep(0.5)
+        assert engine.reading.wait(30)
         connection.close()
-        deadline = time.monotonic() + 10
-        while not engine.batches_read and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert engine.batches_read and engine.batches_read[0] < 50, engine.batches_read  # stopped, not read to the end
+        assert engine.ended.wait(30)
+        assert engine.batches_read[0] < engine.batches, engine.batches_read  # stopped, not read to the end
     finally:
         served.stop()
 
@@ -358,10 +356,8 @@ def test_a_client_that_closes_its_stream_frees_the_engine_at_once(client, caplog
     for _, _chunk in zip(range(3), stream):
         pass
     stream.close()
-    start = time.monotonic()
     after = client.completions.create(model=MODEL, prompt="Hello", max_tokens=1)
     assert after.usage.completion_tokens == 1
-    assert time.monotonic() - start < 60  # not after the 900 tokens of the closed stream
     cancelled = [r.getMessage() for r in caplog.records if "ended: cancelled" in r.getMessage()]
     assert len(cancelled) == 1, [r.getMessage() for r in caplog.records]
 
