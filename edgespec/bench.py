@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 import yaml
 
 from edgespec.engine.events import GenerationParams, Stats
+from edgespec.engine.limits import BENCH_MAX_TOKENS
 from edgespec.modes import MODES
 
 BASELINE = "llamacpp"
@@ -82,7 +83,7 @@ def run_suite(
     """Run every prompt in every mode `repeats` times, interleaved. `encode`
     turns a prompt into the model's input (the chat template); `baseline` runs
     the `llamacpp` mode (left out without one)."""
-    base = params or GenerationParams(max_tokens=128)
+    base = params or GenerationParams(max_tokens=BENCH_MAX_TOKENS)
     modes = [m for m in modes if (m != "draft" or engine.has_draft) and (m != BASELINE or baseline)]
     run = {m: (baseline.generate if m == BASELINE else lambda tokens, p: _generate(engine, tokens, p)) for m in modes}
     results = []

@@ -44,3 +44,16 @@ def test_the_smallest_context_allowed_works_in_every_mode(capsys, synth_target, 
             code, _, err = generate(capsys, "--target", str(synth_target), "--draft", str(synth_near_draft),
                                     "--mode", mode, "--ctx", "32", *kernels)
             assert code == 0, (mode, kernels, err)
+
+
+def test_the_same_seed_gives_the_same_sampled_reply_in_auto_mode(capsys, smollm2):
+    import json
+
+    runs = []
+    for _ in range(2):
+        code, out, err = generate(capsys, "--target", str(smollm2), "--no-draft", "--mode", "auto", "--json",
+                                  "--seed", "3", "--temperature", "0.8", "--max-tokens", "24", "--ctx", "256")
+        assert code == 0, err
+        runs.append(json.loads(out))
+    assert runs[0]["tokens"] == runs[1]["tokens"]
+    assert [(r["stats"]["drafted"], r["stats"]["plan_kind"]) for r in runs] == [(0, "plain")] * 2

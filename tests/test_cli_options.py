@@ -44,12 +44,12 @@ def test_bad_sampling_options_are_refused_before_the_models_load(capsys, no_load
     assert message in capsys.readouterr().err
 
 
-def test_k_above_what_a_verify_pass_holds_is_clamped_with_a_note(capsys, engine):
+def test_k_above_what_a_verify_pass_holds_is_refused_naming_the_most(capsys, no_load, home):
     from edgespec.engine.runtime import FAST_MAX_BATCH
 
-    assert cli.main(["generate", "hi", "--template", "chatml", "--k", "500", "--mode", "lookup"]) == 0
+    assert cli.main(["generate", "hi", "--template", "chatml", "--k", "500", "--mode", "lookup"]) == cli.EXIT_ERROR
     err = capsys.readouterr().err
-    assert "--k 500" in err and f"using {FAST_MAX_BATCH - 1}" in err
+    assert "k must be" in err and str(FAST_MAX_BATCH - 1) in err and "500" in err
 
 
 def test_threads_are_checked_and_clamped_to_the_cores(capsys, monkeypatch):
@@ -62,13 +62,25 @@ def test_threads_are_checked_and_clamped_to_the_cores(capsys, monkeypatch):
         options.check_model_options(cli.build_parser().parse_args(["generate", "hi", "--threads", "-2"]))
 
 
-def test_k_0_outside_plain_mode_says_it_is_plain_decoding():
+def test_k_0_outside_plain_mode_is_plain_decoding_and_the_stats_line_says_why():
     from edgespec.engine.runtime import Engine
 
     plan = Engine(None, None).policy(GenerationParams(mode="lookup", k=0)).plan([])
-    assert plan.k == 0 and "k is 0" in plan.reason
+    assert (plan.kind, plan.drafter, plan.k) == ("plain", None, 0)
     stats = Stats(mode="lookup", drafter="none", reason=plan.reason, generated_tokens=3)
-    assert "k is 0" in format_stats(stats)
+    assert plan.reason and plan.reason in format_stats(stats)
+
+
+@pytest.mark.parametrize("face", ["generate", "serve"])
+def test_a_seed_with_a_temperature_decodes_plainly_in_auto_mode_whatever_the_face(face):
+    """Auto's choices depend on timings, and a sampled reply on what was drafted: a
+    seed promises the same reply, so the engine decodes it plainly."""
+    from edgespec.engine.runtime import Engine
+
+    args = cli.build_parser().parse_args([face, *(["hi"] if face == "generate" else []),
+                                          "--seed", "3", "--temperature", "0.8"])
+    plan = Engine(None, None).policy(options.params_from_args(args)).plan([])
+    assert (plan.kind, plan.drafter, plan.k) == ("plain", None, 0)
 
 
 def test_generate_takes_a_template_for_a_model_without_one(capsys, engine):

@@ -7,11 +7,12 @@ import json
 import sys
 
 from edgespec.bench import BASELINE, DEFAULT_MODES
-from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, engine_from_args,
-                                  params_from_args)
+from edgespec.cli.options import (add_limited, add_model_options, add_sampling_options, add_template_option,
+                                  engine_from_args, params_from_args)
 from edgespec.cli.output import EXIT_INTERRUPTED, format_stats, note
 from edgespec.cli.progress import stderr_progress
 from edgespec.engine.events import GenerationParams
+from edgespec.engine.limits import BENCH_MAX_TOKENS
 from edgespec.errors import EdgespecError
 
 
@@ -94,8 +95,8 @@ def _add_bench(sub) -> None:
                    help=f"comma-separated (default: all: {','.join(DEFAULT_MODES)}; {BASELINE} is plain llama.cpp "
                         "through llama-cpp-python's Llama, the baseline)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--k", type=int, default=8, help="most tokens drafted per cycle (default 8)")
+    p.add_argument("--max-tokens", type=int, default=BENCH_MAX_TOKENS, help=f"default {BENCH_MAX_TOKENS}")
+    add_limited(p, "k", int, metavar="N")
     p.add_argument("--out", default="bench-out", metavar="DIR", help="where results.json and speedup.png go")
     p.set_defaults(handler=_cmd_bench)
 
@@ -105,12 +106,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from edgespec import bench
     from edgespec.chat.template import encode_prompt
+    from edgespec.engine.sampling import check_params
 
     prompts = bench.load_prompts(args.prompts, categories=args.category)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if "plain" not in modes:
         modes.insert(0, "plain")  # speedups are ratios to plain, measured in the same run
     params = GenerationParams(max_tokens=args.max_tokens, k=args.k)
+    check_params(params)
     with engine_from_args(args, progress=stderr_progress()) as engine:
         info = engine.describe()
         print(f"backend {info['backend']}; {bench.machine()}; " + "; ".join(

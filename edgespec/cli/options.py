@@ -9,6 +9,7 @@ import math
 from edgespec.cli.output import note
 from edgespec.cli.progress import ProgressBars
 from edgespec.engine.events import MODES, GenerationParams
+from edgespec.engine.limits import LIMITS
 
 
 # -- models ------------------------------------------------------------------------------
@@ -223,26 +224,36 @@ def add_template_option(p: argparse.ArgumentParser) -> None:
                    "(chatml, llama3, gemma, plain)")
 
 
-def add_sampling_options(p: argparse.ArgumentParser) -> None:
+def add_sampling_options(p: argparse.ArgumentParser, *, max_tokens: int | None = LIMITS["max_tokens"].default) -> None:
+    """--mode, the generation parameters and --stop; `max_tokens`: this command's reply limit
+    (serve: limits.SERVER_MAX_TOKENS, none)."""
     g = p.add_argument_group("decoding")
     g.add_argument("--mode", choices=MODES, default="auto",
                    help="plain: no speculation; draft: the draft model; lookup: prompt lookup; "
                         "auto: whichever pays on this machine (default)")
-    g.add_argument("--k", type=int, default=8, metavar="N",
-                   help="most tokens drafted per cycle; auto chooses up to this many (default 8)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-k", type=int, default=0, help="0 = off")
-    g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--max-tokens", type=int, default=512)
+    add_limited(g, "k", int, metavar="N")
+    add_limited(g, "temperature", float)
+    add_limited(g, "top_k", int)
+    add_limited(g, "top_p", float)
+    add_limited(g, "seed", int)
+    add_limited(g, "max_tokens", int, default=max_tokens, none="until the context is full")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
+
+
+def add_limited(g, name: str, kind: type, *, default=..., none: str = "", **kw) -> None:
+    """--NAME for a generation parameter, with its range and default from engine/limits.py
+    (checked by params_from_args, as the engine checks it); `default` where a command's
+    differs, `none` what a default of None means."""
+    limit = LIMITS[name]
+    default = limit.default if default is ... else default
+    said = f"; default {default:g}" if default is not None else f"; default: {none}" if none else ""
+    g.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
+                   help=f"{limit.help} ({limit.range()}{said})", **kw)
 
 
 def params_from_args(args: argparse.Namespace) -> GenerationParams:
     """The generation parameters, checked as the engine checks them (so that a bad
-    value is refused before the models load). A k above what one verify pass
-    holds is lowered to that, with a note."""
-    from edgespec.engine.runtime import FAST_MAX_BATCH
+    value is refused before the models load)."""
     from edgespec.engine.sampling import check_params
 
     params = GenerationParams(
@@ -250,8 +261,4 @@ def params_from_args(args: argparse.Namespace) -> GenerationParams:
         top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop),
     )
     check_params(params)
-    if params.k > FAST_MAX_BATCH - 1:
-        note(f"--k {params.k}: one verify pass holds at most {FAST_MAX_BATCH - 1} drafted tokens; "
-             f"using {FAST_MAX_BATCH - 1}")
-        params.k = FAST_MAX_BATCH - 1
     return params

@@ -9,6 +9,7 @@ from edgespec.cli.options import (add_model_options, add_sampling_options, add_t
                                   params_from_args, port_or_any)
 from edgespec.cli.output import banner
 from edgespec.cli.progress import stderr_progress
+from edgespec.engine.limits import SERVER_MAX_TOKENS
 from edgespec.errors import EdgespecError
 
 API_KEY_ENV = "EDGESPEC_API_KEY"
@@ -34,8 +35,8 @@ def add_parsers(sub) -> None:
     add_template_option(p)
     p.add_argument("--verbose", action="store_true", help="log every HTTP request")
     add_model_options(p)
-    add_sampling_options(p)
-    p.set_defaults(handler=_cmd_serve, max_tokens=None)  # no limit asked for: until the context is full
+    add_sampling_options(p, max_tokens=SERVER_MAX_TOKENS)
+    p.set_defaults(handler=_cmd_serve)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

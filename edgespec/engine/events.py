@@ -10,25 +10,28 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from edgespec.engine.limits import LIMITS
 from edgespec.modes import MODES as MODES  # re-exported: GenerationParams.mode is one of them
 
 
 @dataclass
 class GenerationParams:
-    """How to generate. Temperature 0 means greedy (argmax)."""
+    """How to generate. Temperature 0 means greedy (argmax). The ranges and defaults
+    of k, temperature, top_k, top_p, seed and max_tokens are in engine/limits.py."""
 
     mode: str = "auto"
-    k: int = 8
+    k: int = LIMITS["k"].default
     """Most tokens drafted per cycle, within the largest batch the target verifies
     exactly. Auto chooses up to k for the draft model (a long draft pays where it
     is nearly always right) and lets prompt lookup propose up to that batch limit."""
-    temperature: float = 0.0
-    top_k: int = 0
+    temperature: float = LIMITS["temperature"].default
+    top_k: int = LIMITS["top_k"].default
     """0 disables top-k."""
-    top_p: float = 1.0
+    top_p: float = LIMITS["top_p"].default
     """1.0 disables top-p."""
-    seed: int | None = None
-    max_tokens: int = 512
+    seed: int | None = LIMITS["seed"].default
+    max_tokens: int | None = LIMITS["max_tokens"].default
+    """None: until the context is full (the server's default, limits.SERVER_MAX_TOKENS)."""
     stop: tuple[str, ...] = ()
     p_min: float = 0.3
     """The draft model stops drafting when its top probability falls below this

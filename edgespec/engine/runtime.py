@@ -24,6 +24,7 @@ from edgespec.engine.policy import Deferred, FixedPolicy, Policy
 from edgespec.engine.drafters import DraftModel, PromptLookup
 from edgespec.engine.events import MODES, Chunk, GenerationParams
 from edgespec.engine.exact import largest_exact_batch
+from edgespec.engine.limits import MAX_DRAFT
 from edgespec.engine.slots import SequencePool
 from edgespec.engine.snapshots import SnapshotCache, cache_key, file_identity
 from edgespec.errors import ModelLoadError
@@ -35,8 +36,8 @@ from edgespec.net import Split
 
 log = logging.getLogger("edgespec.cache")
 
-FAST_MAX_BATCH = 17
-"""Without exact kernels: the longest verify pass (prompt lookup may draft 16)."""
+FAST_MAX_BATCH = MAX_DRAFT + 1
+"""Without exact kernels: the longest verify pass (the last token and the longest draft)."""
 
 ACCEPTANCE_PRIORS = {"draft": 0.7, "lookup": 0.5}
 """What auto mode assumes before it has seen a drafter at work: a same-family
@@ -316,6 +317,10 @@ class Engine:
             return FixedPolicy(None, 0)
         if params.k == 0:
             return FixedPolicy(None, 0, f"plain decoding: k is 0, so {params.mode} mode drafts nothing")
+        if params.mode == "auto" and params.seed is not None and params.temperature > 0:
+            # Auto's choices depend on timings, and a sampled reply on what was drafted:
+            # a seed promises the same reply, so it gets plain decoding.
+            return FixedPolicy(None, 0, "plain decoding: a seed with a temperature gives the same reply each time")
         k_cap = self.max_verify_batch() - 1
         if k_cap < 1:
             return FixedPolicy(None, 0, "plain: no batch gives exact logits on this backend "

@@ -6,27 +6,16 @@ sampling compares like with like (p and q after the same transforms).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from edgespec.engine.events import GenerationParams
+from edgespec.engine.limits import LIMITS
 
 
 def check_params(params: GenerationParams) -> None:
-    """Raise ValueError naming the first setting out of range."""
-    if not (params.temperature >= 0 and math.isfinite(params.temperature)):  # NaN fails every comparison
-        raise ValueError(f"temperature must be a number >= 0, got {params.temperature}")
-    if params.top_k < 0:
-        raise ValueError(f"top-k must be >= 0 (0 = off), got {params.top_k}")
-    if not 0.0 < params.top_p <= 1.0:
-        raise ValueError(f"top-p must be in (0, 1], got {params.top_p}")
-    if params.k < 0:
-        raise ValueError(f"k must be >= 0, got {params.k}")
-    if params.seed is not None and params.seed < 0:
-        raise ValueError(f"seed must be >= 0, got {params.seed}")
-    if params.max_tokens is not None and params.max_tokens < 1:  # None: the server's "until the context is full"
-        raise ValueError(f"max tokens must be >= 1, got {params.max_tokens}")
+    """Raise ValueError naming the first setting out of its range (engine/limits.py)."""
+    for name, limit in LIMITS.items():
+        limit.check(getattr(params, name))  # None (seed, the server's max_tokens): not set
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ from sse_starlette import EventSourceResponse
 
 from edgespec import __version__
 from edgespec.engine.events import GenerationParams
+from edgespec.engine.limits import SERVER_MAX_TOKENS
 from edgespec.errors import WorkerLostError
 from edgespec.server.completion import Completer, Delta, Done
 from edgespec.server.errors import ApiError, api_error, install_handlers
@@ -60,7 +61,7 @@ class ServerSettings:
     api_key: str | None = None
     """When set, every request but /health must send `Authorization: Bearer <api_key>`."""
     defaults: GenerationParams = field(default_factory=GenerationParams)
-    max_tokens: int | None = None
+    max_tokens: int | None = SERVER_MAX_TOKENS
     """Reply limit for requests that set none; None: until the context is full (as OpenAI)."""
     template: str | None = None
     """A built-in chat format for a model whose GGUF has no chat template."""
@@ -165,14 +166,9 @@ def _params(body, settings: ServerSettings) -> GenerationParams:
     """The request's settings over the server's defaults."""
     d = settings.defaults
     spec = body.speculation
-    temperature = d.temperature if body.temperature is None else body.temperature
-    mode = spec.mode if spec and spec.mode else d.mode
-    if mode == "auto" and not (spec and spec.mode) and body.seed is not None and temperature > 0:
-        # Auto's choices depend on timings, and a sampled reply depends on what was
-        # drafted: a seed promises the same reply, so it gets plain decoding.
-        mode = "plain"
     return dataclasses.replace(
-        d, mode=mode, k=spec.k if spec and spec.k is not None else d.k, temperature=temperature,
+        d, mode=spec.mode if spec and spec.mode else d.mode, k=spec.k if spec and spec.k is not None else d.k,
+        temperature=d.temperature if body.temperature is None else body.temperature,
         top_p=d.top_p if body.top_p is None else body.top_p, top_k=d.top_k if body.top_k is None else body.top_k,
         seed=d.seed if body.seed is None else body.seed, max_tokens=body.reply_limit() or settings.max_tokens,
         stop=(*d.stop, *body.stops()),

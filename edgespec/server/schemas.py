@@ -14,9 +14,17 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from edgespec.engine.events import MODES
+from edgespec.engine.limits import LIMITS
 
 Number = Annotated[float, Field(strict=True)]
 """A JSON number (an integer is a number too; a string is not)."""
+
+
+def _limited(name: str):
+    """An optional field within the range of engine/limits.py (None: the server's default)."""
+    limit = LIMITS[name]
+    bounds = {("gt" if limit.above_low else "ge"): limit.low, "le": limit.high}
+    return Field(None, description=limit.help, **{key: value for key, value in bounds.items() if value is not None})
 
 
 def _unicode(text: str) -> str:
@@ -51,7 +59,7 @@ class Speculation(_Body):
     """edgespec's extension: how to speculate for this request (default: the server's settings)."""
 
     mode: Literal[MODES] | None = None  # type: ignore[valid-type]
-    k: StrictInt | None = Field(None, ge=0, le=64)
+    k: StrictInt | None = _limited("k")
 
 
 class ContentPart(_Body):
@@ -100,13 +108,13 @@ class _Generation(_Body):
 
     model: StrictStr | None = None
     """None: the model loaded (there is only one)."""
-    max_tokens: StrictInt | None = Field(None, ge=1)
-    temperature: Number | None = Field(None, ge=0, le=2)
-    top_p: Number | None = Field(None, gt=0, le=1)
-    top_k: StrictInt | None = Field(None, ge=0)
+    max_tokens: StrictInt | None = _limited("max_tokens")
+    temperature: Number | None = _limited("temperature")
+    top_p: Number | None = _limited("top_p")
+    top_k: StrictInt | None = _limited("top_k")
     """llama-server's extension (0: off)."""
     stop: Text | list[Text] | None = None
-    seed: StrictInt | None = Field(None, ge=0)
+    seed: StrictInt | None = _limited("seed")
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: StrictInt = 1
@@ -144,7 +152,7 @@ class _Generation(_Body):
 
 class ChatCompletionRequest(_Generation):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    max_completion_tokens: StrictInt | None = _limited("max_tokens")
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = None
     tools: list[dict] | None = None

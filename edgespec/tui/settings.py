@@ -13,8 +13,11 @@ from pathlib import Path
 import yaml
 
 from edgespec.engine.events import MODES, GenerationParams
+from edgespec.engine.limits import LIMITS
 
 SETTINGS_FILE = "settings.yaml"
+SAMPLING = ("temperature", "top_k", "top_p", "max_tokens", "k")
+"""The settings that are generation parameters, checked against their ranges in engine/limits.py."""
 
 
 @dataclass(frozen=True)
@@ -22,16 +25,16 @@ class ChatSettings:
     """Everything the settings screen edits."""
 
     system_prompt: str = "You are a helpful assistant."
-    temperature: float = 0.0
+    temperature: float = LIMITS["temperature"].default
     """0 is greedy decoding."""
-    top_k: int = 0
+    top_k: int = LIMITS["top_k"].default
     """0 disables top-k."""
-    top_p: float = 1.0
+    top_p: float = LIMITS["top_p"].default
     """1.0 disables top-p."""
-    max_tokens: int = 512
+    max_tokens: int = LIMITS["max_tokens"].default
     mode: str = "auto"
     """Speculation mode: plain, draft, lookup or auto."""
-    k: int = 8
+    k: int = LIMITS["k"].default
     """Maximum draft length per cycle."""
     gpu_layers_target: int = 0
     """Target layers offloaded to the GPU (-1: all)."""
@@ -47,12 +50,9 @@ class ChatSettings:
     ('': none). With workers, GPU layers (target) 0 means all of them."""
 
     def __post_init__(self) -> None:
-        _check(0.0 <= self.temperature <= 5.0, "temperature must be between 0 and 5")
-        _check(self.top_k >= 0, "top-k must be 0 (off) or more")
-        _check(0.0 < self.top_p <= 1.0, "top-p must be above 0 and at most 1")
-        _check(self.max_tokens >= 1, "max tokens must be at least 1")
+        for name in SAMPLING:
+            LIMITS[name].check(getattr(self, name))
         _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}")
-        _check(1 <= self.k <= 32, "k must be between 1 and 32")
         _check(self.gpu_layers_target >= -1, "GPU layers (target) must be -1 (all) or more")
         _check(self.gpu_layers_draft >= -1, "GPU layers (draft) must be -1 (all) or more")
         _check(self.threads >= 0, "threads must be 0 (all cores) or more")

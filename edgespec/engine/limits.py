@@ -1,0 +1,78 @@
+"""The ranges and defaults of the generation parameters, written once.
+
+GenerationParams takes its defaults from `LIMITS`; the engine's check
+(sampling.check_params), the CLI's options, the app's settings and the
+server's request schemas read their bounds from it, so that all of them
+refuse and accept the same values.
+
+Where a face's default legitimately differs, it is stated here, beside the
+table: the server's reply limit (SERVER_MAX_TOKENS) and the benchmark's
+(BENCH_MAX_TOKENS).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+
+MAX_DRAFT = 16
+"""The most tokens one cycle drafts: a verify pass holds the last token and the
+draft, and 17 tokens is the longest pass the engine runs (runtime.FAST_MAX_BATCH;
+with exact kernels the engine lowers k further, to the batches measured exact)."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The range and default of one generation parameter."""
+
+    label: str
+    """How messages name it ("top-p")."""
+    low: float | None
+    high: float | None
+    default: float | int | None
+    help: str
+    """What its values mean, for people ("0 = greedy")."""
+    above_low: bool = False
+    """The low end itself is refused (top-p: above 0)."""
+
+    def allows(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):  # NaN fails every comparison anyway
+            return False
+        if self.low is not None and (value <= self.low if self.above_low else value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+    def range(self) -> str:
+        """'from 0 to 2', 'at least 1', 'above 0 and at most 1'."""
+        low = f"{'above' if self.above_low else 'at least'} {self.low:g}" if self.low is not None else ""
+        if self.high is None:
+            return low
+        if self.low is not None and not self.above_low:
+            return f"from {self.low:g} to {self.high:g}"
+        return f"{low} and at most {self.high:g}" if low else f"at most {self.high:g}"
+
+    def check(self, value: float | None) -> None:
+        """Raise ValueError naming the parameter, its range and the value (None: not set, allowed)."""
+        if value is not None and not self.allows(value):
+            raise ValueError(f"{self.label} must be {self.range()} ({self.help}), got {value:g}")
+
+
+LIMITS = MappingProxyType({
+    "k": Limit("k", 0, MAX_DRAFT, 8, "most tokens drafted per cycle; auto chooses up to this many; 0 = none"),
+    "temperature": Limit("temperature", 0.0, 2.0, 0.0, "0 = greedy"),  # OpenAI's range
+    "top_k": Limit("top-k", 0, None, 0, "0 = off"),
+    "top_p": Limit("top-p", 0.0, 1.0, 1.0, "1 = off", above_low=True),
+    "seed": Limit("seed", 0, None, None, "the same seed gives the same reply; none = a new one each time"),
+    "max_tokens": Limit("max tokens", 1, None, 512, "the longest reply, in tokens"),
+})
+"""Per GenerationParams field: its range and default."""
+
+SERVER_MAX_TOKENS = None
+"""The server's reply limit for a request that sets none: until the context is full,
+as OpenAI's API (a client that wants less says so); the CLI's other commands and the
+app stop at LIMITS["max_tokens"].default."""
+
+BENCH_MAX_TOKENS = 128
+"""`edgespec bench`'s reply length: enough tokens to measure speed, few enough to run
+a prompt suite in every mode, several times."""

@@ -1,0 +1,90 @@
+"""One table of ranges and defaults (engine/limits.py): the CLI, the app's settings,
+the server's schemas and the engine refuse and accept the same values."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from edgespec import cli
+from edgespec.cli.options import params_from_args
+from edgespec.engine.events import GenerationParams
+from edgespec.engine.limits import LIMITS, MAX_DRAFT
+from edgespec.engine.sampling import check_params
+from edgespec.server.schemas import ChatCompletionRequest
+from edgespec.tui.settings import ChatSettings
+
+
+def test_the_table_holds_the_ranges_a_llama_cpp_or_openai_user_expects():
+    table = {name: (limit.low, limit.high, limit.default, limit.above_low) for name, limit in LIMITS.items()}
+    assert table == {
+        "k": (0, MAX_DRAFT, 8, False), "temperature": (0, 2, 0, False), "top_k": (0, None, 0, False),
+        "top_p": (0, 1, 1, True), "seed": (0, None, None, False), "max_tokens": (1, None, 512, False),
+    }
+    from edgespec.engine.runtime import FAST_MAX_BATCH
+
+    assert MAX_DRAFT == FAST_MAX_BATCH - 1 == 16  # the longest draft one verify pass holds
+
+
+def _edges():
+    """(field, value, allowed) at each end of each range in the table."""
+    for name, limit in LIMITS.items():
+        kind = float if isinstance(limit.low, float) else int
+        step = 0.1 if kind is float else 1
+        if limit.low is not None:
+            yield name, kind(limit.low), not limit.above_low
+            yield name, kind(limit.low - step), False
+            yield name, kind(limit.low + step), True
+        if limit.high is not None:
+            yield name, kind(limit.high), True
+            yield name, kind(limit.high + step), False
+
+
+EDGES = list(_edges())
+FACES = ["cli", "app", "server", "engine"]
+
+
+def _cli(field, value):
+    option = "--" + field.replace("_", "-")
+    params_from_args(cli.build_parser().parse_args(["generate", "hi", option, str(value)]))
+
+
+def _app(field, value):
+    if field == "seed":
+        pytest.skip("the app's settings have no seed")
+    ChatSettings(**{field: value})
+
+
+def _server(field, value):
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    if field == "k":
+        body["speculation"] = {"k": value}
+    else:
+        body[field] = value
+    ChatCompletionRequest.model_validate(body)
+
+
+def _engine(field, value):
+    check_params(GenerationParams(**{field: value}))
+
+
+CHECKS = {"cli": _cli, "app": _app, "server": _server, "engine": _engine}
+
+
+@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("field, value, allowed", EDGES)
+def test_every_face_refuses_and_accepts_the_same_values(face, field, value, allowed):
+    check = CHECKS[face]
+    if allowed:
+        check(field, value)
+    else:
+        with pytest.raises((ValueError, ValidationError)):
+            check(field, value)
+
+
+def test_the_defaults_agree():
+    args = cli.build_parser().parse_args(["generate", "hi"])
+    app = ChatSettings()
+    engine = GenerationParams()
+    for field in ("k", "temperature", "top_k", "top_p", "max_tokens"):
+        assert getattr(args, field) == getattr(app, field) == getattr(engine, field), field
