@@ -221,6 +221,22 @@ def test_a_call_that_runs_long_on_a_healthy_worker_is_not_taken_for_a_lost_one(s
 
 
 @needs_rpc
+@pytest.mark.parametrize("others", [1, 3])  # one client being served; and one served plus its full backlog
+def test_a_worker_busy_with_another_client_is_said_to_be_busy_not_lost(capsys, synth_target, monkeypatch, others):
+    monkeypatch.setattr(rpc, "HELLO_TIMEOUT_S", 3.0)
+    proc, endpoint = start_worker()
+    held = [socket.create_connection((endpoint.host, endpoint.port), timeout=5) for _ in range(others)]
+    try:
+        assert main(["generate", "hi", "--raw", "--target", str(synth_target), "--rpc", str(endpoint)]) == 1
+        err = capsys.readouterr().err
+        assert "serves one client at a time" in err and "lost" not in err and "Traceback" not in err, err
+    finally:
+        for connection in held:
+            connection.close()
+        stop(proc)
+
+
+@needs_rpc
 @pytest.mark.slow
 @pytest.mark.timeout(120)  # a loss that is never noticed fails here, by name
 def test_a_worker_killed_mid_reply_is_an_error_the_reply_so_far_kept_and_a_reload_works(smollm2):

@@ -31,7 +31,7 @@ from llama_cpp._ctypes_extensions import load_shared_library
 
 from edgespec.errors import WorkerLostError, WorkerUnreachableError
 from edgespec.llama import backend_init
-from edgespec.net import Endpoint
+from edgespec.net import Endpoint, is_loopback
 
 CONNECT_TIMEOUT_S = 3.0
 """How long a TCP connect to a worker may take before it counts as unreachable."""
@@ -39,6 +39,7 @@ KEEPALIVE_S = (5, 2, 3)
 """TCP keepalive on the connections to the workers: first probe after 5 s idle, then
 every 2 s, lost after 3 unanswered (a worker whose machine vanished never closes
 its socket; the kernel then fails the connection, and ggml-rpc's read with it)."""
+BUSY = "a worker serves one client at a time: is another edgespec or llama.cpp using it?"
 HELLO_TIMEOUT_S = 15.0
 """How long a reachable worker may take to answer the first request."""
 
@@ -105,11 +106,21 @@ def check_reachable(endpoints, *, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Raise WorkerUnreachableError naming each worker a TCP connect does not reach.
     (Handed an unreachable endpoint, ggml-rpc would end the process.)"""
     failed = unreachable(endpoints, timeout=timeout)
-    if failed:
-        which = "; ".join(f"{e} ({why})" for e, why in failed.items())
+    if not failed:
+        return
+    which = "; ".join(f"{e} ({why})" for e, why in failed.items())
+    unanswered = [e for e, why in failed.items() if why.startswith("no answer")]
+    # A worker serves one client at a time and queues one more; past that, the
+    # kernel drops new connections unanswered. On this machine nothing else drops
+    # them, so an unanswered worker there is a busy one.
+    if unanswered and all(is_loopback(e.host) for e in unanswered):
         raise WorkerUnreachableError(
-            f"cannot reach the RPC worker{'s' if len(failed) > 1 else ''} at {which}. Start one there with "
-            f"`edgespec worker --port PORT` (or llama.cpp's rpc-server), or check the address and the firewall")
+            f"the RPC worker at {which} is busy: {BUSY}. Free it, or start another with "
+            f"`edgespec worker --port PORT`")
+    busy = f" A worker that does not answer may also be busy: {BUSY}." if unanswered else ""
+    raise WorkerUnreachableError(
+        f"cannot reach the RPC worker{'s' if len(failed) > 1 else ''} at {which}. Start one there with "
+        f"`edgespec worker --port PORT` (or llama.cpp's rpc-server), or check the address and the firewall.{busy}")
 
 
 # -- the libraries -------------------------------------------------------------
@@ -284,8 +295,8 @@ def add_servers(endpoints) -> list[tuple[int, Device]]:
         except TimeoutError:
             raise WorkerUnreachableError(
                 f"the RPC worker at {endpoint} took the connection but did not answer within "
-                f"{HELLO_TIMEOUT_S:g} s. A worker serves one client at a time: is another edgespec or llama.cpp "
-                f"using it? Free it, then restart edgespec (llama.cpp keeps waiting for that answer)") from None
+                f"{HELLO_TIMEOUT_S:g} s: {BUSY}. Free it, then restart edgespec (llama.cpp keeps waiting for "
+                f"that answer)") from None
         finally:
             guard.close()
         if not reg:
