@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from edgespec.engine.costs import Costs
-from edgespec.engine.drafters import Drafter, PromptLookup
+from edgespec.engine.drafters import Drafter, Offer
 from edgespec.engine.policy import Bucket, CycleReport, Plan, Policy
 
 
@@ -70,6 +70,10 @@ class Acceptance:
         self.stops = self.decay * self.stops + (1.0 if drafted < asked else 0.0)
 
 
+def _second(pair: tuple) -> float:
+    return pair[1]
+
+
 def _scaled_to(weight: float, hits: float, misses: float) -> tuple[float, float]:
     """The counts scaled down to `weight` in all (their ratio kept), if above it."""
     total = hits + misses
@@ -118,15 +122,52 @@ class Ledger:
         self.saved_by[name] = self.saved_by.get(name, 0.0) + saved
 
 
+class Probes:
+    """When auto probes each drafter it has stopped using: after `every` idle
+    cycles, each probe that does not win the drafter back doubling the wait (up
+    to `most`); a cycle that uses it starts the count again at `every`."""
+
+    def __init__(self, names: Sequence[str], *, every: int, most: int):
+        self.every, self.most = every, most
+        self.idle = {name: 0 for name in names}
+        """Cycles since each drafter was last used or probed."""
+        self.wait = {name: every for name in names}
+        """Idle cycles before each drafter's next probe."""
+
+    def cycle(self, *, used: str | None) -> None:
+        """A cycle was planned, drafting with `used` (None: plain)."""
+        for name in self.idle:
+            if name == used:
+                self.idle[name], self.wait[name] = 0, self.every
+            else:
+                self.idle[name] += 1
+
+    def due(self, name: str) -> bool:
+        return self.idle[name] >= self.wait[name]
+
+    def probed(self, name: str) -> None:
+        self.idle[name], self.wait[name] = 0, min(2 * self.wait[name], self.most)
+
+    def soon(self, name: str, cycles: int) -> None:
+        """Due within `cycles` cycles, if not sooner (the wait between later probes is kept)."""
+        self.idle[name] = max(self.idle[name], self.wait[name] - cycles)
+
+
 class AutoPolicy(Policy):
     """Before each cycle, the drafter and k that maximise expected tokens per
     second, plain decoding (k = 0) included.
 
-    Prompt lookup's proposals cost nothing to make, so they are scored even in
-    cycles that do not use them ("shadow" proposals, checked against the tokens
-    the cycle produced): its acceptance is always current, and auto switches to
-    it as soon as the reply starts copying. A draft model is probed now and then
-    instead, so that a change in its acceptance is noticed."""
+    Each drafter says what it can offer the cycle (Drafter.offer: how long a
+    draft, which of its acceptance rates predicts it, and the proposal when it
+    costs nothing to make); auto prices every k of every offer. A free proposal
+    (prompt lookup's) is scored even in cycles that do not use it ("shadow"
+    proposals, checked against the tokens the cycle produced): its acceptance is
+    always current, and auto switches to it as soon as the reply starts copying.
+    A drafter that drafts on demand (a draft model) is probed now and then
+    instead (`Probes`), so that a change in its acceptance is noticed.
+
+    A plan is data (its kind, bucket, k, expected speedup, and for a plain one
+    the drafting plan it declined); `describe` words it for the status line."""
 
     PROBE_EVERY = 24
     """Cycles before the first probe of a drafter that auto has stopped using;
@@ -164,11 +205,12 @@ class AutoPolicy(Policy):
         self.costs = costs
         self.drafters = list(drafters)
         self.k_max = k_max
+        """The longest draft made on demand (a draft model's)."""
         self.lookup_k_max = max(lookup_k_max, k_max)
+        """The longest free proposal (prompt lookup's) that may be verified."""
         self._priors = priors or {}
         self.acceptance: dict[Bucket, Acceptance] = {}
-        self._idle = {d.name: 0 for d in self.drafters}
-        self._probe_wait = {d.name: self.PROBE_EVERY for d in self.drafters}
+        self.probes = Probes([d.name for d in self.drafters], every=self.PROBE_EVERY, most=self.PROBE_MAX)
         self._shadow: tuple[int, list[int], Bucket] | None = None
         self._reply_s = self.TYPICAL_REPLY * costs.target_pass(1)
         """Plain decode seconds of a reply, averaged over the replies so far."""
@@ -193,9 +235,7 @@ class AutoPolicy(Policy):
         for drafter in self.drafters:
             if self._could_pay(drafter) and self._worth_warming(drafter, prompt, last):
                 drafter.prefill(prompt)
-                # due for a probe PROBE_FIRST cycles in (the wait between later probes is kept)
-                self._idle[drafter.name] = max(self._idle[drafter.name],
-                                               self._probe_wait[drafter.name] - self.PROBE_FIRST)
+                self.probes.soon(drafter.name, self.PROBE_FIRST)
 
     def _worth_warming(self, drafter: Drafter, prompt: Sequence[int], last: Ledger | None) -> bool:
         """Whether reading the prompt into the drafter now is worth its time: after a
@@ -204,7 +244,7 @@ class AutoPolicy(Policy):
         to save in this reply. In a
         session of edits that prompt lookup serves, an idle draft model would
         otherwise read each new prompt (the last reply and the new message) for nothing."""
-        cost = self.costs.catch_up(drafter.name, drafter.behind(prompt))
+        cost = self._catch_up(drafter, prompt)
         if last is not None and last.saved_by.get(drafter.name, 0.0) >= cost:
             return True
         return cost <= max(self.ledger.credit, self._expected_saving(drafter))
@@ -239,48 +279,57 @@ class AutoPolicy(Policy):
         return expected_tokens(acceptance.rate, k) / cycle_s
 
     def plan(self, history: Sequence[int]) -> Plan:
+        """The fastest safe plan of all the drafters offer; else a probe, if one is
+        due; else plain, with the best plan it declined."""
         self._score_shadow(history)
+        offers = [(d, d.offer(history, self.k_max, free_k_max=self.lookup_k_max)) for d in self.drafters]
         plain_rate = 1.0 / self.costs.target_pass(1)
-        best, best_rate = Plan(None, 0), plain_rate * (1.0 + self.MARGIN)
-        runner_up = None
-        options = [(d, *self._options(d, history)) for d in self.drafters]
-        for drafter, k_cap, bucket, proposal in options:
-            a = self._acceptance(bucket)
-            catch_up = self.costs.catch_up(drafter.name, drafter.behind(history)) if k_cap > 0 else 0.0
-            for k in range(1, k_cap + 1):
-                rate = self._rate(drafter, a, k, catch_up / self.SWITCH_CYCLES)
-                if rate > best_rate and self._worst_loss(drafter, k, catch_up) <= self.ledger.credit:
-                    best, best_rate = Plan(drafter, k, bucket=bucket, proposal=proposal), rate
-                if runner_up is None or rate > runner_up[1]:
-                    runner_up = (Plan(drafter, k, bucket=bucket), rate)
-        for drafter in self.drafters:
-            if best.drafter is drafter:
-                self._idle[drafter.name] = 0
-                self._probe_wait[drafter.name] = self.PROBE_EVERY
-            else:
-                self._idle[drafter.name] += 1
-        self._shadow = next(((len(history), proposal, bucket) for d, _, bucket, proposal in options
-                             if proposal and d is not best.drafter), None)
+        options = list(self._options(history, offers, plain_rate))
+        safe = [(plan, rate) for plan, rate, worst_loss in options
+                if rate > plain_rate * (1.0 + self.MARGIN) and worst_loss <= self.ledger.credit]
+        best = max(safe, key=_second, default=(Plan(None, 0), plain_rate))[0]  # of equal rates, the first
+        self.probes.cycle(used=best.drafter.name if best.drafter else None)
+        self._shadow = next(((len(history), offer.proposal, Bucket(d.name, offer.key)) for d, offer in offers
+                             if offer.proposal and d is not best.drafter), None)
         if best.drafter is None:
-            probe = next(((d, min(self.PROBE_K, k_cap), bucket) for d, k_cap, bucket, proposal in options
-                          if proposal is None and self._idle[d.name] >= self._probe_wait[d.name] and k_cap > 0
-                          and self._could_pay(d)), None)
-            if probe is not None and self._worst_loss(*probe[:2], self.costs.catch_up(
-                    probe[0].name, probe[0].behind(history))) <= self.ledger.credit:
-                drafter, k, bucket = probe
-                self._idle[drafter.name] = 0
-                self._probe_wait[drafter.name] = min(2 * self._probe_wait[drafter.name], self.PROBE_MAX)
-                best = Plan(drafter, k, bucket=bucket, p_draft=self.costs.break_even(drafter.name), kind="probe",
-                            acceptance=self._acceptance(bucket).rate)
-            elif runner_up is not None:
-                best.declined, rate = runner_up
-                best.declined.speedup = rate / plain_rate
-        else:
-            best.speedup, best.acceptance = best_rate / plain_rate, self._acceptance(best.bucket).rate
-            if best.proposal is None:  # a draft model: it drafts while its guesses are worth a column
-                best.p_draft = self.costs.break_even(best.drafter.name)
+            best = self._probe(history, offers) or best
+        if best.kind == "plain" and options:
+            best.declined = max(options, key=_second)[0]
         best.reason = self.describe(best)
         return best
+
+    def _options(self, history: Sequence[int], offers: list[tuple[Drafter, Offer]], plain_rate: float):
+        """(plan, expected tokens per second, worst loss) for each drafter and each k it offers."""
+        for drafter, offer in offers:
+            bucket = Bucket(drafter.name, offer.key)
+            a = self._acceptance(bucket)
+            catch_up = self._catch_up(drafter, history) if offer.k_max > 0 else 0.0
+            # drafting on demand (a draft model): it drafts while its guesses are worth a column
+            p_draft = self.costs.break_even(drafter.name) if offer.proposal is None else None
+            for k in range(1, offer.k_max + 1):
+                rate = self._rate(drafter, a, k, catch_up / self.SWITCH_CYCLES)
+                plan = Plan(drafter, k, bucket=bucket, proposal=offer.proposal, p_draft=p_draft,
+                            speedup=rate / plain_rate, acceptance=a.rate)
+                yield plan, rate, self._worst_loss(drafter, k, catch_up)
+
+    def _probe(self, history: Sequence[int], offers: list[tuple[Drafter, Offer]]) -> Plan | None:
+        """A probe of the first drafter due one (drafting on demand, so unscored while
+        unused, and able to pay), if the ledger can pay for it."""
+        drafter, offer = next(((d, offer) for d, offer in offers if offer.proposal is None and offer.k_max > 0
+                               and self.probes.due(d.name) and self._could_pay(d)), (None, None))
+        if drafter is None:
+            return None
+        k = min(self.PROBE_K, offer.k_max)
+        if self._worst_loss(drafter, k, self._catch_up(drafter, history)) > self.ledger.credit:
+            return None
+        self.probes.probed(drafter.name)
+        bucket = Bucket(drafter.name, offer.key)
+        return Plan(drafter, k, bucket=bucket, p_draft=self.costs.break_even(drafter.name), kind="probe",
+                    acceptance=self._acceptance(bucket).rate)
+
+    def _catch_up(self, drafter: Drafter, history: Sequence[int]) -> float:
+        """Seconds the drafter needs to read what it missed of `history`."""
+        return self.costs.catch_up(drafter.name, drafter.behind(history))
 
     def describe(self, plan: Plan) -> str:
         """The plan in words, for the status line."""
@@ -308,16 +357,8 @@ class AutoPolicy(Policy):
         verify = self.costs.target_pass(k + 1) - self.costs.target_pass(1)
         return catch_up_s + self.costs.draft(drafter.name, k) + verify
 
-    def _options(self, drafter: Drafter, history: Sequence[int]) -> tuple[int, Bucket, list[int] | None]:
-        """The longest draft worth considering, the acceptance bucket, and for
-        lookup its proposal (bucketed by the kind of match it is)."""
-        if isinstance(drafter, PromptLookup):
-            tokens, kind = drafter.match(history, self.lookup_k_max, skip=True)
-            return len(tokens), Bucket(drafter.name, kind or "none"), tokens
-        return self.k_max, Bucket(drafter.name), None
-
     def _score_shadow(self, history: Sequence[int]) -> None:
-        """Score last cycle's unused lookup proposal against what was generated."""
+        """Score last cycle's unused free proposal against what was generated."""
         if self._shadow is None:
             return
         start, proposal, bucket = self._shadow

@@ -2,7 +2,8 @@
 
 One small interface, so that a new drafter is a new class and tests can swap
 in a fake: `propose(history, k, params, rng) -> Draft`, plus `rewind(history)`
-called after each cycle with the accepted tokens.
+called after each cycle with the accepted tokens, and `offer(history, ...)`:
+what a policy that prices drafters (auto mode) may expect of it next cycle.
 """
 
 from __future__ import annotations
@@ -32,6 +33,22 @@ class Draft:
     """Seconds that catch-up took."""
 
 
+@dataclass(frozen=True)
+class Offer:
+    """What a drafter can give the next cycle, said before it drafts: what auto mode prices."""
+
+    k_max: int
+    """The longest draft worth asking it for (0: it has nothing to offer)."""
+    key: str | None = None
+    """Which of the drafter's acceptance rates predicts this draft (prompt lookup:
+    the kind of match it made); None: its one rate."""
+    proposal: list[int] | None = None
+    """The draft itself, when making it costs nothing (prompt lookup): priced as it
+    is, and scored against what the cycle produced when another plan is taken.
+    None: drafted on demand, in the cycle (a draft model), so its acceptance is
+    only learnt by using it."""
+
+
 class Drafter(ABC):
     name: str
 
@@ -49,6 +66,12 @@ class Drafter(ABC):
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Read the prompt while the target reads it, so that drafting starts warm."""
+
+    def offer(self, history: Sequence[int], k_max: int, *, free_k_max: int) -> Offer:
+        """What the drafter can give the cycle after `history`: up to `k_max` tokens
+        drafted on demand, or, for a proposal that costs nothing to make, up to
+        `free_k_max` (a policy may verify a longer free draft)."""
+        return Offer(k_max)
 
 
 def too_unsure(sure: float, whole: float, params: GenerationParams) -> bool:
@@ -163,6 +186,10 @@ class PromptLookup(Drafter):
 
     def propose(self, history, k, params, rng):
         return Draft(self.lookup(history, k))
+
+    def offer(self, history, k_max, *, free_k_max):
+        tokens, kind = self.match(history, free_k_max, skip=True)
+        return Offer(len(tokens), kind or "none", tokens)
 
     def lookup(self, history: Sequence[int], k: int) -> list[int]:
         return self.match(history, k)[0]
