@@ -11,11 +11,6 @@ from typing import Callable, Sequence
 
 from edgespec.engine.drafters import Drafter
 
-PLAN_KINDS = ("plain", "chosen", "probe")
-"""Why a cycle drafts what it drafts: not at all; the best expected rate; or to
-learn whether a drafter's acceptance has changed (auto mode's exploration)."""
-
-
 @dataclass(frozen=True)
 class Bucket:
     """Whose acceptance a cycle measures (auto mode): a drafter, and for prompt
@@ -43,7 +38,9 @@ class Plan:
     """The least chance that a draft model's whole draft is right for it to go on
     drafting (GenerationParams.p_draft). Auto mode derives it from the measured costs."""
     kind: str = "chosen"
-    """One of PLAN_KINDS ("plain" whenever there is no drafter)."""
+    """Why the cycle drafts what it drafts: "plain" (not at all, whenever there is
+    no drafter), "chosen" (the best expected rate) or "probe" (to learn whether a
+    drafter's acceptance has changed: auto mode's exploration)."""
     speedup: float | None = None
     """Expected tokens per second over plain decoding's (auto mode)."""
     acceptance: float | None = None
