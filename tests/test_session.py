@@ -4,6 +4,7 @@ import pytest
 from tests.fakes import FakeEngine
 
 from edgespec.chat import ChatSession, ConversationStore
+from edgespec.chat.export import import_json
 from edgespec.chat.store import Message
 from edgespec.engine.events import GenerationParams
 from edgespec.errors import ContextFullError, TemplateError
@@ -341,7 +342,7 @@ def _long_chat(store, n: int, *, n_ctx: int = 2048) -> ChatSession:
     """A stored conversation of a system prompt and `n` messages, opened in a session."""
     messages = [{"role": "system", "content": "SYSTEM"}] + [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(n)]
-    cid = store.import_json({"format": "edgespec.conversation", "version": 1, "messages": messages})
+    cid = import_json(store, {"format": "edgespec.conversation", "version": 1, "messages": messages})
     return ChatSession(FakeEngine(n_ctx=n_ctx), store=store, conversation_id=cid, template="chatml",
                        params=GenerationParams(max_tokens=64))
 
@@ -378,9 +379,9 @@ def test_a_second_writer_waits_for_the_reply_in_progress_and_then_sees_it(tmp_pa
     import threading
 
     first_store, second_store = ConversationStore(tmp_path / "c.db"), ConversationStore(tmp_path / "c.db")
-    cid = first_store.import_json({"format": "edgespec.conversation", "version": 1,
-                                   "messages": [{"role": "user", "content": "Hello"},
-                                                {"role": "assistant", "content": "Hi"}]})
+    cid = import_json(first_store, {"format": "edgespec.conversation", "version": 1,
+                                    "messages": [{"role": "user", "content": "Hello"},
+                                                 {"role": "assistant", "content": "Hi"}]})
     first = ChatSession(FakeEngine(reply=lambda p: "first answer", delay_s=0.01), store=first_store,
                         conversation_id=cid, template="chatml")
     waited = []

@@ -8,11 +8,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 from edgespec.chat import store as store_module
+from edgespec.chat.export import export_json, export_markdown, import_json
 from edgespec.chat.store import ConversationStore, Message, StoreError
 
 TESTS = Path(__file__).parent
@@ -22,6 +24,12 @@ TESTS = Path(__file__).parent
 def store(tmp_path):
     with ConversationStore(tmp_path / "chats.db") as s:
         yield s
+
+
+def _sql(path: Path, sql: str, *args) -> list[tuple]:
+    """Run `sql` on the database file itself, as another program would (committed when it writes)."""
+    with closing(sqlite3.connect(path)) as db, db:
+        return db.execute(sql, args).fetchall()
 
 
 def _conversation(store, title="Trip"):
@@ -90,7 +98,7 @@ def test_database_uses_wal_and_reopens(tmp_path):
         cid = _conversation(s)
     with ConversationStore(path) as s:
         assert len(s.messages(cid)) == 3
-        assert s._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert _sql(path, "PRAGMA journal_mode") == [("wal",)]
 
 
 def test_fresh_database_is_at_the_latest_schema_version(store):
@@ -106,8 +114,8 @@ def test_migrations_run_in_order_from_an_older_version(tmp_path, monkeypatch):
     monkeypatch.setattr(store_module, "MIGRATIONS", newer)
     with ConversationStore(path) as s:
         assert s.schema_version == 3
-        assert s._db.execute("SELECT pinned FROM conversations WHERE id = ?", (cid,)).fetchone() == (0,)
         assert len(s.messages(cid)) == 3
+    assert _sql(path, "SELECT pinned FROM conversations WHERE id = ?", cid) == [(0,)]
 
 
 def test_a_failing_migration_leaves_the_database_at_its_version(tmp_path, monkeypatch):
@@ -134,24 +142,24 @@ def test_a_newer_database_is_refused_not_downgraded(tmp_path):
 
 def test_export_json_import_json_round_trip(store, tmp_path):
     cid = _conversation(store)
-    data = json.loads(json.dumps(store.export_json(cid)))  # as it goes through a file
+    data = json.loads(json.dumps(export_json(store, cid)))  # as it goes through a file
     with ConversationStore(tmp_path / "other.db") as other:
-        new = other.import_json(data)
-        assert other.export_json(new) == data
+        new = import_json(other, data)
+        assert export_json(other, new) == data
         assert other.list()[0].title == "Trip"
 
 
 def test_import_refuses_what_is_not_an_export(store):
     with pytest.raises(StoreError, match="Not an edgespec conversation export"):
-        store.import_json({"messages": []})
+        import_json(store, {"messages": []})
     with pytest.raises(StoreError, match="Message 0 .* role"):
-        store.import_json({"format": "edgespec.conversation", "version": 1, "messages": [{"role": "robot"}]})
+        import_json(store, {"format": "edgespec.conversation", "version": 1, "messages": [{"role": "robot"}]})
     with pytest.raises(StoreError, match="Upgrade edgespec"):
-        store.import_json({"format": "edgespec.conversation", "version": 7, "messages": []})
+        import_json(store, {"format": "edgespec.conversation", "version": 7, "messages": []})
     for version in (None, "1", 1.5, True, 0):
         data = {"format": "edgespec.conversation", "messages": []} | ({} if version is None else {"version": version})
         with pytest.raises(StoreError, match="no version number") as e:
-            store.import_json(data)
+            import_json(store, data)
         assert "Upgrade" not in str(e.value)
     assert store.list() == []
 
@@ -186,23 +194,23 @@ def _export(**changes):
     ({"m1_from_draft": [1, "x"]}, "Message 1.*from_draft"),
 ])
 def test_import_validates_everything_before_writing_anything(store, changes, message):
-    store.import_json(_export())  # the document itself is fine
+    import_json(store, _export())  # the document itself is fine
     with pytest.raises(StoreError, match=message):
-        store.import_json(_export(**changes))
+        import_json(store, _export(**changes))
     assert len(store.list()) == 1
 
 
 def test_conversations_with_settings_of_the_wrong_shape_still_export(store):
     """Stored by an earlier edgespec that let them in."""
     cid = store.create(title="old")
-    store._db.execute("UPDATE conversations SET settings = '\"x\"' WHERE id = ?", (cid,))
+    _sql(store.path, "UPDATE conversations SET settings = '\"x\"' WHERE id = ?", cid)
     assert store.settings(cid) == {}
-    assert "# old" in store.export_markdown(cid)
+    assert "# old" in export_markdown(store, cid)
 
 
 def test_export_markdown(store):
     cid = _conversation(store)
-    md = store.export_markdown(cid)
+    md = export_markdown(store, cid)
     assert md.startswith("# Trip\n")
     assert "qwen.gguf" in md
     assert "## User\n\nWhere is Lyon?" in md
@@ -319,20 +327,36 @@ def test_a_damaged_database_is_kept_aside_under_a_dated_name_and_a_fresh_one_sta
         assert [c.title for c in s.list()] == ["new"] and s.moved_aside is None
 
 
-def test_a_read_only_database_is_a_store_error_naming_the_file(store):
-    cid = store.create(title="t")
-    store._db.execute("PRAGMA query_only = ON")  # as a file the user cannot write (root ignores chmod)
-    with pytest.raises(StoreError, match=f"{store.path}.*(read-only|cannot be written).*writable"):
-        store.append(cid, Message("user", "hi"))
-    assert store.messages(cid) == []  # reading still works
+def _opened_with(path: Path, pragma: str, monkeypatch) -> ConversationStore:
+    """The store at `path`, opened again on a connection that SQLite was told `pragma` first."""
+    connect = sqlite3.connect
+
+    def connect_then(*args, **kwargs):
+        db = connect(*args, **kwargs)
+        db.execute(pragma)
+        return db
+
+    monkeypatch.setattr(sqlite3, "connect", connect_then)
+    return ConversationStore(path)
 
 
-def test_a_full_disk_is_a_store_error_naming_the_file(store):
+def test_a_read_only_database_is_a_store_error_naming_the_file(store, monkeypatch):
     cid = store.create(title="t")
-    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
-    store._db.execute(f"PRAGMA max_page_count = {pages}")  # as a full disk
-    with pytest.raises(StoreError, match=f"{store.path}.*full.*[Ff]ree"):
-        store.append(cid, Message("user", "x" * 100_000))
+    store.close()
+    # as a file the user cannot write (root ignores chmod)
+    with _opened_with(store.path, "PRAGMA query_only = ON", monkeypatch) as s:
+        with pytest.raises(StoreError, match=f"{s.path}.*(read-only|cannot be written).*writable"):
+            s.append(cid, Message("user", "hi"))
+        assert s.messages(cid) == []  # reading still works
+
+
+def test_a_full_disk_is_a_store_error_naming_the_file(store, monkeypatch):
+    cid = store.create(title="t")
+    store.close()
+    [(pages,)] = _sql(store.path, "PRAGMA page_count")
+    with _opened_with(store.path, f"PRAGMA max_page_count = {pages}", monkeypatch) as s:  # as a full disk
+        with pytest.raises(StoreError, match=f"{s.path}.*full.*[Ff]ree"):
+            s.append(cid, Message("user", "x" * 100_000))
 
 
 @pytest.mark.parametrize("command", [["chats"], ["export", "1"], ["import", "{export}"]])

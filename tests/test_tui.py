@@ -9,7 +9,7 @@ import threading
 import pytest
 import yaml
 
-from edgespec.chat.store import ConversationStore, Message
+from edgespec.chat.store import ConversationStore, Message, StoreError
 from edgespec.engine.events import Stats
 from edgespec.errors import ModelFileError
 from edgespec.models.progress import Progress
@@ -124,13 +124,36 @@ async def test_an_engine_that_cannot_say_where_it_runs_still_chats_and_says_so(s
         assert boxes(app)[1].content == REPLY
 
 
-async def test_a_store_failing_mid_chat_is_shown_not_a_crash(store):
+class FailingStore(ConversationStore):
+    """A store whose writes fail once `read_only` is set, as a file that became read-only."""
+
+    read_only = False
+
+    def create(self, **kwargs):
+        self._check()
+        return super().create(**kwargs)
+
+    def append(self, conversation_id, message):
+        self._check()
+        return super().append(conversation_id, message)
+
+    def update(self, message):
+        self._check()
+        super().update(message)
+
+    def _check(self):
+        if self.read_only:
+            raise StoreError(f"{self.path} is read-only or cannot be written. Make it and its folder writable.")
+
+
+async def test_a_store_failing_mid_chat_is_shown_not_a_crash(tmp_path):
+    store = FailingStore(tmp_path / "chats.db")
     app = make_app(store)
     async with app.run_test(size=(110, 36)) as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "Hi")
         await wait_for(pilot, lambda: not app.chat.generating)
-        store._db.execute("PRAGMA query_only = ON")  # the file became read-only
+        store.read_only = True
         await send(pilot, "Again")
         await wait_for(pilot, lambda: not app.chat.generating)
         assert any("read-only" in n.message for n in app._notifications)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from edgespec.chat.prefix import PrefixTokenizer
+from edgespec.chat.reply_lock import reply_lock
 from edgespec.chat.store import ConversationStore, Message
 from edgespec.chat.template import chat_template
 from edgespec.engine.events import Chunk, GenerationParams
@@ -126,7 +127,7 @@ class ChatSession:
         if self.store is None or self.conversation_id is None:
             yield
             return
-        with self.store.reply_lock(self.conversation_id, on_wait=self.on_wait):
+        with reply_lock(self.store.path, self.conversation_id, on_wait=self.on_wait):
             ours = max((m.id for m in self.messages if m.id is not None), default=None)
             if self.store.last_message_id(self.conversation_id) != ours:
                 self.load(self.conversation_id)

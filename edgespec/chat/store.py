@@ -11,7 +11,6 @@ database from version i to i + 1, in its own transaction.
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 import threading
 import time
@@ -19,17 +18,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterable, Iterator
 
-from filelock import FileLock, Timeout
-
-from edgespec.engine.events import stats_line
 from edgespec.errors import EdgespecError
 
 ROLES = ("system", "user", "assistant")
 STATUSES = ("done", "stopped", "interrupted", "error")
-EXPORT_FORMAT = "edgespec.conversation"
-EXPORT_VERSION = 1
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: conversations (with the model pair and settings used, as JSON) and their messages.
@@ -154,19 +148,27 @@ class ConversationStore:
         return aside
 
     # -- conversations -----------------------------------------------------------------
-    def create(self, *, title: str = "New chat", settings: dict | None = None) -> int:
-        now = time.time()
+    def create(self, *, title: str = "New chat", settings: dict | None = None, messages: Iterable[Message] = (),
+               created: float | None = None, updated: float | None = None) -> int:
+        """A new conversation, with `messages` if given, in one transaction; returns its id.
+        `created` and `updated` (Unix times) default to now and to `created`."""
+        created = time.time() if created is None else created
+        updated = created if updated is None else updated
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO conversations (title, created, updated, settings) VALUES (?, ?, ?, ?)",
-                (title, now, now, _dumps(settings or {})),
+                (title, created, updated, _dumps(settings or {})),
             )
+            for m in messages:
+                db.execute(
+                    "INSERT INTO messages (conversation_id, role, content, status, stats, from_draft, created) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (cur.lastrowid, m.role, m.content, m.status, *_message_extras(m), updated))
             return cur.lastrowid
 
     def list(self, *, search: str | None = None) -> list[ConversationInfo]:
         """Conversations, most recently updated first; `search` matches titles and message text."""
-        sql = ("SELECT c.id, c.title, c.created, c.updated, "
-               "(SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id) FROM conversations c")
+        sql = _INFO_SQL
         args: tuple = ()
         if search:
             pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
@@ -175,8 +177,13 @@ class ConversationStore:
             args = (pattern,)
         with self._reading() as db:
             rows = db.execute(sql + " ORDER BY c.updated DESC, c.id DESC", args).fetchall()
-        return [ConversationInfo(r[0], r[1], datetime.fromtimestamp(r[2]), datetime.fromtimestamp(r[3]), r[4])
-                for r in rows]
+        return [_info(row) for row in rows]
+
+    def info(self, conversation_id: int) -> ConversationInfo:
+        """The conversation's title, times and length; StoreError when there is no such conversation."""
+        with self._reading() as db:
+            self._require(db, conversation_id)
+            return _info(db.execute(_INFO_SQL + " WHERE c.id = ?", (conversation_id,)).fetchone())
 
     def title(self, conversation_id: int) -> str | None:
         """The conversation's title; None when there is no such conversation."""
@@ -255,82 +262,6 @@ class ConversationStore:
         with self._reading() as db:
             row = db.execute("SELECT MAX(id) FROM messages WHERE conversation_id = ?", (conversation_id,)).fetchone()
             return row[0]
-
-    @contextmanager
-    def reply_lock(self, conversation_id: int, *, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-        """Hold conversation `conversation_id` for one turn, across processes: a
-        second process answering in it waits here until the first one's reply is
-        stored (calling `on_wait` once, when it has to wait), so that its prompt
-        holds that reply rather than a half-written one."""
-        if str(self.path) == ":memory:":  # no other process can see it
-            yield
-            return
-        folder = self.path.with_name(self.path.name + ".locks")
-        try:
-            folder.mkdir(exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"Cannot create {folder}: {e.strerror or e}. Make {self.path.parent} writable.") from None
-        lock = FileLock(folder / f"{conversation_id}.lock", thread_local=False)
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            if on_wait is not None:
-                on_wait()
-            lock.acquire()
-        try:
-            yield
-        finally:
-            lock.release()
-
-    # -- export / import ---------------------------------------------------------------
-    def export_json(self, conversation_id: int) -> dict:
-        with self._reading() as db:
-            row = self._require(db, conversation_id)
-        return {
-            "format": EXPORT_FORMAT,
-            "version": EXPORT_VERSION,
-            "title": row[1],
-            "created": datetime.fromtimestamp(row[2]).astimezone().isoformat(),
-            "updated": datetime.fromtimestamp(row[3]).astimezone().isoformat(),
-            "settings": self.settings(conversation_id),
-            "messages": [
-                {"role": m.role, "content": m.content, "status": m.status, "stats": m.stats,
-                 "from_draft": m.from_draft}
-                for m in self.messages(conversation_id)
-            ],
-        }
-
-    def export_markdown(self, conversation_id: int) -> str:
-        data = self.export_json(conversation_id)
-        lines = [f"# {data['title']}", "", f"*{data['created'][:16].replace('T', ' ')}*"]
-        models = [data["settings"].get(k) for k in ("target", "draft")]
-        if models[0]:
-            lines[-1] += " · " + " + ".join(Path(str(m)).name for m in models if m)
-        for m in data["messages"]:
-            lines += ["", f"## {m['role'].capitalize()}", "", m["content"]]
-            notes = [] if m["status"] == "done" else [m["status"]]
-            if m["stats"]:
-                notes.append(stats_line(m["stats"]))
-            if notes:
-                lines += ["", "*" + " · ".join(notes) + "*"]
-        return "\n".join(lines) + "\n"
-
-    def import_json(self, data: dict) -> int:
-        """Store an export_json() document as a new conversation; returns its id."""
-        messages = _validated_messages(data)
-        created = _timestamp(data.get("created"))
-        updated = _timestamp(data.get("updated"), default=created)
-        with self._tx() as db:
-            cur = db.execute(
-                "INSERT INTO conversations (title, created, updated, settings) VALUES (?, ?, ?, ?)",
-                (str(data.get("title") or "Imported chat"), created, updated, _dumps(data.get("settings") or {})))
-            conversation_id = cur.lastrowid
-            for m in messages:
-                db.execute(
-                    "INSERT INTO messages (conversation_id, role, content, status, stats, from_draft, created) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (conversation_id, m.role, m.content, m.status, *_message_extras(m), updated))
-            return conversation_id
 
     # -- plumbing ----------------------------------------------------------------------
     def close(self) -> None:
@@ -418,6 +349,14 @@ def _store_error(path: Path, e: sqlite3.Error) -> StoreError:
     return StoreError(what)
 
 
+_INFO_SQL = ("SELECT c.id, c.title, c.created, c.updated, "
+             "(SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id) FROM conversations c")
+
+
+def _info(row: tuple) -> ConversationInfo:
+    return ConversationInfo(row[0], row[1], datetime.fromtimestamp(row[2]), datetime.fromtimestamp(row[3]), row[4])
+
+
 def _dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
@@ -426,86 +365,3 @@ def _message_extras(m: Message) -> tuple[str | None, str | None]:
     stats = _dumps(m.stats) if m.stats is not None else None
     origins = "".join("1" if d else "0" for d in m.from_draft) if m.from_draft is not None else None
     return stats, origins
-
-
-
-_NUMBER, _INT, _TEXT = "a number", "a whole number", "a text"
-SETTINGS_TYPES = {
-    "target": _TEXT, "draft": _TEXT, "template": _TEXT, "system_prompt": _TEXT, "mode": _TEXT,
-    "temperature": _NUMBER, "top_p": _NUMBER, "top_k": _INT, "max_tokens": _INT, "k": _INT,
-    "gpu_layers_target": _INT, "gpu_layers_draft": _INT, "threads": _INT, "rpc": _TEXT,
-}
-"""What a conversation's settings may hold (the session's and the app's); other keys are kept as they are."""
-PARAMS_TYPES = {
-    "mode": _TEXT, "k": _INT, "temperature": _NUMBER, "top_k": _INT, "top_p": _NUMBER, "seed": _INT,
-    "max_tokens": _INT, "p_min": _NUMBER, "p_draft": _NUMBER,
-}
-"""The generation parameters stored in settings["params"]."""
-STATS_TYPES = {
-    "mode": _TEXT, "drafter": _TEXT, "reason": _TEXT, "stop_reason": _TEXT, "ttft_s": _NUMBER, "decode_s": _NUMBER,
-    "acceptance_rate": _NUMBER, "tokens_per_pass": _NUMBER, "tokens_per_s": _NUMBER,
-    **{name: _INT for name in ("prompt_tokens", "prompt_evaluated", "prompt_cached", "generated_tokens", "drafted",
-                               "accepted", "target_passes", "k", "dropped_messages")},
-}
-"""A reply's statistics (Stats.to_dict())."""
-
-
-def _check_fields(values, types: dict[str, str], where: str) -> None:
-    """Raise StoreError unless `values` is an object whose known fields (null or) have their type."""
-    if not isinstance(values, dict):
-        raise StoreError(f"{where} must be an object, not {type(values).__name__}.")
-    for name, kind in types.items():
-        value = values.get(name)
-        ok = (value is None or (kind == _TEXT and isinstance(value, str))
-              or (kind == _INT and isinstance(value, int) and not isinstance(value, bool))
-              or (kind == _NUMBER and isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and math.isfinite(value)))
-        if not ok:
-            raise StoreError(f"{where}: {name} must be {kind}, not {value!r}.")
-
-
-def _validated_messages(data) -> list[Message]:
-    """The messages of an export_json() document, after checking all of it: an
-    import is written whole or not at all, and nothing later trips on its shape."""
-    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
-        raise StoreError(f"Not an edgespec conversation export (expected \"format\": \"{EXPORT_FORMAT}\").")
-    version = data.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise StoreError(f"The export has no version number (\"version\": 1 for this edgespec's exports), "
-                         f"got {version!r}.")
-    if version > EXPORT_VERSION:
-        raise StoreError(f"This export has version {data.get('version')!r}; this edgespec reads up to "
-                         f"{EXPORT_VERSION}. Upgrade edgespec to import it.")
-    for key in ("title", "created", "updated"):
-        if not isinstance(data.get(key), (str, type(None))):
-            raise StoreError(f"The export's {key} must be a text, not {data[key]!r}.")
-    settings = data.get("settings") or {}
-    _check_fields(settings, SETTINGS_TYPES, "The export's settings")
-    if settings.get("params") is not None:
-        _check_fields(settings["params"], PARAMS_TYPES, "The export's settings: params")
-    raw = data.get("messages")
-    if not isinstance(raw, list):
-        raise StoreError("The export has no \"messages\" list.")
-    messages = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise StoreError(f"Message {i} of the export needs a role ({', '.join(ROLES)}) and a text content.")
-        if m["role"] == "system" and i > 0:
-            raise StoreError(f"Message {i} of the export is a system message; only the first message may be one.")
-        status, stats, origins = m.get("status", "done"), m.get("stats"), m.get("from_draft")
-        if status not in STATUSES:
-            raise StoreError(f"Message {i} of the export has status {status!r}; expected one of {', '.join(STATUSES)}.")
-        if stats is not None:
-            _check_fields(stats, STATS_TYPES, f"Message {i} of the export: stats")
-        if origins is not None and not (isinstance(origins, list) and all(x in (0, 1) for x in origins)):
-            raise StoreError(f"Message {i} of the export: from_draft must be a list of true/false, one per token.")
-        messages.append(Message(m["role"], m["content"], status=status, stats=stats,
-                                from_draft=[bool(x) for x in origins] if origins is not None else None))
-    return messages
-
-
-def _timestamp(value, *, default: float | None = None) -> float:
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except (TypeError, ValueError):
-        return default if default is not None else time.time()

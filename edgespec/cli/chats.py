@@ -112,11 +112,13 @@ def _cmd_chats(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from edgespec.chat.export import export_json, export_markdown
+
     store = _open_store()
     if args.format == "json":
-        text = json.dumps(store.export_json(args.id), ensure_ascii=False, indent=2) + "\n"
+        text = json.dumps(export_json(store, args.id), ensure_ascii=False, indent=2) + "\n"
     else:
-        text = store.export_markdown(args.id)
+        text = export_markdown(store, args.id)
     if args.output:
         try:
             Path(args.output).write_text(text, encoding="utf-8")
@@ -131,6 +133,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from edgespec.chat import StoreError
+    from edgespec.chat.export import import_json
 
     try:
         data = json.loads(Path(args.file).read_text(encoding="utf-8"))
@@ -138,6 +141,6 @@ def _cmd_import(args: argparse.Namespace) -> int:
         raise StoreError(f"cannot read {args.file}: {e}") from None
     except RecursionError:  # the parser recurses once per level of nesting
         raise StoreError(f"cannot read {args.file}: its JSON is nested too deeply to be an edgespec export") from None
-    print(f"imported as conversation {_open_store().import_json(data)}")
+    print(f"imported as conversation {import_json(_open_store(), data)}")
     return 0
 

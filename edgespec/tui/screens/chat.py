@@ -25,6 +25,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
+from edgespec.chat.export import export_markdown
 from edgespec.chat.store import StoreError
 from edgespec.errors import EdgespecError
 from edgespec.tui.library import PullProgress
@@ -321,7 +322,7 @@ class ChatScreen(Screen):
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in title).strip("-")[:40] or "chat"
         path = self.app.export_dir / f"edgespec-{cid}-{safe}.md"
         try:
-            path.write_text(store.export_markdown(cid), encoding="utf-8")
+            path.write_text(export_markdown(store, cid), encoding="utf-8")
         except StoreError as e:
             self._store_failed(e)
             return

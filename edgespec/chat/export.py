@@ -1,0 +1,144 @@
+"""A conversation as a document: export to JSON (which imports back) or Markdown.
+
+An import is checked whole before anything is written, so a hand-edited or
+hostile file is refused with a message naming the field, and nothing later
+trips on its shape.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime
+from pathlib import Path
+
+from edgespec.chat.store import ROLES, STATUSES, ConversationStore, Message, StoreError
+from edgespec.engine.events import stats_line
+
+EXPORT_FORMAT = "edgespec.conversation"
+EXPORT_VERSION = 1
+
+
+def export_json(store: ConversationStore, conversation_id: int) -> dict:
+    """The conversation as a JSON-ready document (import_json() reads it back)."""
+    info = store.info(conversation_id)
+    return {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "title": info.title,
+        "created": info.created.astimezone().isoformat(),
+        "updated": info.updated.astimezone().isoformat(),
+        "settings": store.settings(conversation_id),
+        "messages": [
+            {"role": m.role, "content": m.content, "status": m.status, "stats": m.stats,
+             "from_draft": m.from_draft}
+            for m in store.messages(conversation_id)
+        ],
+    }
+
+
+def export_markdown(store: ConversationStore, conversation_id: int) -> str:
+    """The conversation as Markdown for people: a heading per message, with its statistics."""
+    data = export_json(store, conversation_id)
+    lines = [f"# {data['title']}", "", f"*{data['created'][:16].replace('T', ' ')}*"]
+    models = [data["settings"].get(k) for k in ("target", "draft")]
+    if models[0]:
+        lines[-1] += " · " + " + ".join(Path(str(m)).name for m in models if m)
+    for m in data["messages"]:
+        lines += ["", f"## {m['role'].capitalize()}", "", m["content"]]
+        notes = [] if m["status"] == "done" else [m["status"]]
+        if m["stats"]:
+            notes.append(stats_line(m["stats"]))
+        if notes:
+            lines += ["", "*" + " · ".join(notes) + "*"]
+    return "\n".join(lines) + "\n"
+
+
+def import_json(store: ConversationStore, data: dict) -> int:
+    """Store an export_json() document as a new conversation; returns its id."""
+    messages = _validated_messages(data)
+    created = _timestamp(data.get("created"))
+    return store.create(title=str(data.get("title") or "Imported chat"), settings=data.get("settings") or {},
+                        messages=messages, created=created, updated=_timestamp(data.get("updated"), default=created))
+
+
+_NUMBER, _INT, _TEXT = "a number", "a whole number", "a text"
+SETTINGS_TYPES = {
+    "target": _TEXT, "draft": _TEXT, "template": _TEXT, "system_prompt": _TEXT, "mode": _TEXT,
+    "temperature": _NUMBER, "top_p": _NUMBER, "top_k": _INT, "max_tokens": _INT, "k": _INT,
+    "gpu_layers_target": _INT, "gpu_layers_draft": _INT, "threads": _INT, "rpc": _TEXT,
+}
+"""What a conversation's settings may hold (the session's and the app's); other keys are kept as they are."""
+PARAMS_TYPES = {
+    "mode": _TEXT, "k": _INT, "temperature": _NUMBER, "top_k": _INT, "top_p": _NUMBER, "seed": _INT,
+    "max_tokens": _INT, "p_min": _NUMBER, "p_draft": _NUMBER,
+}
+"""The generation parameters stored in settings["params"]."""
+STATS_TYPES = {
+    "mode": _TEXT, "drafter": _TEXT, "reason": _TEXT, "stop_reason": _TEXT, "ttft_s": _NUMBER, "decode_s": _NUMBER,
+    "acceptance_rate": _NUMBER, "tokens_per_pass": _NUMBER, "tokens_per_s": _NUMBER,
+    **{name: _INT for name in ("prompt_tokens", "prompt_evaluated", "prompt_cached", "generated_tokens", "drafted",
+                               "accepted", "target_passes", "k", "dropped_messages")},
+}
+"""A reply's statistics (Stats.to_dict())."""
+
+
+def _check_fields(values, types: dict[str, str], where: str) -> None:
+    """Raise StoreError unless `values` is an object whose known fields (null or) have their type."""
+    if not isinstance(values, dict):
+        raise StoreError(f"{where} must be an object, not {type(values).__name__}.")
+    for name, kind in types.items():
+        value = values.get(name)
+        ok = (value is None or (kind == _TEXT and isinstance(value, str))
+              or (kind == _INT and isinstance(value, int) and not isinstance(value, bool))
+              or (kind == _NUMBER and isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value)))
+        if not ok:
+            raise StoreError(f"{where}: {name} must be {kind}, not {value!r}.")
+
+
+def _validated_messages(data) -> list[Message]:
+    """The messages of an export_json() document, after checking all of it: an
+    import is written whole or not at all, and nothing later trips on its shape."""
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise StoreError(f"Not an edgespec conversation export (expected \"format\": \"{EXPORT_FORMAT}\").")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise StoreError(f"The export has no version number (\"version\": 1 for this edgespec's exports), "
+                         f"got {version!r}.")
+    if version > EXPORT_VERSION:
+        raise StoreError(f"This export has version {data.get('version')!r}; this edgespec reads up to "
+                         f"{EXPORT_VERSION}. Upgrade edgespec to import it.")
+    for key in ("title", "created", "updated"):
+        if not isinstance(data.get(key), (str, type(None))):
+            raise StoreError(f"The export's {key} must be a text, not {data[key]!r}.")
+    settings = data.get("settings") or {}
+    _check_fields(settings, SETTINGS_TYPES, "The export's settings")
+    if settings.get("params") is not None:
+        _check_fields(settings["params"], PARAMS_TYPES, "The export's settings: params")
+    raw = data.get("messages")
+    if not isinstance(raw, list):
+        raise StoreError("The export has no \"messages\" list.")
+    messages = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise StoreError(f"Message {i} of the export needs a role ({', '.join(ROLES)}) and a text content.")
+        if m["role"] == "system" and i > 0:
+            raise StoreError(f"Message {i} of the export is a system message; only the first message may be one.")
+        status, stats, origins = m.get("status", "done"), m.get("stats"), m.get("from_draft")
+        if status not in STATUSES:
+            raise StoreError(f"Message {i} of the export has status {status!r}; expected one of {', '.join(STATUSES)}.")
+        if stats is not None:
+            _check_fields(stats, STATS_TYPES, f"Message {i} of the export: stats")
+        if origins is not None and not (isinstance(origins, list) and all(x in (0, 1) for x in origins)):
+            raise StoreError(f"Message {i} of the export: from_draft must be a list of true/false, one per token.")
+        messages.append(Message(m["role"], m["content"], status=status, stats=stats,
+                                from_draft=[bool(x) for x in origins] if origins is not None else None))
+    return messages
+
+
+def _timestamp(value, *, default: float | None = None) -> float:
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except (TypeError, ValueError):
+        return default if default is not None else time.time()

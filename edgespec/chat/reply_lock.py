@@ -1,0 +1,40 @@
+"""One reply at a time in a stored conversation, across processes: a lock file
+per conversation beside the store's database."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from filelock import FileLock, Timeout
+
+from edgespec.chat.store import StoreError
+
+
+@contextmanager
+def reply_lock(store_path: Path, conversation_id: int, *,
+               on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold conversation `conversation_id` of the store at `store_path` for one
+    turn, across processes: a second process answering in it waits here until
+    the first one's reply is stored (calling `on_wait` once, when it has to
+    wait), so that its prompt holds that reply rather than a half-written one."""
+    if str(store_path) == ":memory:":  # no other process can see it
+        yield
+        return
+    folder = store_path.with_name(store_path.name + ".locks")
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"Cannot create {folder}: {e.strerror or e}. Make {store_path.parent} writable.") from None
+    lock = FileLock(folder / f"{conversation_id}.lock", thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        if on_wait is not None:
+            on_wait()
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
