@@ -43,6 +43,8 @@ def speculative_steps(
     policy: Policy,
     is_eog: Callable[[int], bool],
     rng: np.random.Generator,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[Step]:
     """Extend `history` one cycle at a time.
 
@@ -52,7 +54,8 @@ def speculative_steps(
     verified with it, would delay the first token). Only then do the drafters
     read the prompt (Policy.prefill), so that the first token does not wait for
     them either. From then on the cache holds all of history but its last
-    token, which goes in at the head of the next pass."""
+    token, which goes in at the head of the next pass. `clock` times drafting
+    and verifying for the policy (engine/replay.py passes a simulated one)."""
     if target.tokens != history:
         raise RuntimeError("the target cache must hold the history, its last token's logits at hand")
     _, token = _choose(Draft([]), [target.logits(-1)], params, rng)
@@ -71,13 +74,13 @@ def speculative_steps(
         plan = policy.plan(history)
         k = min(plan.k, room - 1, params.max_tokens - produced - 1)
 
-        t0 = time.perf_counter()
+        t0 = clock()
         draft = _propose(plan, history, k, params, rng)
-        t1 = time.perf_counter()
+        t1 = clock()
         target.extend([history[-1], *draft.tokens], all_logits=True)
         n, token = _choose(draft, [target.logits(i) for i in range(len(draft.tokens) + 1)], params, rng)
         target.truncate(len(history) + n)  # drop the rejected drafts from the target's cache
-        t2 = time.perf_counter()
+        t2 = clock()
 
         new, finish = _ended([*draft.tokens[:n], token], produced, params, is_eog)
         history.extend(new)

@@ -7,6 +7,11 @@ a draft model's catch-up), `replay` tells how long a policy takes to produce
 that reply there, so that one recorded suite tests auto mode against many
 machines: cheap or dear drafts, flat (GPU) or steep (CPU) verify curves.
 
+`replay` runs the decoder's own loop (decoder.speculative_steps), with the
+trace standing in for the models (`RecordedTarget`, `ReplayedDraft`) and a
+`SimulatedClock` that they advance by what each pass would cost: what is
+replayed is what the engine does, cycle for cycle.
+
 `ceiling` is the fastest any per-cycle choice of plain, lookup or the draft
 model could be if it knew in advance which guesses the target accepts.
 """
@@ -18,9 +23,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from edgespec.engine.cache import common_prefix_length
 from edgespec.engine.costs import Costs
-from edgespec.engine.policy import CycleReport, Policy
+from edgespec.engine.decoder import speculative_steps
+from edgespec.engine.policy import Policy
 from edgespec.engine.drafters import Draft, Drafter, PromptLookup, too_unsure
 from edgespec.engine.events import GenerationParams
 
@@ -53,20 +61,67 @@ def load_traces(path: str | Path) -> list[Trace]:
     return [Trace(**t) for t in json.loads(Path(path).read_text())]
 
 
+class SimulatedClock:
+    """Seconds on the replayed machine: the decoder reads it as its clock, the
+    replayed models advance it by what they would have taken."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self) -> float:
+        return self.seconds
+
+    def advance(self, seconds: float) -> None:
+        self.seconds += seconds
+
+
+class RecordedTarget:
+    """The target's KV sequence as the decoder uses it (tokens, room, extend,
+    logits, truncate), replaying a trace: each row of logits has the reply's
+    token at that position as its argmax, and each pass costs what `costs` says."""
+
+    def __init__(self, trace: Trace, costs: Costs, clock: SimulatedClock):
+        self.costs, self.clock = costs, clock
+        self.text = [*trace.prompt, *trace.reply]
+        """What the target says: the prompt, then its greedy reply."""
+        self.tokens = list(trace.prompt)
+        self.room = len(trace.reply) + 1  # the reply fits (the decoder stops it at max_tokens)
+        self._ramp = np.arange(max(self.text, default=0) + 1, dtype=np.float32)
+        self._batch = 1  # the prompt's last token was read last
+
+    def extend(self, tokens: Sequence[int], *, all_logits: bool = False) -> None:
+        self.tokens += tokens
+        self._batch = len(tokens)
+        self.clock.advance(self.costs.target_pass(len(tokens)))
+
+    def logits(self, i: int) -> np.ndarray:
+        """Row i of the last batch: the target's next token after it (rows past
+        a wrong draft token, or past the reply, are never read for their argmax
+        but must exist)."""
+        at = len(self.tokens) - self._batch + (i % self._batch) + 1
+        token = self.text[at] if at < len(self.text) else 0
+        return self._ramp[: token + 1]  # an increasing row: its argmax is its last entry
+
+    def truncate(self, n: int) -> None:
+        del self.tokens[n:]
+
+
 class ReplayedDraft(Drafter):
     """The draft model, replayed from a trace: greedy, stopping as the real one
-    does (p_min, p_draft), and paying to read the history it missed."""
+    does (p_min, p_draft), and paying on the clock for its steps and to read the
+    history it missed."""
 
     name = "draft"
 
     def __init__(self, costs: Costs):
         self.costs = costs
         self.trace: Trace | None = None
+        self.clock = SimulatedClock()
         self.tokens: list[int] = []
         """What its KV cache holds."""
 
-    def start(self, trace: Trace) -> None:
-        self.trace, self.tokens = trace, []
+    def start(self, trace: Trace, clock: SimulatedClock) -> None:
+        self.trace, self.clock, self.tokens = trace, clock, []
 
     def prefill(self, prompt):
         self.tokens = list(prompt)
@@ -94,40 +149,24 @@ class ReplayedDraft(Drafter):
                 break
         self.tokens += out[:-1]  # it reads each guess but the last to make the next
         catch_up_s = self.costs.catch_up(self.name, caught_up)  # a steady cycle's reading is in its step cost
+        steps = len(out) + (len(out) < k)  # a draft that stopped itself paid for the step that stopped it
+        self.clock.advance(self.costs.draft(self.name, steps) + catch_up_s)
         return Draft(out, caught_up=caught_up, catch_up_s=catch_up_s)
 
 
 def replay(policy: Policy, trace: Trace, costs: Costs, draft: ReplayedDraft,
            params: GenerationParams | None = None) -> float:
     """Decode seconds the policy takes to produce trace.reply under `costs`
-    (the prompt's own processing, and the draft's reading of it, not counted)."""
-    params = params or GenerationParams()
-    draft.start(trace)
-    # The first token comes with the prompt's pass, then the drafters read the prompt, as in the decoder.
-    history, reply, i, seconds = [*trace.prompt, *trace.reply[:1]], trace.reply, 1, 0.0
-    policy.prefill(trace.prompt)
-    while i < len(reply):
-        plan = policy.plan(history)
-        k = min(plan.k, len(reply) - i - 1) if plan.drafter else 0
-        proposed = Draft([])
-        if k > 0:
-            proposed = (Draft(plan.proposal[:k]) if plan.proposal is not None
-                        else plan.drafter.propose(history, k, replace(params, p_draft=plan.p_draft), None))
-        guesses = proposed.tokens
-        n = 0
-        while n < len(guesses) and guesses[n] == reply[i + n]:
-            n += 1
-        steps = len(guesses) + (len(guesses) < k)  # a draft that stopped itself paid for the step that stopped it
-        draft_s = (costs.draft(plan.drafter.name, steps) if plan.drafter else 0.0) + proposed.catch_up_s
-        verify_s = costs.target_pass(len(guesses) + 1)
-        seconds += draft_s + verify_s
-        history += reply[i: i + n + 1]
-        i += n + 1
-        if plan.drafter is not None:
-            plan.drafter.rewind(history)
-        policy.observe(CycleReport(plan, drafted=len(guesses), accepted=n, draft_s=draft_s, verify_s=verify_s,
-                                   caught_up=proposed.caught_up, catch_up_s=proposed.catch_up_s, asked=max(k, 0)))
-    return seconds
+    (the prompt's own processing, and the draft's reading of it, not counted).
+    Greedy: the trace is the target's greedy reply. Prompt lookup costs nothing."""
+    clock = SimulatedClock()
+    draft.start(trace, clock)
+    params = replace(params or GenerationParams(), temperature=0.0, max_tokens=len(trace.reply))
+    steps = speculative_steps(RecordedTarget(trace, costs, clock), list(trace.prompt), params, policy,
+                              is_eog=lambda token: False, rng=np.random.default_rng(0), clock=clock)
+    for _ in steps:
+        pass
+    return clock.seconds
 
 
 def plain_seconds(trace: Trace, costs: Costs) -> float:
