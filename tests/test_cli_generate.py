@@ -56,4 +56,4 @@ def test_the_same_seed_gives_the_same_sampled_reply_in_auto_mode(capsys, smollm2
         assert code == 0, err
         runs.append(json.loads(out))
     assert runs[0]["tokens"] == runs[1]["tokens"]
-    assert [(r["stats"]["drafted"], r["stats"]["plan_kind"]) for r in runs] == [(0, "plain")] * 2
+    assert [(r["stats"]["mode"], r["stats"]["drafted"]) for r in runs] == [("plain", 0)] * 2

@@ -75,12 +75,15 @@ def test_k_0_outside_plain_mode_is_plain_decoding_and_the_stats_line_says_why():
 def test_a_seed_with_a_temperature_decodes_plainly_in_auto_mode_whatever_the_face(face):
     """Auto's choices depend on timings, and a sampled reply on what was drafted: a
     seed promises the same reply, so the engine decodes it plainly."""
-    from edgespec.engine.runtime import Engine
+    from edgespec.engine.runtime import decoded_mode
 
-    args = cli.build_parser().parse_args([face, *(["hi"] if face == "generate" else []),
-                                          "--seed", "3", "--temperature", "0.8"])
-    plan = Engine(None, None).policy(options.params_from_args(args)).plan([])
-    assert (plan.kind, plan.drafter, plan.k) == ("plain", None, 0)
+    def mode(*argv):
+        args = cli.build_parser().parse_args([face, *(["hi"] if face == "generate" else []), *argv])
+        return decoded_mode(options.params_from_args(args))
+
+    assert mode("--seed", "3", "--temperature", "0.8") == "plain"
+    assert mode("--seed", "3") == mode("--temperature", "0.8") == "auto"  # greedy, or no promise
+    assert mode("--seed", "3", "--temperature", "0.8", "--mode", "draft") == "draft"  # fixed: reproducible
 
 
 def test_generate_takes_a_template_for_a_model_without_one(capsys, engine):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import llama_cpp
@@ -224,6 +224,15 @@ def placement_line(info: dict) -> str:
                                   for r in rows)
 
 
+def decoded_mode(params: GenerationParams) -> str:
+    """The mode a reply is decoded in: params.mode, but plain for a seed with a temperature
+    in auto mode. Auto's choices depend on timings, and a sampled reply on what was drafted:
+    a seed promises the same reply."""
+    if params.mode == "auto" and params.seed is not None and params.temperature > 0:
+        return "plain"
+    return params.mode
+
+
 class Engine:
     """Generates with the target, speculating with a draft model or prompt lookup."""
 
@@ -317,10 +326,6 @@ class Engine:
             return FixedPolicy(None, 0)
         if params.k == 0:
             return FixedPolicy(None, 0, f"plain decoding: k is 0, so {params.mode} mode drafts nothing")
-        if params.mode == "auto" and params.seed is not None and params.temperature > 0:
-            # Auto's choices depend on timings, and a sampled reply on what was drafted:
-            # a seed promises the same reply, so it gets plain decoding.
-            return FixedPolicy(None, 0, "plain decoding: a seed with a temperature gives the same reply each time")
         k_cap = self.max_verify_batch() - 1
         if k_cap < 1:
             return FixedPolicy(None, 0, "plain: no batch gives exact logits on this backend "
@@ -383,6 +388,7 @@ class Engine:
         same conversation), reusing what it holds, or restoring a snapshot that
         holds more; both models use the same sequence number."""
         model = self._target.model
+        params = replace(params, mode=decoded_mode(params))
         policy = self.policy(params)
         slot = self._target.pool.choose(prompt_tokens)
         if self._draft:
