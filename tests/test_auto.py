@@ -5,7 +5,7 @@ import pytest
 from edgespec.engine.auto import Acceptance, AutoPolicy, Ledger, expected_tokens
 from edgespec.engine.costs import Costs
 from edgespec.engine.policy import Bucket, CycleReport, Plan
-from edgespec.engine.drafters import Draft, Drafter, PromptLookup
+from edgespec.engine.drafters import Draft, Drafter, Offer, PromptLookup
 
 
 class FakeDraftModel(Drafter):
@@ -447,3 +447,25 @@ def test_the_reason_is_worded_from_the_plan():
     assert "ledger" in p.describe(risky)
     plan = p.plan([1, 2, 3, 4, 5, 6])
     assert plan.reason == p.describe(plan)
+
+
+class FakeFreeDrafter(Drafter):
+    """A new kind of drafter whose proposals cost nothing to make: auto knows it by its offer alone."""
+    name = "suffix"
+
+    def propose(self, history, k, params, rng):
+        return Draft([7, 7, 7][:k])
+
+    def offer(self, history, k_max, *, free_k_max):
+        return Offer(3, "tail", [7, 7, 7])
+
+
+def test_a_new_drafter_is_priced_and_scored_from_what_it_offers():
+    chosen = AutoPolicy(Costs(GPU, {"suffix": 0.0}), [FakeFreeDrafter()], k_max=4, priors={"suffix": 0.9})
+    plan = chosen.plan([1, 2, 3])
+    assert (plan.kind, plan.name, plan.k, plan.bucket, plan.proposal, plan.p_draft) == (
+        "chosen", "suffix", 3, Bucket("suffix", "tail"), [7, 7, 7], None)
+    unused = AutoPolicy(Costs(CPU, {"suffix": 0.0}), [FakeFreeDrafter()], k_max=4, priors={"suffix": 0.3})
+    assert unused.plan([1, 2, 3]).kind == "plain"
+    unused.plan([1, 2, 3, 7, 7, 7])  # the cycle went as the unused proposal said
+    assert unused.acceptance[Bucket("suffix", "tail")].rate > 0.7
