@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 
 from edgespec.server import bind, url
+from edgespec.server.listen import uvicorn_config
 
 KEY = "test-key"
 
@@ -23,7 +24,7 @@ class ServerThread:
         self.app = app
         self.sock = bind("127.0.0.1", 0)
         self.url = url(self.sock)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
+        self.server = uvicorn.Server(uvicorn_config(app))  # as `edgespec serve` runs it
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
 

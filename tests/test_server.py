@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client as http_client
 import json
+import socket
 import logging
 import threading
 import time
@@ -181,6 +182,33 @@ def test_a_body_declared_too_large_is_refused_from_its_header_without_waiting_fo
         assert response.status == 413
         assert json.loads(response.read())["error"]["code"] == "request_too_large"
         connection.close()
+    finally:
+        served.stop()
+
+
+@pytest.mark.parametrize("name, size, pieces", [("Authorization", 1_000_000, 1), ("Authorization", 200_000, 50),
+                                               ("X-Filler", 10_000_000, 1)])
+def test_request_headers_too_large_get_a_431_the_client_can_read(name, size, pieces):
+    """A head over the limit, sent at once or in pieces, is answered with a 431
+    in OpenAI's format (it was a reset connection), and the server goes on."""
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", api_key=KEY)))
+    try:
+        served.wait_ready(30)
+        head = f"GET /v1/models HTTP/1.1\r\nHost: x\r\n{name}: Bearer {'a' * size}\r\n\r\n".encode()
+        with socket.create_connection(("127.0.0.1", served.sock.getsockname()[1]), timeout=30) as connection:
+            step = len(head) // pieces + 1
+            try:
+                for i in range(0, len(head), step):
+                    connection.sendall(head[i:i + step])
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server had read enough; its answer is waiting
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        status, _, rest = answer.partition(b"\r\n")
+        assert status.split()[1] == b"431", answer[:200]
+        assert json.loads(rest.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_header_fields_too_large"
+        assert http("GET", served.url + "/v1/models")[0] == 200
     finally:
         served.stop()
 

@@ -7,6 +7,7 @@ about loudly.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import socket
@@ -58,9 +59,7 @@ def run(app: FastAPI, sock: socket.socket, *, on_ready: Callable[[], None] | Non
     model is loaded; if loading fails, stops and raises the loading error."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
-                            timeout_graceful_shutdown=GRACEFUL_S, lifespan="on")
-    server = _server_class()(config)
+    server = _server_class()(uvicorn_config(app, verbose=verbose))
     worker = app.state.worker
 
     def watch_loading() -> None:
@@ -77,6 +76,15 @@ def run(app: FastAPI, sock: socket.socket, *, on_ready: Callable[[], None] | Non
         sock.close()
     if worker.error is not None:
         raise worker.error
+
+
+def uvicorn_config(app: FastAPI, *, verbose: bool = False):
+    """How uvicorn serves the app: its log, the graceful stop, the request head's limit."""
+    import uvicorn
+
+    return uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
+                          timeout_graceful_shutdown=GRACEFUL_S, lifespan="on", http=http_protocol(),
+                          h11_max_incomplete_event_size=HEAD_BYTES)
 
 
 def _server_class():
@@ -108,3 +116,45 @@ def _server_class():
                 await self.lifespan.shutdown()
 
     return Server
+
+
+HEAD_BYTES = 64 * 1024
+"""Largest request line and headers; past it a 431 (a 1 MB Authorization header
+was answered with a reset connection)."""
+HEAD_DRAIN_BYTES = 4 * 1024 * 1024
+"""How much more of an over-long head is read (and dropped) after the 431, so that
+the client, still sending, reads the answer instead of a reset."""
+
+
+def http_protocol():
+    """uvicorn's HTTP/1.1 protocol (h11), answering a request head over HEAD_BYTES
+    with a 431 in OpenAI's error format instead of a bare 400."""
+    import json
+
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        _dropping: int | None = None
+
+        def data_received(self, data: bytes) -> None:
+            if self._dropping is None:
+                return super().data_received(data)
+            self._dropping += len(data)
+            if self._dropping > HEAD_DRAIN_BYTES:
+                self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            if len(self.conn.trailing_data[0]) <= HEAD_BYTES:
+                return super().send_400_response(msg)
+            body = json.dumps({"error": {
+                "message": f"The request's headers are over {HEAD_BYTES // 1024} KiB, this server's limit.",
+                "type": "invalid_request_error", "param": None, "code": "request_header_fields_too_large"}})
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+            for event in (h11.Response(status_code=431, headers=headers, reason=b"Request Header Fields Too Large"),
+                          h11.Data(data=body.encode()), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self._dropping = 0
+            asyncio.get_running_loop().call_later(GRACEFUL_S, self.transport.close)
+
+    return Protocol
