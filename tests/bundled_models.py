@@ -17,7 +17,8 @@ import pytest
 from edgespec.errors import ModelFileError
 from edgespec.models import bundled
 from edgespec.models.fetch import fetch
-from edgespec.models.registry import DEFAULT_PAIR, PartsSource, load_registry
+from edgespec.models.bundled import PartsSource
+from edgespec.models.registry import DEFAULT_PAIR, load_registry
 
 
 def shared_home(tmp_path_factory) -> Path:

@@ -18,8 +18,11 @@ from edgespec.errors import DownloadError, ModelFileError
 from edgespec.models import bundled
 from edgespec.models.fetch import available_offline, fetch, installed_path, remove
 from edgespec.models.progress import Progress
-from edgespec.models.catalog import MADE, READY, model_rows
-from edgespec.models.registry import ModelEntry, PackageFileSource, PartsSource, Registry, RequantizeSource
+from edgespec.models.bundled import PackageFileSource, PartsSource
+from edgespec.models.catalog import model_rows
+from edgespec.models.derived import RequantizeSource
+from edgespec.models.registry import ModelEntry, Registry
+from edgespec.models.source import MADE, READY
 from edgespec.tui.library import RegistryLibrary, pull_progress
 from tests.bundled_models import qwen_pair  # noqa: F401  (a session fixture)
 

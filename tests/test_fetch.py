@@ -13,7 +13,8 @@ from edgespec.errors import DownloadError, ModelFileError, RegistryError
 from edgespec.models import fetch as fetch_mod
 from edgespec.models.fetch import fetch, installed_path, remove, resolve_model, resolve_pair
 from edgespec.models.progress import Progress
-from edgespec.models.registry import DEFAULT_PAIR, HubSource, ModelEntry, PairEntry, Registry
+from edgespec.models.hub import HubSource
+from edgespec.models.registry import DEFAULT_PAIR, ModelEntry, PairEntry, Registry
 from edgespec.models.checksum import file_sha256
 from tests.fake_hub import FakeHub
 
@@ -375,7 +376,7 @@ def test_is_path_like():
 
 def test_remove_deletes_nothing_outside_the_models_folder(home, tmp_path):
     """An entry that bypassed models.yaml's checks still cannot make rm delete elsewhere."""
-    from edgespec.models.registry import RequantizeSource
+    from edgespec.models.derived import RequantizeSource
 
     (home / "models").mkdir(parents=True)
     victim = tmp_path / "victim.gguf"  # home/models/../../victim.gguf

@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from edgespec.errors import RegistryError
-from edgespec.models.registry import (DEFAULT_PAIR, HubSource, PackageFileSource, PartsSource, RequantizeSource,
-                                      load_registry)
+from edgespec.models.bundled import PackageFileSource, PartsSource
+from edgespec.models.derived import RequantizeSource
+from edgespec.models.hub import HubSource
+from edgespec.models.registry import DEFAULT_PAIR, load_registry
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models.yaml"
 
@@ -52,7 +54,7 @@ def test_the_shipped_catalog_loads_and_holds_the_default_pair():
 
 def test_the_registry_knows_the_types_the_quantizer_writes():
     from edgespec.llama.quantize import TYPES
-    from edgespec.models.registry import REQUANTIZE_TYPES
+    from edgespec.models.derived import REQUANTIZE_TYPES
 
     assert set(REQUANTIZE_TYPES) == set(TYPES)
 

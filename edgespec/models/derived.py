@@ -9,8 +9,9 @@ token, so this changes speed only, never what is generated.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from edgespec.config import dirs
 from edgespec.errors import DownloadError
@@ -18,7 +19,10 @@ from edgespec.models.bundled import write_in_place
 from edgespec.models.checksum import verify_file
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import Meter, ProgressCallback
-from edgespec.models.registry import ModelEntry, RequantizeSource
+from edgespec.models.source import MADE, Source
+
+if TYPE_CHECKING:
+    from edgespec.models.registry import ModelEntry
 
 
 def derived_path(entry: ModelEntry, *, models_dir: Path | None = None) -> Path:
@@ -62,3 +66,43 @@ def _source(entry: ModelEntry) -> RequantizeSource:
     if not isinstance(entry.source, RequantizeSource):
         raise TypeError(f"{entry.name} is not made by requantizing")
     return entry.source
+
+
+@dataclass(frozen=True)
+class RequantizeSource(Source):
+    """A file made on this machine from another registry model by llama.cpp's
+    quantizer (seconds, no network): a cheaper draft for CPUs."""
+
+    model: str
+    """The registry model it is made from."""
+    type: str
+    """What it is quantized to (edgespec.llama.quantize.TYPES)."""
+    filename: str
+    """Its name in edgespec's models directory."""
+    kind: str = field(default="requantize", init=False)
+    offline_state = MADE
+
+    def install_hint(self) -> str:
+        return f"made from {self.model} on first use"
+
+    def describe(self) -> str:
+        return f"made here from {self.model} ({self.type.upper()})"
+
+    def fetch(self, entry: ModelEntry, *, download: bool, progress: ProgressCallback | None,
+              fetch_other: Callable[[str], Path]) -> Path:
+        return requantized(entry, lambda: fetch_other(self.model), progress=progress)
+
+    def installed_path(self, entry: ModelEntry) -> Path | None:
+        path = derived_path(entry)
+        return path if path.exists() else None
+
+    def available_offline(self, entry: ModelEntry, *, available_other: Callable[[str], bool]) -> bool:
+        return self.installed_path(entry) is not None or available_other(self.model)
+
+    def missing(self, entry: ModelEntry, *, state_other: Callable[[str], tuple[str, str]]) -> tuple[str, str]:
+        state, hint = state_other(self.model)
+        return state, hint or f"edgespec pull {self.model}"
+
+
+REQUANTIZE_TYPES = ("q4_0", "q8_0")
+"""The keys of edgespec.llama.quantize.TYPES, named here so that reading models.yaml needs no native library."""

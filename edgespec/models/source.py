@@ -1,0 +1,86 @@
+"""Where a model file comes from: the interface each source kind of models.yaml
+implements (hub.py, bundled.py, derived.py), and the states it reports."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from edgespec.config import dirs
+from edgespec.errors import RegistryError
+from edgespec.models.checksum import forget_verified
+from edgespec.models.progress import ProgressCallback
+
+if TYPE_CHECKING:
+    from edgespec.models.registry import ModelEntry
+
+# model states
+READY = "ready"
+"""The file is here."""
+PARTS = "parts installed"
+"""Bundled parts are installed; the file is assembled on first use (seconds, no network)."""
+MISSING = "not installed"
+"""A Python package must be installed first."""
+REMOTE = "not downloaded"
+"""On the hub; `edgespec pull` fetches it."""
+MADE = "made on first use"
+"""Made here from another model that is available offline (seconds, no network)."""
+
+
+class Source(ABC):
+    """One kind of `source` in models.yaml. Methods that may depend on another
+    registry model (a file made from it) are given a function that answers the
+    same question for a model name."""
+
+    kind: str
+    """Its `kind` in models.yaml."""
+    offline_state: str = READY
+    """The state of an entry that is not here yet but available_offline()."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where the file comes from, in a few words (the app's models list)."""
+
+    def origin(self) -> str:
+        """The origin column of `edgespec models`."""
+        return self.describe()
+
+    @abstractmethod
+    def fetch(self, entry: ModelEntry, *, download: bool, progress: ProgressCallback | None,
+              fetch_other: Callable[[str], Path]) -> Path:
+        """The entry's local file: downloaded, assembled, made or found, then verified."""
+
+    @abstractmethod
+    def installed_path(self, entry: ModelEntry) -> Path | None:
+        """The entry's local file if it is already here (no download, no assembly, no hashing)."""
+
+    def available_offline(self, entry: ModelEntry, *, available_other: Callable[[str], bool]) -> bool:
+        """Whether fetch() would succeed without a network."""
+        return self.installed_path(entry) is not None
+
+    @abstractmethod
+    def missing(self, entry: ModelEntry, *, state_other: Callable[[str], tuple[str, str]]) -> tuple[str, str]:
+        """(state, what to do to get it) for an entry that is not available offline."""
+
+    def remove(self, entry: ModelEntry) -> list[Path]:
+        """Delete the entry's local file; returns what was deleted (empty if nothing was there)."""
+        path = self.installed_path(entry)
+        return [] if path is None else [delete_in_models(path, entry)]
+
+
+def delete_in_models(path: Path, entry: ModelEntry) -> Path:
+    """Delete `path`, a file of `entry` in the models folder (and what is known of its checksum)."""
+    check_inside_models(path, entry)
+    forget_verified(path)
+    path.unlink()
+    return path
+
+
+def check_inside_models(path: Path, entry: ModelEntry) -> None:
+    """rm deletes only in the models folder. models.yaml's file names are checked
+    to stay inside it; this guards entries made in code (and links in the folder)."""
+    models = dirs().models.resolve()
+    if not path.parent.resolve().is_relative_to(models):
+        raise RegistryError(f"{entry.name}: its file {path} is outside the models folder {models}; "
+                            f"edgespec deletes only files it keeps there. Delete it yourself if you mean to.")
