@@ -7,6 +7,7 @@ what is installed); the rule for which models run is here, once.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable
 
@@ -14,16 +15,21 @@ from edgespec.config import dirs
 from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings
 from edgespec.errors import ModelFileError
 from edgespec.net import Split
+from edgespec.placement import ModelNeed, Placement, free_cap, place
+
+log = logging.getLogger("edgespec.placement")
 
 
 def load_engine(target: str | None, draft: str | None = None, *, pair: str | None = None, no_draft: bool = False,
                 resolve: Callable[[str], str | Path], pair_models: Callable[[str], tuple[str, str | None]],
-                n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int = 0,
-                n_gpu_layers_draft: int = 0, exact: bool = False, rpc: Split | None = None,
+                n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int | None = None,
+                n_gpu_layers_draft: int | None = None, exact: bool = False, rpc: Split | None = None,
                 flash_attn: bool | None = None, cache: CacheSettings | None = None) -> Engine:
     """Load `target` (and `draft`), or else the pair's target and draft (`draft`
     replaces the pair's; `no_draft`: none at all). `resolve` turns a name or path
     into a local file, `pair_models` a pair name into its (target, draft) names.
+    `n_gpu_layers`, `n_gpu_layers_draft`: layers offloaded (-1: all); None: as
+    many as fit on this machine's GPUs (`placement`; none without a GPU).
     `rpc`: RPC workers for the target's n_gpu_layers (the draft stays local);
     `flash_attn`: ModelSettings.flash_attn, for both; `cache`: conversations held at
     once and their snapshots (`kv_cache()`; None: one, and none kept).
@@ -40,13 +46,46 @@ def load_engine(target: str | None, draft: str | None = None, *, pair: str | Non
         draft = None
     target_path = resolve(target)
     draft_path = resolve(draft) if draft else None
+    if rpc is None:
+        found = placement(target_path, draft_path, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
+                          n_ctx=n_ctx, exact=exact)
+        if found is not None:
+            log.info("%s", found.describe())
+            n_gpu_layers, n_gpu_layers_draft = found.target, found.draft
     return Engine.load(
-        ModelSettings(target_path, n_gpu_layers=n_gpu_layers, exact=exact, n_ctx=n_ctx, n_threads=n_threads,
+        ModelSettings(target_path, n_gpu_layers=n_gpu_layers or 0, exact=exact, n_ctx=n_ctx, n_threads=n_threads,
                       rpc=rpc, flash_attn=flash_attn),
-        ModelSettings(draft_path, n_gpu_layers=n_gpu_layers_draft, n_ctx=n_ctx,
+        ModelSettings(draft_path, n_gpu_layers=n_gpu_layers_draft or 0, n_ctx=n_ctx,
                       n_threads=n_threads, flash_attn=flash_attn) if draft_path else None,
         cache=cache,
     )
+
+
+def placement(target: str | Path, draft: str | Path | None = None, *, n_gpu_layers: int | None = None,
+              n_gpu_layers_draft: int | None = None, n_ctx: int = 4096, exact: bool = False,
+              devices=None) -> Placement | None:
+    """The layers of `target` and `draft` to offload to this machine's GPUs
+    (edgespec.placement.place; counts given are kept), or None where llama.cpp
+    sees no GPU: then the models run on the CPU whatever is asked. `devices`:
+    instead of llama.cpp's (edgespec.llama.rpc.offload_devices)."""
+    if devices is None:
+        from edgespec.llama.rpc import offload_devices
+
+        devices = [d for _, d in offload_devices()]
+    if not devices:
+        return None
+    # the context's KV cache type (runtime._Loaded: exact kernels take Q8_0)
+    target_need = _need(target, n_ctx=n_ctx, kv_type="q8_0" if exact else "f16")
+    draft_need = _need(draft, n_ctx=n_ctx, kv_type="f16") if draft else None
+    return place(devices, target_need, draft_need, target_layers=n_gpu_layers, draft_layers=n_gpu_layers_draft,
+                 cap=free_cap())
+
+
+def _need(path: str | Path, *, n_ctx: int, kv_type: str) -> ModelNeed:
+    from edgespec.models.gguf_header import read_tensor_sizes
+
+    meta, sizes = read_tensor_sizes(path)
+    return ModelNeed.from_gguf(meta, sizes, n_ctx=n_ctx, kv_type=kv_type)
 
 
 def kv_cache(*, parallel: int | None = None, ram_mib: int | None = None, disk_mib: int | None = None) -> CacheSettings:

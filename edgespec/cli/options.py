@@ -33,8 +33,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     add_no_draft(g)
     g.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
                    help="target layers on the GPU, or with --rpc on the workers and GPUs (-1: all; "
-                        "default 0, with --rpc all)")
-    g.add_argument("--n-gpu-layers-draft", type=int, default=0, metavar="N", help="draft layers on the GPU (-1: all)")
+                        "default: as many as fit beside the draft, with --rpc all)")
+    g.add_argument("--n-gpu-layers-draft", type=int, default=None, metavar="N",
+                   help="draft layers on the GPU (-1: all; default: all if they fit, without --rpc)")
     g.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
     g.add_argument("--ctx", type=_context_size, default=4096, metavar="N",
                    help=f"context size in tokens (default 4096, at least {MIN_CTX})")
@@ -86,8 +87,8 @@ def check_model_options(args: argparse.Namespace) -> None:
         args.threads = cores
     if args.exact and args.flash_attn == "off":
         raise ValueError("--exact needs flash attention (its Q8_0 KV cache): leave out --flash-attn off")
-    if args.n_gpu_layers is None:
-        args.n_gpu_layers = -1 if args.rpc else 0  # with workers, every layer goes to them (and local GPUs)
+    if args.n_gpu_layers is None and args.rpc:
+        args.n_gpu_layers = -1  # with workers, every layer goes to them (and local GPUs); else placement's choice
     if ((args.n_gpu_layers and not args.rpc) or args.n_gpu_layers_draft) and not system_info()["gpu_offload"]:
         note("this llama.cpp build has no GPU backend, so --n-gpu-layers is ignored and the models run on "
              "the CPU. To use the GPU, rebuild llama-cpp-python for it (README, \"Installing for your "

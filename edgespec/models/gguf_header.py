@@ -61,11 +61,12 @@ def check_magic(path: str | Path) -> Path:
     return path
 
 
-def read_metadata(path: str | Path) -> dict[str, Any]:
+def read_metadata(path: str | Path, *, tensor_sizes: dict[str, int] | None = None) -> dict[str, Any]:
     """The header's scalar keys as stored ("general.architecture", "tokenizer.chat_template",
     ...), plus friendly ones: "architecture", "name", "context_length", "chat_template",
-    "file_type" (e.g. "Q4_K_M"), "n_vocab" and "gguf_version"."""
-    header = _read_header(path, with_tokens=False)
+    "file_type" (e.g. "Q4_K_M"), "n_vocab" and "gguf_version". `tensor_sizes`, if given,
+    is filled with each tensor's size in bytes by name."""
+    header = _read_header(path, with_tokens=False, tensor_sizes=tensor_sizes)
     meta = {k: v for k, v in header.items() if not isinstance(v, list)}
     arch = meta.get("general.architecture")
     ftype = meta.get("general.file_type")
@@ -77,6 +78,13 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         file_type=FILE_TYPES.get(ftype, str(ftype)) if ftype is not None else None,
     )
     return meta
+
+
+def read_tensor_sizes(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """read_metadata's keys and each tensor's size in bytes by name ("blk.0.attn_q.weight",
+    "output.weight", ...): what placing a model's layers on devices needs to know."""
+    sizes: dict[str, int] = {}
+    return read_metadata(path, tensor_sizes=sizes), sizes
 
 
 def read_vocab_info(path: str | Path) -> VocabInfo:
@@ -100,7 +108,7 @@ def read_vocab_info(path: str | Path) -> VocabInfo:
     )
 
 
-def _read_header(path: str | Path, *, with_tokens: bool) -> dict[str, Any]:
+def _read_header(path: str | Path, *, with_tokens: bool, tensor_sizes: dict[str, int] | None = None) -> dict[str, Any]:
     path = check_magic(path)
     try:
         with path.open("rb") as f:
@@ -123,7 +131,9 @@ def _read_header(path: str | Path, *, with_tokens: bool) -> dict[str, Any]:
                     header[key] = reader.array(want=with_tokens and key in _WANTED_ARRAYS)
                 else:
                     header[key] = reader.value(vtype)
-            _check_tensors(reader, n_tensors, header.get("general.alignment", 32), size)
+            sizes = _check_tensors(reader, n_tensors, header.get("general.alignment", 32), size)
+            if tensor_sizes is not None:
+                tensor_sizes.update(sizes)
     except (struct.error, EOFError, UnicodeDecodeError, ValueError) as e:
         raise ModelFileError(f"{path}: the GGUF file is truncated or corrupt ({e}); "
                              f"the file is damaged: fetch it again.") from e
@@ -149,13 +159,14 @@ _TYPE_SIZES = {
 """ggml tensor type id -> (values per block, bytes per block); an unknown type counts as empty."""
 
 
-def _check_tensors(reader: "_Reader", count: int, alignment: Any, size: int) -> None:
+def _check_tensors(reader: "_Reader", count: int, alignment: Any, size: int) -> dict[str, int]:
     """Read the tensor table and check that the file holds every tensor's data:
     a truncated download, or a header whose counts are garbage, fails here
-    rather than inside llama.cpp."""
+    rather than inside llama.cpp. Returns each tensor's size in bytes by name."""
     if not isinstance(alignment, int) or alignment < 1:
         raise ValueError(f"general.alignment is {alignment!r}")
     end = 0
+    sizes = {}
     for _ in range(count):
         name = reader.string()
         n_dims = reader.scalar("<I")
@@ -164,10 +175,12 @@ def _check_tensors(reader: "_Reader", count: int, alignment: Any, size: int) -> 
         shape = [reader.scalar("<Q") for _ in range(n_dims)]
         block, block_bytes = _TYPE_SIZES.get(reader.scalar("<I"), (1, 0))
         offset = reader.scalar("<Q")
-        end = max(end, offset + math.prod(shape) // block * block_bytes)
+        sizes[name] = math.prod(shape) // block * block_bytes
+        end = max(end, offset + sizes[name])
     data_start = -(-reader.f.tell() // alignment) * alignment
     if data_start + end > size:
         raise ValueError(f"its tensors need {data_start + end} bytes and the file has {size}")
+    return sizes
 
 
 class _Skipped:

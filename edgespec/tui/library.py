@@ -162,5 +162,5 @@ def load_choice(choice: ModelChoice, settings, *, library: Library | None = None
     return load_engine(choice.target, choice.draft, pair=choice.pair, no_draft=choice.no_draft,
                        resolve=path_of, pair_models=pair_models,
                        n_threads=settings.threads or None, exact=settings.exact, rpc=split,
-                       n_gpu_layers=settings.gpu_layers_target or (-1 if split else 0),  # workers: all by default
-                       n_gpu_layers_draft=settings.gpu_layers_draft, cache=cache or kv_cache())
+                       n_gpu_layers=-1 if split and not settings.gpu_layers_target else settings.gpu_layers_target,
+                       n_gpu_layers_draft=settings.gpu_layers_draft, cache=cache or kv_cache())  # workers: all by default

@@ -18,6 +18,9 @@ from edgespec.engine.limits import LIMITS
 SETTINGS_FILE = "settings.yaml"
 SAMPLING = ("temperature", "top_k", "top_p", "max_tokens", "k")
 """The settings that are generation parameters, checked against their ranges in engine/limits.py."""
+AUTO = "auto"
+GPU_LAYERS = ("gpu_layers_target", "gpu_layers_draft")
+"""Settings whose None is AUTO: as many layers as fit on this machine's GPUs (edgespec.placement)."""
 
 
 @dataclass(frozen=True)
@@ -36,10 +39,10 @@ class ChatSettings:
     """Speculation mode: plain, draft, lookup or auto."""
     k: int = LIMITS["k"].default
     """Maximum draft length per cycle."""
-    gpu_layers_target: int = 0
-    """Target layers offloaded to the GPU (-1: all)."""
-    gpu_layers_draft: int = 0
-    """Draft layers offloaded to the GPU (-1: all)."""
+    gpu_layers_target: int | None = None
+    """Target layers offloaded to the GPU (-1: all; None: as many as fit)."""
+    gpu_layers_draft: int | None = None
+    """Draft layers offloaded to the GPU (-1: all; None: all if they fit)."""
     threads: int = 0
     """CPU threads (0: all cores)."""
     exact: bool = False
@@ -47,14 +50,15 @@ class ChatSettings:
     greedy decoding token for token (ModelSettings.exact)."""
     rpc: str = ""
     """llama.cpp RPC workers for the target's layers, 'HOST:PORT[,HOST:PORT...]'
-    ('': none). With workers, GPU layers (target) 0 means all of them."""
+    ('': none). With workers, GPU layers (target) 0 or None means all of them."""
 
     def __post_init__(self) -> None:
         for name in SAMPLING:
             LIMITS[name].check(getattr(self, name))
         _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}")
-        _check(self.gpu_layers_target >= -1, "GPU layers (target) must be -1 (all) or more")
-        _check(self.gpu_layers_draft >= -1, "GPU layers (draft) must be -1 (all) or more")
+        for name, role in zip(GPU_LAYERS, ("target", "draft")):
+            value = getattr(self, name)
+            _check(value is None or value >= -1, f"GPU layers ({role}) must be {AUTO}, -1 (all) or more")
         _check(self.threads >= 0, "threads must be 0 (all cores) or more")
         if self.rpc.strip():
             from edgespec.net import parse_endpoints
@@ -71,8 +75,10 @@ class ChatSettings:
         base = defaults or cls()
         values = {}
         for f in fields(cls):
-            if data and f.name in data and data[f.name] is not None:
-                kind = type(getattr(base, f.name))
+            if data and f.name in GPU_LAYERS and data.get(f.name, 0) in (None, AUTO):
+                values[f.name] = None
+            elif data and f.name in data and data[f.name] is not None:
+                kind = int if f.name in GPU_LAYERS else type(getattr(base, f.name))
                 try:
                     if kind is bool and not isinstance(data[f.name], bool):
                         raise TypeError  # bool("no") is True
@@ -91,7 +97,7 @@ class ChatSettings:
             top_k=self.top_k, top_p=self.top_p, max_tokens=self.max_tokens,
         )
 
-    def hardware(self) -> tuple[int, int, int, bool, str]:
+    def hardware(self) -> tuple[int | None, int | None, int, bool, str]:
         """The settings that need the models reloaded when they change."""
         return (self.gpu_layers_target, self.gpu_layers_draft, self.threads, self.exact, self.rpc)
 

@@ -15,7 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
 from edgespec.engine.events import MODES
-from edgespec.tui.settings import ChatSettings
+from edgespec.tui.settings import AUTO, GPU_LAYERS, ChatSettings
 
 LABELS = {
     "temperature": "Temperature (0 = greedy)",
@@ -23,8 +23,8 @@ LABELS = {
     "top_p": "Top-p (1 = off)",
     "max_tokens": "Max tokens",
     "k": "Draft length k",
-    "gpu_layers_target": "GPU layers, target (-1 = all)",
-    "gpu_layers_draft": "GPU layers, draft (-1 = all)",
+    "gpu_layers_target": f"GPU layers, target ({AUTO}, -1 = all)",
+    "gpu_layers_draft": f"GPU layers, draft ({AUTO}, -1 = all)",
     "threads": "Threads (0 = all cores)",
     "rpc": "RPC workers (host:port,...)",
 }
@@ -57,7 +57,8 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
                 yield Select([(m, m) for m in MODES], value=self.settings.mode, allow_blank=False, id="mode")
                 for name, label in LABELS.items():
                     yield Label(label)
-                    yield Input(str(getattr(self.settings, name)), id=name)
+                    value = getattr(self.settings, name)
+                    yield Input(AUTO if value is None and name in GPU_LAYERS else str(value), id=name)
                 yield Label("Exact kernels (greedy = plain)")
                 yield Checkbox("exact", value=self.settings.exact, id="exact")
             yield Static("", id="error")
@@ -74,7 +75,9 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
         data["system_prompt"] = self.query_one("#system_prompt", TextArea).text
         kinds = {f.name: f.type for f in fields(ChatSettings)}
         for name in LABELS:
-            if kinds[name] in ("int", int):
+            if name in GPU_LAYERS and data[name].lower() in (AUTO, ""):
+                data[name] = AUTO
+            elif kinds[name] in ("int", int) or name in GPU_LAYERS:
                 try:
                     data[name] = int(data[name])
                 except ValueError:
