@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.errors import ModelFileError
-from edgespec.models import bundled
 from edgespec.models.fetch import fetch
-from edgespec.models.bundled import PartsSource
 from edgespec.models.registry import DEFAULT_PAIR, load_registry
 
 
@@ -38,8 +36,7 @@ def qwen_pair(tmp_path_factory) -> tuple[Path, Path, Path]:
         for name in (pair.target, pair.draft):
             entry = reg.model(name)
             try:  # assembled from the parts (the draft: then requantized to Q4_0)
-                paths.append(bundled.assemble(entry) if isinstance(entry.source, PartsSource)
-                             else fetch(entry, download=False, registry=reg))
+                paths.append(fetch(entry, download=False, registry=reg))
             except ModelFileError as e:
                 pytest.skip(f"the bundled Qwen2.5-Coder pair is not installed ({e})")
     return home, paths[0], paths[1]
