@@ -19,7 +19,7 @@ from edgespec.tui.screens.models import ModelsScreen, describe_progress
 from edgespec.tui.screens.settings import SettingsScreen
 from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
 from edgespec.tui.stream import RENDER_HZ, RENDER_SHARE, RENDER_WAIT_MAX, redraw_share, redraw_wait
-from edgespec.tui.widgets.messages import MessageBox, code_blocks, format_stats
+from edgespec.tui.widgets.messages import MessageBox, code_blocks, reply_stats
 from edgespec.tui.widgets.sidebar import ConversationList
 from edgespec.tui.widgets.status import StatusLine, format_live, hardware_label
 from edgespec.tui.widgets.prompt import PromptInput
@@ -54,7 +54,7 @@ async def test_send_streams_the_reply_and_stores_it(store):
         hold.set()
         await wait_for(pilot, lambda: not app.chat.generating)
         assert reply.content == REPLY and reply.status == "done"
-        assert "accepted" in format_stats(reply.stats)
+        assert "accepted" in reply_stats(reply.stats)
         [info] = store.list()
         assert info.title == "Write add()"
         assert [(m.role, m.status) for m in store.messages(info.id)][-2:] == [("user", "done"), ("assistant", "done")]

@@ -8,7 +8,7 @@ import sys
 
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, engine_from_args,
                                   params_from_args)
-from edgespec.cli.output import format_stats, note, print_table
+from edgespec.cli.output import stderr_stats, note, print_table
 from edgespec.cli.progress import stderr_progress
 from edgespec.errors import EdgespecError
 
@@ -73,7 +73,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             if last is not None and (args.stats or last.stats.dropped_messages):
                 dropped = last.stats.dropped_messages
                 note = f" (the {dropped} oldest messages were left out to fit the context)" if dropped else ""
-                print(format_stats(last.stats) + note, file=sys.stderr)
+                print(stderr_stats(last.stats) + note, file=sys.stderr)
     print(f"[conversation {session.conversation_id}]", file=sys.stderr)
     return 0
 

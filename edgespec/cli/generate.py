@@ -9,7 +9,7 @@ import sys
 from edgespec.bench import BASELINE, DEFAULT_MODES
 from edgespec.cli.options import (add_limited, add_model_options, add_sampling_options, add_template_option,
                                   engine_from_args, params_from_args)
-from edgespec.cli.output import EXIT_INTERRUPTED, format_stats, note
+from edgespec.cli.output import EXIT_INTERRUPTED, stderr_stats, note
 from edgespec.cli.progress import stderr_progress
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.limits import BENCH_MAX_TOKENS
@@ -59,7 +59,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             chunks.close()
             if last is not None:
-                print(f"\n[stopped] {format_stats(last.stats)}", file=sys.stderr)
+                print(f"\n[stopped] {stderr_stats(last.stats)}", file=sys.stderr)
             return EXIT_INTERRUPTED
     stats = last.stats
     if args.json:
@@ -68,7 +68,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(file=sys.stdout)
-        print(format_stats(stats), file=sys.stderr)
+        print(stderr_stats(stats), file=sys.stderr)
     return 0
 
 

@@ -25,7 +25,7 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
 
 
-def format_stats(stats) -> str:
+def stderr_stats(stats) -> str:
     """The statistics line `generate` and `chat` print to stderr: the reply's line,
     time to first token, and in auto mode what was chosen last and why."""
     parts = [stats_line(stats.to_dict())]

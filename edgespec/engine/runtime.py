@@ -84,10 +84,9 @@ holds, n_ctx x n_batch x n_head floats) take at most this much memory; beyond,
 llama.cpp's choice (on), which holds none of them. ggml's CPU kernel for flash
 attention reads the whole KV cache once per token of a batch, where the unfused
 path multiplies the batch against the cache in one matrix product: deep in a
-conversation, verify passes and prompt reading cost much less without it
-(2-core AVX-512 EPYC, 1.5B target, 6,600 tokens deep: a 17-token pass 569 ms
-against 994, 2,600 tokens read 29 s against 37; alike at an empty cache).
-scripts/bench_flash_attn.py measures both on any machine."""
+conversation, verify passes and prompt reading cost much less without it.
+scripts/bench_flash_attn.py measures both on any machine (its docstring keeps
+the figures behind this rule)."""
 
 
 def cpu_flash_attn(n_ctx: int, n_batch: int, n_head: int) -> bool | None:
@@ -131,10 +130,9 @@ def default_slots(flash_attn: bool | None) -> int:
     """SLOTS where the target runs with flash attention (None: llama.cpp's choice,
     on wherever the backend has it), whose kernels skip the cells of other
     sequences; 1 where it runs without: the unfused path multiplies every pass
-    against every cell of the unified cache, other conversations' included (a
-    1,300-token prompt read beside a 1,600-token conversation took 22-24 s
-    against 17-19 s alone, 2-core Xeon). There, other conversations wait in RAM
-    snapshots, restored in tens of milliseconds."""
+    against every cell of the unified cache, other conversations' included, so a
+    prompt read beside another conversation reads slower. There, other
+    conversations wait in RAM snapshots, restored in tens of milliseconds."""
     return 1 if flash_attn is False else SLOTS
 
 

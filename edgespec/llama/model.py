@@ -73,7 +73,6 @@ class LlamaModel:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {why}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self.n_gpu_layers = n_gpu_layers
 
     def _set_devices(self, params, split: Split):
         """The workers' devices, then this machine's GPUs, into params (as llama.cpp's --rpc orders them)."""
@@ -105,17 +104,11 @@ class LlamaModel:
             raise RuntimeError(f"model {self.path.name} is closed")
         return self._model
 
-    def n_ctx_train(self) -> int:
-        return llama_cpp.llama_model_n_ctx_train(self.ptr)
-
     def n_layer(self) -> int:
         return llama_cpp.llama_model_n_layer(self.ptr)
 
     def n_head(self) -> int:
         return llama_cpp.llama_model_n_head(self.ptr)
-
-    def n_params(self) -> int:
-        return llama_cpp.llama_model_n_params(self.ptr)
 
     def desc(self) -> str:
         buf = ctypes.create_string_buffer(256)

@@ -10,8 +10,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-STAGES = ("download", "assemble", "quantize", "verify")
-
 
 @dataclass(frozen=True)
 class Progress:

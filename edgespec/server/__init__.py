@@ -3,7 +3,7 @@
     app.py         routes, the API key and body-size guard, SSE streaming (create_app)
     schemas.py     request and response bodies, as the OpenAI API shapes them
     completion.py  what a request runs on the engine: prompt tokens, generation, statistics
-    worker.py      the one thread that uses the engine, one job at a time in arrival order
+    engine_thread.py  the one thread that uses the engine, one job at a time in arrival order
     errors.py      errors as OpenAI words them
     listen.py      binding (loopback unless an API key is set) and running until Ctrl+C
 

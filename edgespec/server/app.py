@@ -3,7 +3,7 @@
 `create_app` builds a FastAPI app from a function that loads the engine and
 the server's settings. Request and response bodies are the typed models in
 schemas.py; replies stream as server-sent events; every use of the engine
-goes through the one EngineWorker, so requests are served one at a time in
+goes through the one EngineThread, so requests are served one at a time in
 arrival order. The engine below does not know it is being served.
 """
 
@@ -35,7 +35,7 @@ from edgespec.server.schemas import (AssistantMessage, ChatChoice, ChatChunkChoi
                                      ChatCompletionChunk, ChatCompletionRequest, ChatDelta, Completion,
                                      CompletionRequest, ErrorResponse, ModelCard, ModelList, TextChoice,
                                      Timings, Usage)
-from edgespec.server.worker import EngineWorker, Job
+from edgespec.server.engine_thread import EngineThread, Job
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """Largest request body (413 above it): a whole 128k-token conversation is about 1 MB of JSON."""
@@ -74,32 +74,32 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
     """The app. `load` returns a loaded Engine; it is called on the engine's own
     thread once the server is up (GET /health answers 503 until it returns), and
     the app closes the engine when it stops."""
-    worker: EngineWorker[Completer] = EngineWorker(lambda: Completer(load(), template=settings.template),
+    thread: EngineThread[Completer] = EngineThread(lambda: Completer(load(), template=settings.template),
                                                    fatal=(WorkerLostError,))
     started = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        worker.start()
+        thread.start()
         try:
             yield
         finally:
-            await asyncio.to_thread(worker.stop)
+            await asyncio.to_thread(thread.stop)
 
     app = FastAPI(title="edgespec", version=__version__, lifespan=lifespan,
                   description="An OpenAI-compatible API over a target model, made faster by speculative decoding.",
                   responses={400: {"model": ErrorResponse}, 401: {"model": ErrorResponse},
                              503: {"model": ErrorResponse}})
-    app.state.worker = worker
+    app.state.engine_thread = thread
     app.state.settings = settings
     install_handlers(app)
 
     def completer() -> Completer:
-        if worker.error is not None:
-            raise ApiError(503, f"The model failed to load: {worker.error}", type="server_error")
-        if not worker.ready:
+        if thread.error is not None:
+            raise ApiError(503, f"The model failed to load: {thread.error}", type="server_error")
+        if not thread.ready:
             raise ApiError(503, "The model is loading; try again shortly.", type="server_error", code="model_loading")
-        return worker.resource
+        return thread.resource
 
     def check_model(name: str | None) -> None:
         served = {settings.model_id, *completer().files.values()}
@@ -112,18 +112,18 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
         """200 once the model is loaded and the server takes requests; 503 before,
         and after an RPC worker was lost until a request has loaded the model again."""
         completer()
-        if worker.lost is not None:
-            raise api_error(worker.lost)
-        return {"status": "ok", "queued": worker.queued}
+        if thread.lost is not None:
+            raise api_error(thread.lost)
+        return {"status": "ok", "queued": thread.queued}
 
     @app.api_route("/v1/models", methods=["GET", "HEAD"], response_model=ModelList)
     async def models():
-        return ModelList(data=[_card(settings.model_id, started, worker)])
+        return ModelList(data=[_card(settings.model_id, started, thread)])
 
     @app.get("/v1/models/{model_id}", response_model=ModelCard)
     async def model(model_id: str):
         check_model(model_id)
-        return _card(settings.model_id, started, worker)
+        return _card(settings.model_id, started, thread)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -134,7 +134,7 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                     for m in body.messages]
         reply_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        job = worker.submit(lambda c: c.chat(messages, params, request_id=reply_id))
+        job = thread.submit(lambda c: c.chat(messages, params, request_id=reply_id))
         return await _respond(request, job, body, _ChatShape(reply_id, body.model or settings.model_id),
                               prompt_param="messages")
 
@@ -144,7 +144,7 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
         check_model(body.model)
         params = _params(body, settings)
         reply_id = f"cmpl-{uuid.uuid4().hex[:24]}"
-        job = worker.submit(lambda c: c.complete(body.prompt, params, request_id=reply_id))
+        job = thread.submit(lambda c: c.complete(body.prompt, params, request_id=reply_id))
         return await _respond(request, job, body, _TextShape(reply_id, body.model or settings.model_id),
                               prompt_param="prompt")
 
@@ -155,10 +155,10 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
     return app
 
 
-def _card(model_id: str, created: int, worker: EngineWorker) -> ModelCard:
+def _card(model_id: str, created: int, thread: EngineThread) -> ModelCard:
     meta = {}
-    if worker.ready:
-        meta = {"files": worker.resource.files, "n_ctx": worker.resource.n_ctx}
+    if thread.ready:
+        meta = {"files": thread.resource.files, "n_ctx": thread.resource.n_ctx}
     return ModelCard(id=model_id, created=created, meta=meta)
 
 

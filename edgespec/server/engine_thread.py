@@ -41,7 +41,7 @@ class Job(Generic[R, T]):
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
-    # -- the worker's side
+    # -- the engine thread's side
     def _send(self, kind: str, value: Any = None) -> None:
         try:
             self._loop.call_soon_threadsafe(self._results.put_nowait, (kind, value))
@@ -61,11 +61,11 @@ class Job(Generic[R, T]):
         raise StopAsyncIteration
 
 
-class EngineWorker(Generic[R]):
+class EngineThread(Generic[R]):
     """Loads a resource on its own thread, runs jobs on it one at a time, closes it on stop.
 
     `load` returns the resource (anything with `close()`); until it has, the
-    worker is not ready, and if it fails, `error` says why. A job that fails
+    thread is not ready, and if it fails, `error` says why. A job that fails
     with one of `fatal` (the resource can no longer be used, as an engine
     whose RPC worker went away) closes the resource, and the next job loads it
     again first; until that works, `lost` says why."""
@@ -141,7 +141,7 @@ class EngineWorker(Generic[R]):
             return False
         try:
             self.resource = self._load()
-        except Exception as e:  # still unusable (the worker is away): this job is told why, the next tries again
+        except Exception as e:  # still unusable (the RPC worker is away): this job is told why, the next tries again
             job._send("error", e)
             return False
         self.lost = None

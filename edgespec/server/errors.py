@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 
 from edgespec.errors import (ContextFullError, EdgespecError, TemplateError, WorkerLostError,
                              WorkerUnreachableError)
-from edgespec.server.worker import Cancelled
+from edgespec.server.engine_thread import Cancelled
 
 log = logging.getLogger("edgespec.server")
 

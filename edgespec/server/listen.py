@@ -60,11 +60,11 @@ def run(app: FastAPI, sock: socket.socket, *, on_ready: Callable[[], None] | Non
     import uvicorn
 
     server = _server_class()(uvicorn_config(app, verbose=verbose))
-    worker = app.state.worker
+    thread = app.state.engine_thread
 
     def watch_loading() -> None:
-        worker.wait_loaded()
-        if worker.error is not None:
+        thread.wait_loaded()
+        if thread.error is not None:
             server.should_exit = True
         elif on_ready is not None:
             on_ready()
@@ -74,8 +74,8 @@ def run(app: FastAPI, sock: socket.socket, *, on_ready: Callable[[], None] | Non
         server.run(sockets=[sock])
     finally:
         sock.close()
-    if worker.error is not None:
-        raise worker.error
+    if thread.error is not None:
+        raise thread.error
 
 
 def uvicorn_config(app: FastAPI, *, verbose: bool = False):

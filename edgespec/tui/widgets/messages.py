@@ -18,7 +18,7 @@ ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "error": "error"}
 
 
-def format_stats(stats: dict | None) -> str:
+def reply_stats(stats: dict | None) -> str:
     """One line about a finished reply: tokens, speed, and how speculation did."""
     return stats_line(stats)
 
@@ -65,7 +65,7 @@ class MessageBox(Vertical, can_focus=True):
         else:
             yield Markdown(self.content, classes="body")
         yield Static(origin.render(self.runs or [(self.content, False)]), classes="origin")
-        yield Static(format_stats(self.stats), classes="stats")
+        yield Static(reply_stats(self.stats), classes="stats")
 
     def on_mount(self) -> None:
         self._apply_origin_view()
@@ -119,5 +119,5 @@ class MessageBox(Vertical, can_focus=True):
         await self.query_one(".body", Markdown).update(self.content)
         self.query_one(".origin", Static).update(origin.render(self.runs or [(self.content, False)]))
         self.query_one(".header", Static).update(self._header_text())
-        self.query_one(".stats", Static).update(format_stats(stats))
+        self.query_one(".stats", Static).update(reply_stats(stats))
         self._apply_origin_view()
