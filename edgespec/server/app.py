@@ -18,7 +18,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 import anyio
 from fastapi import FastAPI, Request
@@ -194,50 +194,49 @@ def _timings(s: dict) -> Timings:
 
 
 @dataclass
-class _ChatShape:
-    """How a chat completion is worded, whole and in chunks."""
+class _Shape:
+    """How a completion is worded, whole and in chunks; a chat's and a text's differ
+    in their objects and choices only."""
 
     id: str
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
+    WHOLE: ClassVar[type]
+    CHUNK: ClassVar[type]
+
+    def _reply(self, cls, choices: list, **fields):
+        return cls(id=self.id, created=self.created, model=self.model, choices=choices, **fields)
 
     def whole(self, text: str, done: Done):
-        return ChatCompletion(id=self.id, created=self.created, model=self.model, usage=_usage(done.stats),
-                              choices=[ChatChoice(message=AssistantMessage(content=text),
-                                                  finish_reason=done.finish_reason)],
-                              timings=_timings(done.stats))
+        return self._reply(self.WHOLE, [self._choice(text, done.finish_reason)], usage=_usage(done.stats),
+                           timings=_timings(done.stats))
 
     def chunk(self, text: str | None = None, *, role: bool = False, done: Done | None = None):
-        delta = ChatDelta(role="assistant" if role else None, content=text)
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
-                                   choices=[ChatChunkChoice(delta=delta, finish_reason=done and done.finish_reason)],
-                                   timings=_timings(done.stats) if done else None)
+        return self._reply(self.CHUNK, [self._delta(text, role, done and done.finish_reason)],
+                           timings=_timings(done.stats) if done else None)
 
     def usage_chunk(self, done: Done):
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
-                                   usage=_usage(done.stats))
+        return self._reply(self.CHUNK, [], usage=_usage(done.stats))
 
 
-@dataclass
-class _TextShape:
-    """How a text completion is worded, whole and in chunks."""
+class _ChatShape(_Shape):
+    WHOLE, CHUNK = ChatCompletion, ChatCompletionChunk
 
-    id: str
-    model: str
-    created: int = field(default_factory=lambda: int(time.time()))
+    def _choice(self, text: str, finish: str | None) -> ChatChoice:
+        return ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)
 
-    def whole(self, text: str, done: Done):
-        return Completion(id=self.id, created=self.created, model=self.model, usage=_usage(done.stats),
-                          choices=[TextChoice(text=text, finish_reason=done.finish_reason)],
-                          timings=_timings(done.stats))
+    def _delta(self, text: str | None, role: bool, finish: str | None) -> ChatChunkChoice:
+        return ChatChunkChoice(delta=ChatDelta(role="assistant" if role else None, content=text), finish_reason=finish)
 
-    def chunk(self, text: str | None = None, *, role: bool = False, done: Done | None = None):
-        return Completion(id=self.id, created=self.created, model=self.model,
-                          choices=[TextChoice(text=text or "", finish_reason=done and done.finish_reason)],
-                          timings=_timings(done.stats) if done else None)
 
-    def usage_chunk(self, done: Done):
-        return Completion(id=self.id, created=self.created, model=self.model, choices=[], usage=_usage(done.stats))
+class _TextShape(_Shape):
+    WHOLE = CHUNK = Completion
+
+    def _choice(self, text: str, finish: str | None) -> TextChoice:
+        return TextChoice(text=text, finish_reason=finish)
+
+    def _delta(self, text: str | None, role: bool, finish: str | None) -> TextChoice:
+        return TextChoice(text=text or "", finish_reason=finish)
 
 
 async def _respond(request: Request, job: Job, body, shape, *, prompt_param: str):

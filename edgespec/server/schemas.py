@@ -262,11 +262,17 @@ class ChatChoice(BaseModel):
     logprobs: None = None
 
 
-class ChatCompletion(BaseModel):
+class _Reply(BaseModel):
+    """What every completion object of OpenAI's starts with."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
+    object: str
     created: int
     model: str
+
+
+class ChatCompletion(_Reply):
+    object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
     timings: Timings
@@ -277,38 +283,35 @@ class ChatDelta(BaseModel):
     content: str | None = _omitted_when_none()
 
 
-class ChatChunkChoice(BaseModel):
+class _Choice(BaseModel):
     index: int = 0
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class _Streamed(_Reply):
+    """A reply that may be a chunk: usage and timings only in the chunks that carry them."""
+
+    usage: Usage | None = _omitted_when_none()
+    timings: Timings | None = _omitted_when_none()
+
+
+class ChatChunkChoice(_Choice):
     delta: ChatDelta
-    finish_reason: str | None = None
-    logprobs: None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Streamed):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = _omitted_when_none()
-    timings: Timings | None = _omitted_when_none()
 
 
-class TextChoice(BaseModel):
-    index: int = 0
+class TextChoice(_Choice):
     text: str
-    finish_reason: str | None = None
-    logprobs: None = None
 
 
-class Completion(BaseModel):
-    id: str
+class Completion(_Streamed):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[TextChoice]
-    usage: Usage | None = _omitted_when_none()
-    timings: Timings | None = _omitted_when_none()
 
 
 class ModelCard(BaseModel):
