@@ -30,6 +30,15 @@ def make_app(store, *, reply=REPLY, delay_s=0.0, engine_cls=SpecFakeEngine, load
                       library=library or FakeLibrary(), template="chatml", defaults=kwargs.pop("defaults", ChatSettings()),
                       **kwargs)
     app.engines = engines
+    app.notes = []
+    """Every notification's message, in order (the app notifies through App.notify)."""
+    notify = app.notify
+
+    def recording_notify(message, *args, **kw):
+        app.notes.append(str(message))
+        return notify(message, *args, **kw)
+
+    app.notify = recording_notify
     return app
 
 

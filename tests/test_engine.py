@@ -348,7 +348,7 @@ def test_text_streams_whole_utf8_characters(engines):
     engine = engines["same"]
     euro = [3 + b for b in "€".encode()]  # three byte tokens
     assert engine.tokenize("€")[-3:] == euro
-    piece = engine._target.model.token_to_piece
+    piece = engine.target_model.token_to_piece
     detok = Detokenizer(lambda t: piece(t, special=False))
     assert [detok.add([t]) for t in euro] == ["", "", "€"]
     assert engine.detokenize(euro) == "€"

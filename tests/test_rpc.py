@@ -208,7 +208,7 @@ def test_a_call_that_runs_long_on_a_healthy_worker_is_not_taken_for_a_lost_one(s
     try:
         target = ModelSettings(smollm2, n_ctx=512, n_gpu_layers=-1, rpc=Split((endpoint,)))
         with Engine.load(target) as engine:
-            guard = engine._target.model.guard
+            guard = engine.target_model.guard
             start = time.monotonic()
             guard.call(time.sleep, 12)  # the worker holds our connection, and its backlog is full
             assert time.monotonic() - start >= 12 and guard.lost is None

@@ -92,7 +92,7 @@ async def test_a_damaged_conversation_store_is_moved_aside_and_said_so(home):
     app = make_app(None)
     async with app.run_test(size=(110, 36)) as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
-        assert any("damaged" in n.message and ".damaged-" in n.message for n in app._notifications)
+        assert any("damaged" in n and ".damaged-" in n for n in app.notes)
         await send(pilot, "Hi")
         assert len(app.store.list()) == 1
     assert len(list(path.parent.glob("conversations.db.damaged-*"))) == 1
@@ -104,7 +104,7 @@ async def test_a_store_that_cannot_be_opened_leaves_the_app_chatting_in_memory(h
     app = make_app(None)
     async with app.run_test(size=(110, 36)) as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
-        assert any("not saved" in n.message and "data" in n.message for n in app._notifications)
+        assert any("not saved" in n and "data" in n for n in app.notes)
         await send(pilot, "Hi")
         await wait_for(pilot, lambda: not app.chat.generating)
         assert len(boxes(app)) == 2 and boxes(app)[1].status == "done"
@@ -118,7 +118,7 @@ async def test_an_engine_that_cannot_say_where_it_runs_still_chats_and_says_so(s
     app = make_app(store, engine_cls=NoDescribe)
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
-        assert any("no backend info" in n.message for n in app._notifications)
+        assert any("no backend info" in n for n in app.notes)
         await send(pilot, "Hi")
         await wait_for(pilot, lambda: not app.chat.generating)
         assert boxes(app)[1].content == REPLY
@@ -156,7 +156,7 @@ async def test_a_store_failing_mid_chat_is_shown_not_a_crash(tmp_path):
         store.read_only = True
         await send(pilot, "Again")
         await wait_for(pilot, lambda: not app.chat.generating)
-        assert any("read-only" in n.message for n in app._notifications)
+        assert any("read-only" in n for n in app.notes)
         assert app.is_running
 
 

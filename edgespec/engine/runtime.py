@@ -275,6 +275,11 @@ class Engine:
         return self._draft is not None
 
     @property
+    def target_model(self) -> LlamaModel:
+        """The target's llama.cpp model (for tools and tests: its vocabulary, its RPC guard)."""
+        return self._target.model
+
+    @property
     def target_seq(self) -> KVSequence:
         """The target's KV cache and the tokens it holds (for tools that measure it)."""
         return self._target.seq
