@@ -46,19 +46,30 @@ cpu_args() {
     echo "$args"
 }
 
+# Each backend: its CMake flag, its name for people and what its build needs
+# (sets flag, label, needs).
+describe_backend() {
+    case "$1" in
+        cuda) flag=-DGGML_CUDA=ON label=CUDA needs="the CUDA toolkit (nvcc) with a host C++ compiler it supports" ;;
+        hip) flag=-DGGML_HIP=ON label="HIP (ROCm)" needs="ROCm's hipcc with hipBLAS and rocBLAS" ;;
+        vulkan) flag=-DGGML_VULKAN=ON label=Vulkan
+            needs="the Vulkan headers (libvulkan-dev, recent enough for this llama.cpp), glslc and spirv-headers" ;;
+        metal) flag=-DGGML_METAL=ON label=Metal needs="Xcode's command line tools (xcode-select --install)" ;;
+        cpu) flag="" label="the CPU" needs="a C++ compiler and cmake"
+            if [ "$(uname -s)" = Darwin ]; then flag=-DGGML_METAL=OFF; fi ;;  # Metal is on by default there
+    esac
+}
+
 # The GPU backend to build for: sets backend (cpu, metal, cuda, hip, vulkan) and
 # why (for the sentence that says the choice).
 choose_backend() {
-    local nvcc gpus
+    local nvcc gpus b
     if [ -n "${CMAKE_ARGS:-}" ]; then
-        case " $CMAKE_ARGS " in
-            *" -DGGML_CUDA=ON "* | *" -DGGML_CUDA=on "*) backend=cuda ;;
-            *" -DGGML_HIP=ON "* | *" -DGGML_HIP=on "*) backend=hip ;;
-            *" -DGGML_VULKAN=ON "* | *" -DGGML_VULKAN=on "*) backend=vulkan ;;
-            *" -DGGML_METAL=ON "* | *" -DGGML_METAL=on "*) backend=metal ;;
-            *) backend=cpu ;;
-        esac
-        why="your CMAKE_ARGS"
+        backend=cpu why="your CMAKE_ARGS"
+        for b in cuda hip vulkan metal; do
+            describe_backend "$b"
+            case " $(echo "$CMAKE_ARGS" | tr a-z A-Z) " in *" $flag "*) backend=$b; break ;; esac
+        done
         return
     fi
     if $cpu; then backend=cpu why="--cpu"; return; fi
@@ -88,34 +99,18 @@ choose_backend() {
     backend=cpu why="${no_gpu:-no GPU toolkit found: nvcc, hipcc, or Vulkan headers with glslc}"
 }
 
-# CMAKE_ARGS for the backend: the GPU's flag, the CPU flags, and llama.cpp's RPC
-# backend, always on.
+# CMAKE_ARGS for the backend (describe_backend first): the GPU's flag, the CPU
+# flags, and llama.cpp's RPC backend, always on.
 backend_args() {
-    local args
-    case "$backend" in
-        cuda) args="-DGGML_CUDA=ON" ;;
-        hip) args="-DGGML_HIP=ON" ;;
-        vulkan) args="-DGGML_VULKAN=ON" ;;
-        metal) args="-DGGML_METAL=ON" ;;
-        cpu) args=""; if [ "$(uname -s)" = Darwin ]; then args="-DGGML_METAL=OFF"; fi ;;  # Metal is on by default there
-    esac
-    args="${CMAKE_ARGS:-$args${args:+ }$(cpu_args)}"
+    local args="${CMAKE_ARGS:-$flag${flag:+ }$(cpu_args)}"
     args="${args% }"
     case " $args " in *" -DGGML_RPC="*) ;; *) args="${args:+$args }-DGGML_RPC=ON" ;; esac
     echo "$args"
 }
 
-# What a failed GPU build lacked, and how to get a CPU build instead.
+# What a failed build lacked, and how to get a CPU build instead.
 build_failed() {
-    local needs
-    case "$backend" in
-        cuda) needs="the CUDA toolkit (nvcc) with a host C++ compiler it supports" ;;
-        hip) needs="ROCm's hipcc with hipBLAS and rocBLAS" ;;
-        vulkan) needs="the Vulkan headers (libvulkan-dev, recent enough for this llama.cpp), glslc and spirv-headers" ;;
-        metal) needs="Xcode's command line tools (xcode-select --install)" ;;
-        cpu) needs="a C++ compiler and cmake" ;;
-    esac
-    echo "The $backend build of llama-cpp-python failed (see above); it needs $needs." >&2
+    echo "The build of llama-cpp-python for $label failed (see above); it needs $needs." >&2
     if [ "$backend" != cpu ]; then
         if [ "$why" = "your CMAKE_ARGS" ]; then
             echo "For a CPU build instead: unset CMAKE_ARGS, then scripts/install.sh --cpu" >&2
@@ -132,8 +127,7 @@ if $cpu && [ -n "${CMAKE_ARGS:-}" ]; then
 fi
 no_gpu=""
 choose_backend
-case "$backend" in cpu) label="the CPU" ;; metal) label=Metal ;; cuda) label=CUDA ;; hip) label="HIP (ROCm)" ;;
-    vulkan) label=Vulkan ;; esac
+describe_backend "$backend"
 choice="Building llama.cpp for $label ($why)"
 if [ "$backend" != cpu ] && [ -z "${CMAKE_ARGS:-}" ]; then choice+="; scripts/install.sh --cpu for a CPU build"; fi
 if $print_backend; then

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ("bash", "sed", "grep", "dirname", "uname")
+TOOLS = ("bash", "sed", "grep", "dirname", "uname", "tr")
 """What the script runs before it decides; everything else on the fake PATH is a fake."""
 
 
