@@ -51,6 +51,11 @@ class Result:
     """Over plain llama.cpp (the `llamacpp` mode)."""
     acceptance: list[float] = field(default_factory=list)
     tokens_per_pass: list[float] = field(default_factory=list)
+    overhead_s: list[float] = field(default_factory=list)
+    """Per target pass: wall time outside llama_decode, edgespec's own work a
+    cycle (run_suite(overhead=True); empty for the `llamacpp` mode)."""
+    llama_s: list[float] = field(default_factory=list)
+    """Per target pass: time inside llama_decode, target and draft (with overhead_s)."""
     identical: bool = True
     """Greedy: every repeat produced exactly the plain decoding's tokens."""
 
@@ -69,6 +74,12 @@ def load_prompts(path: str | Path | None = None, *, categories: Sequence[str] | 
     return prompts
 
 
+def rotation(items: Sequence, i: int) -> list:
+    """The order of round `i`: each item leads in turn, so that machine noise hits all alike."""
+    k = i % len(items)
+    return [*items[k:], *items[:k]]
+
+
 def run_suite(
     engine,
     prompts: Sequence[Prompt],
@@ -78,14 +89,17 @@ def run_suite(
     params: GenerationParams | None = None,
     encode: Callable[[str], list[int]],
     baseline: "LlamaCppBaseline | None" = None,
+    overhead: bool = False,
     on_result: Callable[[str], None] | None = None,
 ) -> list[Result]:
     """Run every prompt in every mode `repeats` times, interleaved. `encode`
     turns a prompt into the model's input (the chat template); `baseline` runs
-    the `llamacpp` mode (left out without one)."""
+    the `llamacpp` mode (left out without one); `overhead`: also split each
+    run's wall time into llama_decode's and the rest (Result.overhead_s)."""
     base = params or GenerationParams(max_tokens=BENCH_MAX_TOKENS)
     modes = [m for m in modes if (m != "draft" or engine.has_draft) and (m != BASELINE or baseline)]
-    run = {m: (baseline.generate if m == BASELINE else lambda tokens, p: _generate(engine, tokens, p)) for m in modes}
+    generate = _timed_generate if overhead else _generate
+    run = {m: (baseline.generate if m == BASELINE else lambda tokens, p: generate(engine, tokens, p)) for m in modes}
     results = []
     for prompt in prompts:
         tokens = encode(prompt.prompt)
@@ -93,11 +107,10 @@ def run_suite(
             run[m](tokens, _with(base, mode="plain", max_tokens=8))
         by_mode = {m: Result(prompt.id, prompt.category, m) for m in modes}
         for r in range(repeats):
-            order = list(modes[r % len(modes):]) + list(modes[: r % len(modes)])
-            runs = {m: run[m](tokens, _with(base, mode="plain" if m == BASELINE else m)) for m in order}
+            runs = {m: run[m](tokens, _with(base, mode="plain" if m == BASELINE else m)) for m in rotation(modes, r)}
             plain_tps = runs["plain"][1].tokens_per_s if "plain" in runs else None
             cpp_tps = runs[BASELINE][1].tokens_per_s if BASELINE in runs else None
-            for m, (out, stats) in runs.items():
+            for m, (out, stats, *split) in runs.items():
                 res = by_mode[m]
                 res.tokens_per_s.append(stats.tokens_per_s)
                 if plain_tps:
@@ -107,6 +120,9 @@ def run_suite(
                 if stats.drafted:
                     res.acceptance.append(stats.acceptance_rate)
                 res.tokens_per_pass.append(stats.tokens_per_pass)
+                if split and stats.target_passes:
+                    res.overhead_s.append(split[0] / stats.target_passes)
+                    res.llama_s.append(split[1] / stats.target_passes)
                 if base.temperature == 0 and "plain" in runs and out != runs["plain"][0]:
                     res.identical = False
         results.extend(by_mode.values())
@@ -178,19 +194,52 @@ def _generate(engine, tokens, params):
     return out, last.stats
 
 
+def _timed_generate(engine, tokens, params):
+    """_generate, and its seconds outside and inside llama_decode (target and draft contexts)."""
+    contexts = [seq.ctx for seq in (engine.target_seq, engine.draft_seq) if seq is not None]
+    in_llama = -sum(c.decode_s for c in contexts)
+    start = time.perf_counter()
+    out, stats = _generate(engine, tokens, params)
+    wall = time.perf_counter() - start
+    in_llama += sum(c.decode_s for c in contexts)
+    return out, stats, wall - in_llama, in_llama
+
+
 def format_table(results: Sequence[Result], *, header: bool = True) -> str:
+    """A row per prompt and mode (medians); an overhead column where it was measured."""
+    overhead = any(r.overhead_s for r in results)
     lines = []
     if header:
         lines.append(f"{'prompt':<16} {'category':<10} {'mode':<8} {'tok/s':>6} {'vs llama.cpp':>12} "
-                     f"{'vs plain':>8} {'accept':>7} {'tok/pass':>8}  same")
+                     f"{'vs plain':>8} {'accept':>7} {'tok/pass':>8}" + (f" {'overhead/pass':>13}" if overhead else "")
+                     + "  same")
     for r in results:
         acc = f"{r.median('acceptance'):.0%}" if r.acceptance else "-"
         cpp = f"{r.median('vs_llamacpp'):.2f}x" if r.vs_llamacpp else "-"
         plain = f"{r.median('speedup'):.2f}x" if r.speedup else "-"
+        per_pass = f"{r.median('overhead_s') * 1000:.2f} ms" if r.overhead_s else "-"
         same = "yes" if r.identical else "NO"
         lines.append(f"{r.prompt:<16} {r.category:<10} {r.mode:<8} {r.median('tokens_per_s'):>6.1f} {cpp:>12} "
-                     f"{plain:>8} {acc:>7} {r.median('tokens_per_pass'):>8.2f}  {same}")
+                     f"{plain:>8} {acc:>7} {r.median('tokens_per_pass'):>8.2f}"
+                     + (f" {per_pass:>13}" if overhead else "") + f"  {same}")
     return "\n".join(lines)
+
+
+def overhead(results: Sequence[Result]) -> tuple[float, float] | None:
+    """Medians over every edgespec run: seconds per target pass outside llama_decode
+    (edgespec's Python loop) and inside it; None where not measured."""
+    outside = [s for r in results for s in r.overhead_s]
+    inside = [s for r in results for s in r.llama_s]
+    return (statistics.median(outside), statistics.median(inside)) if outside else None
+
+
+def format_overhead(results: Sequence[Result]) -> str:
+    found = overhead(results)
+    if found is None:
+        return ""
+    outside, inside = found
+    return (f"edgespec's overhead per target pass (median over runs): {outside * 1000:.2f} ms; "
+            f"llama_decode per pass: {inside * 1000:.1f} ms ({outside / inside:.1%} of it)")
 
 
 def summarize(results: Sequence[Result]) -> str:

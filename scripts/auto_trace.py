@@ -19,14 +19,11 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from edgespec.bench import load_prompts, machine  # noqa: E402
-from edgespec.chat.template import encode_prompt  # noqa: E402
-from edgespec.cli.options import add_model_options, engine_from_args  # noqa: E402
-from edgespec.engine.events import GenerationParams  # noqa: E402
+from edgespec.bench import load_prompts, machine, rotation
+from edgespec.chat.template import encode_prompt
+from edgespec.cli.options import add_model_options, engine_from_args
+from edgespec.engine.events import GenerationParams
 
 
 def cycles(engine, tokens, params):
@@ -56,7 +53,7 @@ def main() -> int:
             cost, total, ratios = defaultdict(float), defaultdict(int), []
             for r in range(args.repeats):
                 runs = {}
-                for mode in (("plain", "auto") if r % 2 == 0 else ("auto", "plain")):
+                for mode in rotation(("plain", "auto"), r):
                     runs[mode] = cycles(engine, tokens, GenerationParams(mode=mode, max_tokens=args.max_tokens))
                 plain_cycle = statistics.median(s for _, _, n, s in runs["plain"][0] if n == 1)
                 ratios.append(runs["auto"][1].tokens_per_s / runs["plain"][1].tokens_per_s)

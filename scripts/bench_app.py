@@ -20,17 +20,15 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from edgespec.bench import machine  # noqa: E402
-from edgespec.chat.session import ChatSession  # noqa: E402
-from edgespec.chat.store import ConversationStore  # noqa: E402
-from edgespec.cli.options import add_model_options, engine_from_args  # noqa: E402
-from edgespec.engine.events import GenerationParams  # noqa: E402
-from edgespec.tui.app import EdgespecApp  # noqa: E402
-from edgespec.tui.library import ModelChoice  # noqa: E402
-from edgespec.tui.settings import ChatSettings  # noqa: E402
-from edgespec.tui.widgets.prompt import PromptInput  # noqa: E402
+from edgespec.bench import machine, rotation
+from edgespec.chat.session import ChatSession
+from edgespec.chat.store import ConversationStore
+from edgespec.cli.options import add_model_options, engine_from_args
+from edgespec.engine.events import GenerationParams
+from edgespec.tui.app import EdgespecApp
+from edgespec.tui.library import ModelChoice
+from edgespec.tui.settings import ChatSettings
+from edgespec.tui.widgets.prompt import PromptInput
 
 MESSAGE = ("Write a Python module with a dataclass for a bank account (deposit, withdraw, history) "
            "and explain each method in a short paragraph with Markdown headings.")
@@ -84,9 +82,8 @@ def main() -> int:
         print(f"{machine()}; mode {args.mode}, {args.max_tokens} tokens")
         ratios = []
         for r in range(args.repeats):
-            order = ("headless", "app") if r % 2 == 0 else ("app", "headless")
             tps = {}
-            for face in order:
+            for face in rotation(("headless", "app"), r):
                 tps[face] = (headless(engine, settings.params()) if face == "headless"
                              else asyncio.run(in_app(engine, settings, Path(tmp))))
             ratios.append(tps["app"] / tps["headless"])

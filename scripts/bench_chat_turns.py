@@ -16,12 +16,13 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
+from _common import load
 from edgespec.chat import ChatSession
 from edgespec.engine.events import GenerationParams
-from edgespec.engine.runtime import Engine, ModelSettings
 from edgespec.errors import EdgespecError
-from edgespec.models.fetch import is_path_like, resolve_model, resolve_pair
+from edgespec.models.fetch import is_path_like
 
 QUESTIONS = [
     "Write a Python function that checks whether a string is a palindrome.",
@@ -76,22 +77,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--gpu-layers", type=int, default=0)
     args = ap.parse_args(argv)
+    path = args.model and is_path_like(args.model)
     try:
-        if args.model and is_path_like(args.model):
-            target, draft = resolve_model(args.model), None
-        else:
-            target, draft, _ = resolve_pair(args.model)
-        if args.mode not in ("draft", "auto"):
-            draft = None
-        settings = lambda p: ModelSettings(p, n_ctx=args.ctx, n_gpu_layers=args.gpu_layers)  # noqa: E731
-        engine = Engine.load(settings(target), settings(draft) if draft else None)
+        engine = load(args.model if path else None, pair=None if path else args.model,
+                      no_draft=args.mode not in ("draft", "auto"), n_ctx=args.ctx,
+                      n_gpu_layers=args.gpu_layers, n_gpu_layers_draft=args.gpu_layers)
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     params = GenerationParams(mode=args.mode, max_tokens=args.max_tokens, temperature=0.0)
     with engine:
-        print(f"{target.name}{' + ' + draft.name if draft else ''}, mode {args.mode}, "
-              f"{engine.describe()['backend']}, n_ctx {engine.n_ctx}")
+        info = engine.describe()
+        target = Path(info["models"]["target"]["path"])
+        print(" + ".join(Path(m["path"]).name for m in info["models"].values())
+              + f", mode {args.mode}, {info['backend']}, n_ctx {engine.n_ctx}")
         recorder = _Recorder(engine)
         chat = ChatSession(recorder, template=args.template, params=params, model_name=target.name,
                            system_prompt="You are a concise coding assistant.")

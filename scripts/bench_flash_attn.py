@@ -30,13 +30,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from edgespec.bench import machine  # noqa: E402
-from edgespec.engine.cache import KVSequence  # noqa: E402
-from edgespec.llama.context import LlamaContext  # noqa: E402
-from edgespec.llama.model import LlamaModel  # noqa: E402
-from edgespec.models.fetch import resolve_model, resolve_pair  # noqa: E402
+from edgespec.bench import machine
+from edgespec.engine.cache import KVSequence
+from edgespec.llama.context import LlamaContext
+from edgespec.llama.model import LlamaModel
+from edgespec.models.fetch import resolve_model, resolve_pair
 
 SIZES = (1, 2, 5, 9, 17, 33)
 

@@ -30,19 +30,19 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from edgespec.bench import load_prompts  # noqa: E402
-from edgespec.chat.template import chat_template  # noqa: E402
-from edgespec.engine.events import GenerationParams  # noqa: E402
-from edgespec.engine.runtime import Engine, ModelSettings, placement_line  # noqa: E402
-from edgespec.net import Endpoint, Split  # noqa: E402
-from edgespec.models.fetch import resolve_model, resolve_pair  # noqa: E402
+from _common import Server, ServerSpec, free_port, load
+from edgespec.bench import load_prompts
+from edgespec.chat.template import chat_template
+from edgespec.engine.events import GenerationParams
+from edgespec.engine.runtime import Engine, placement_line
+from edgespec.net import Endpoint, Split
+from edgespec.models.fetch import resolve_model, resolve_pair
 
 # -- the relay ---------------------------------------------------------------------
 
@@ -159,12 +159,6 @@ class Relays:
 
 # -- workers -------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_workers(n: int, threads: int, *, rpc_server: str | None) -> list[tuple[subprocess.Popen, Endpoint]]:
     started = []
     for _ in range(n):
@@ -211,31 +205,23 @@ def run_edgespec(engine: Engine, tokens: list[int], mode: str, args, relays: Rel
 
 
 def run_llama_server(args, target: Path, relays: Relays, prompts: list[str]) -> list[dict]:
-    port = free_port()
     rpc = ",".join(str(e) for e in relays.endpoints)
-    cmd = [args.llama_server, "-m", str(target), "--rpc", rpc, "-ngl", str(args.n_gpu_layers if args.n_gpu_layers >= 0
-           else 999), "--port", str(port), "--host", "127.0.0.1", "-c", str(args.ctx), "-t", str(args.threads),
-           "--no-warmup", "-np", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = Server(ServerSpec("llama-server", lambda port: [
+        args.llama_server, "-m", str(target), "--rpc", rpc, "-ngl",
+        str(args.n_gpu_layers if args.n_gpu_layers >= 0 else 999), "--port", str(port), "--host", "127.0.0.1",
+        "-c", str(args.ctx), "-t", str(args.threads), "--no-warmup", "-np", "1"]), Path(tempfile.mkdtemp()))
     rows = []
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                print("  llama-server did not start; no reference row", file=sys.stderr)
-                return []
-            time.sleep(0.5)
+        try:
+            server.start(120)
+        except RuntimeError as e:
+            print(f"  llama-server did not start; no reference row ({e})", file=sys.stderr)
+            return []
         for prompt in prompts:
             body = json.dumps({"prompt": prompt, "n_predict": args.max_tokens, "temperature": 0, "top_k": 1,
                                "cache_prompt": False}).encode()
             trips = relays.round_trips()
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body,
+            req = urllib.request.Request(f"{server.url}/completion", body,
                                          {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=600) as r:
                 reply = json.load(r)
@@ -243,11 +229,7 @@ def run_llama_server(args, target: Path, relays: Relays, prompts: list[str]) -> 
             rows.append({"tps": reply["timings"]["predicted_per_second"],
                          "trips_per_token": (relays.round_trips() - trips) / max(1, n)})
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
     return rows
 
 
@@ -297,10 +279,8 @@ def main() -> int:
             relays = Relays([e for _, e in workers], delay, max_s=args.max_seconds)
             try:
                 split = Split(relays.endpoints, local_output=args.local_output)
-                with Engine.load(ModelSettings(target, n_ctx=args.ctx, n_threads=args.threads, rpc=split,
-                                               n_gpu_layers=args.n_gpu_layers),
-                                 ModelSettings(draft, n_ctx=args.ctx, n_threads=args.threads) if draft else None
-                                 ) as engine:
+                with load(target, draft, n_ctx=args.ctx, n_threads=args.threads, rpc=split,
+                          n_gpu_layers=args.n_gpu_layers) as engine:
                     info = engine.describe()
                     print(f"\n== {delay:g} ms round trip; target {placement_line(info)}", flush=True)
                     engine.auto(GenerationParams(mode="auto", k=args.k))  # auto calibrates once, before the clock

@@ -70,22 +70,17 @@ import json
 import math
 import os
 import shlex
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_server import EDITS, SYSTEM, fixed_session, run_turn  # noqa: E402
+from _common import Server, ServerSpec
+from bench_server import EDITS, SYSTEM, fixed_session, run_turn
+from edgespec.bench import machine, rotation
 
 OURS = "edgespec"
 PLAIN = "llama-server"
@@ -94,25 +89,15 @@ MATCHED_MD_ARGS = "--spec-draft-n-max 8 --spec-draft-n-min 0 --spec-draft-p-min 
 """Drafting as edgespec's defaults do at most: k = 8 tokens, stopping below p_min 0.3."""
 TPS_GOAL = 1.2
 TTFT_GOAL = 1.1
-REPO = Path(__file__).resolve().parents[1]
 
 
 # -- the servers ---------------------------------------------------------------------------------
 
-@dataclass
-class ServerSpec:
-    name: str
-    argv: Callable[[int], list[str]]
-    """The command line for a port."""
-    env: dict[str, str] | None = None
-
-
 def server_specs(args, target: Path, draft: Path) -> list[ServerSpec]:
     n = str(args.threads)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     specs = [ServerSpec(OURS, lambda port: [
         sys.executable, "-m", "edgespec.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--target", str(target), "--draft", str(draft), "--ctx", str(args.ctx), "--threads", n], env)]
+        "--target", str(target), "--draft", str(draft), "--ctx", str(args.ctx), "--threads", n])]
 
     def llama(port: int) -> list[str]:
         return [args.bin, "-m", str(target), "-c", str(args.ctx), "-t", n, "-tb", n, "-ngl", "0", "-fa", "auto",
@@ -125,77 +110,6 @@ def server_specs(args, target: Path, draft: Path) -> list[ServerSpec]:
         specs.append(ServerSpec(name, lambda port, extra=extra: llama(port) + [
             "-md", str(draft), "-ngld", "0", "-td", n, "-tbd", n, "--spec-type", "draft-simple", *shlex.split(extra)]))
     return specs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """One server process on a loopback port: started, waited for, always stopped."""
-
-    def __init__(self, spec: ServerSpec, log_dir: Path):
-        self.spec = spec
-        self.log_path = log_dir / (spec.name.replace(" ", "_").replace("#", "") + ".log")
-        self.proc: subprocess.Popen | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float) -> None:
-        self.port = free_port()
-        argv = self.spec.argv(self.port)
-        with open(self.log_path, "a") as log:
-            log.write(f"$ {shlex.join(argv)}\n")
-            log.flush()
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.spec.env)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.spec.name} exited ({self.proc.returncode}) while loading:\n"
-                                   f"{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.spec.name} was not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=20)
-        self.proc = None
-
-    def cpu_s(self) -> float:
-        """CPU seconds the process has used (all its threads)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return 0.0
-        try:
-            with open(f"/proc/{self.proc.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-    def log_tail(self, n: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
 
 
 class Client:
@@ -217,12 +131,6 @@ class Client:
 
 
 # -- the pure parts: order, ratios, tables ---------------------------------------------------------
-
-def rotation(names: Sequence[str], i: int) -> list[str]:
-    """The order of round `i`: each name leads in turn."""
-    k = i % len(names)
-    return [*names[k:], *names[:k]]
-
 
 def session_system(repeat: int) -> str:
     """Repeat r's system message: a new session, so no server has its start cached."""
@@ -400,7 +308,6 @@ def main(argv: list[str] | None = None) -> int:
     if not os.access(args.bin, os.X_OK):
         ap.error(f"--bin {args.bin}: not an executable (build llama-server as the help says)")
 
-    from edgespec.bench import machine
     from edgespec.models.fetch import resolve_model, resolve_pair
 
     if args.target:

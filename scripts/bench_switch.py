@@ -33,11 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_server import run_turn  # noqa: E402
-from bench_server_vs_llamacpp import REPO, Server, ServerSpec  # noqa: E402
+from _common import REPO, Server, ServerSpec
+from bench_server import run_turn
+from edgespec.bench import rotation
 
 OURS, THEIRS = "edgespec", "llama-server"
 STEPS = ["A", "B", "A again", "B again", "A again"]
@@ -58,8 +56,7 @@ def conversations(chars: int) -> dict[str, list[dict]]:
 
 def specs(args, target: Path, draft: Path, home: str) -> list[ServerSpec]:
     """The two servers; edgespec's keeps its files (KV snapshots included) in `home`."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "EDGESPEC_HOME": home}
+    env = {**os.environ, "EDGESPEC_HOME": home}
     n = str(args.threads)
     ours = ServerSpec(OURS, lambda port: [
         sys.executable, "-m", "edgespec.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -98,8 +95,7 @@ def part_server(args, target: Path, draft: Path) -> None:
         for r in range(args.repeats):
             # a fresh home each run: the snapshots the last run left on disk would spare the first reads
             all_specs = specs(args, target, draft, tempfile.mkdtemp(prefix="bench-switch-home-", dir=logs))
-            order = all_specs if r % 2 == 0 else all_specs[::-1]
-            for spec in order:
+            for spec in rotation(all_specs, r):
                 server = Server(spec, Path(logs))
                 try:
                     server.start(600)
@@ -134,8 +130,7 @@ def long_export(words: int) -> dict:
 
 
 def chat_once(home: str, target: Path, draft: Path, args) -> dict:
-    env = {**os.environ, "EDGESPEC_HOME": home,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "EDGESPEC_HOME": home}
     argv = [sys.executable, "-m", "edgespec", "chat", "--conversation", "1", "--once",
             "Which file should be reviewed next? One sentence.", "--target", str(target), "--draft", str(draft),
             "--ctx", str(args.ctx), "--threads", str(args.threads), "--max-tokens", "24", "--stats"]
@@ -159,8 +154,7 @@ def part_reopen(args, target: Path, draft: Path) -> None:
         with tempfile.TemporaryDirectory(prefix="bench-reopen-") as home:
             export = Path(home) / "chat.json"
             export.write_text(json.dumps(long_export(args.reopen_words)))
-            env = {**os.environ, "EDGESPEC_HOME": home,
-                   "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+            env = {**os.environ, "EDGESPEC_HOME": home}
             subprocess.run([sys.executable, "-m", "edgespec", "import", str(export)], env=env, check=True,
                            capture_output=True)
             first, again = chat_once(home, target, draft, args), chat_once(home, target, draft, args)

@@ -36,13 +36,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from edgespec.bench import load_prompts  # noqa: E402
-from edgespec.chat.template import chat_template  # noqa: E402
-from edgespec.engine.events import GenerationParams  # noqa: E402
-from edgespec.engine.runtime import Engine, ModelSettings  # noqa: E402
-from edgespec.models.fetch import resolve_model, resolve_pair  # noqa: E402
+from edgespec.bench import load_prompts
+from edgespec.chat.template import chat_template
+from edgespec.engine.events import GenerationParams
+from edgespec.engine.runtime import Engine, ModelSettings
+from edgespec.models.fetch import resolve_model, resolve_pair
 
 PROMPT_IDS = ("chat", "explain", "write-function", "add-docstrings", "reformat-json", "rename-variable")
 
@@ -120,6 +118,8 @@ def main() -> int:
           f"{args.max_tokens} tokens, greedy; kernels: {kernels}")
     print(f"{'prompt':<16} {'C++ tok/s':>9} {'ours tok/s':>10} {'ratio':>6}   {'C++ accept':>10} {'ours accept':>11}")
     ratios = []
+    # Engine.load, not load_engine: the draft takes exact kernels too (as the C++ side's -ctkd/-ctvd q8_0),
+    # and nothing is offloaded (as its -ngl 0 -ngld 0).
     with Engine.load(ModelSettings(target, **common), ModelSettings(draft, **common)) as engine:
         template = chat_template(engine)
         for prompt in prompts:

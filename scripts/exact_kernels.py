@@ -25,15 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from edgespec.bench import machine  # noqa: E402
-from edgespec.engine.cache import KVSequence  # noqa: E402
-from edgespec.engine.exact import TOLERANCE  # noqa: E402
-from edgespec.errors import ModelLoadError  # noqa: E402
-from edgespec.llama.context import LlamaContext  # noqa: E402
-from edgespec.llama.model import LlamaModel  # noqa: E402
-from edgespec.models.fetch import resolve_model, resolve_pair  # noqa: E402
+from edgespec.bench import machine
+from edgespec.engine.cache import KVSequence
+from edgespec.engine.exact import TOLERANCE
+from edgespec.errors import ModelLoadError
+from edgespec.llama.context import LlamaContext
+from edgespec.llama.model import LlamaModel
+from edgespec.models.fetch import resolve_model, resolve_pair
 
 SIZES = range(2, 9)
 

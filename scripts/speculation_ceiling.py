@@ -26,23 +26,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from edgespec.bench import load_prompts  # noqa: E402
-from edgespec.chat.template import encode_prompt  # noqa: E402
-from edgespec.cli.options import add_model_options, engine_from_args  # noqa: E402
-from edgespec.engine.auto import AutoPolicy  # noqa: E402
-from edgespec.engine.costs import Costs, measure_pass  # noqa: E402
-from edgespec.engine.policy import FixedPolicy  # noqa: E402
-from edgespec.engine.drafters import PromptLookup  # noqa: E402
-from edgespec.engine.events import GenerationParams  # noqa: E402
-from edgespec.engine.replay import (  # noqa: E402
+from edgespec.bench import load_prompts
+from edgespec.chat.template import encode_prompt
+from edgespec.cli.options import add_model_options, engine_from_args
+from edgespec.engine.auto import AutoPolicy
+from edgespec.engine.costs import Costs, measure_pass
+from edgespec.engine.policy import FixedPolicy
+from edgespec.engine.drafters import PromptLookup
+from edgespec.engine.events import GenerationParams
+from edgespec.engine.replay import (
     ReplayedDraft, Trace, ceiling, plain_seconds, replay, save_traces,
 )
-from edgespec.engine.runtime import ACCEPTANCE_PRIORS  # noqa: E402
-from edgespec.engine.sampling import greedy, top_probability  # noqa: E402
+from edgespec.engine.runtime import ACCEPTANCE_PRIORS
+from edgespec.engine.sampling import greedy, top_probability
 
 
 def record(engine, name: str, prompt: list[int], max_tokens: int) -> Trace:

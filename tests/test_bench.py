@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from edgespec import bench
@@ -59,6 +61,42 @@ def test_without_a_baseline_the_llama_cpp_mode_is_left_out():
                         encode=lambda text: [0])
     assert {r.mode for r in results} == {"plain", "auto"}
     assert all(not r.vs_llamacpp for r in results)
+
+
+def test_rotation_lets_each_lead_in_turn():
+    orders = [bench.rotation(["a", "b", "c"], i) for i in range(4)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
+class _Context:
+    def __init__(self):
+        self.decode_s = 0.0
+
+
+class TimedEngine(FakeEngine):
+    """A fake whose every generation spends 0.06 s per pass in llama_decode (its clock, not the wall's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.target_seq = SimpleNamespace(ctx=_Context())
+        self.draft_seq = None
+
+    def generate(self, tokens, params):
+        self.target_seq.ctx.decode_s += 0.06 * 3
+        yield from super().generate(tokens, params)
+
+
+def test_overhead_is_wall_time_outside_llama_decode_per_target_pass(monkeypatch):
+    clock = iter(range(0, 1000, 1))  # each generation takes 1 s of wall time
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: float(next(clock)))
+    results = run_suite(TimedEngine(), [Prompt("p", "code", "x")], modes=("plain", "auto"), repeats=2,
+                        encode=lambda text: [0], overhead=True)
+    for r in results:
+        assert r.llama_s == pytest.approx([0.06, 0.06])
+        assert r.overhead_s == pytest.approx([(1 - 0.18) / 3] * 2)
+    assert bench.overhead(results) == pytest.approx(((1 - 0.18) / 3, 0.06))
+    assert "overhead/pass" in format_table(results) and "overhead/pass" not in format_table(
+        run_suite(FakeEngine(), [Prompt("p", "code", "x")], modes=("plain",), repeats=1, encode=lambda text: [0]))
 
 
 def test_machine_names_the_cpu():

@@ -98,12 +98,6 @@ def test_without_usage_the_content_chunks_are_counted(bs):
 
 # -- order, ratios, goal, tables ----------------------------------------------------------------------
 
-def test_rotation_lets_each_server_lead_in_turn(vs):
-    names = ["a", "b", "c"]
-    orders = [vs.rotation(names, i) for i in range(4)]
-    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
-
-
 def test_each_repeat_is_a_new_session(vs):
     assert vs.session_system(0) != vs.session_system(1)
     assert vs.session_system(0).endswith(vs.SYSTEM)

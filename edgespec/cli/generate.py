@@ -97,6 +97,9 @@ def _add_bench(sub) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=BENCH_MAX_TOKENS, help=f"default {BENCH_MAX_TOKENS}")
     add_limited(p, "k", int, metavar="N")
+    p.add_argument("--overhead", action="store_true",
+                   help="also split each run's time into llama_decode's and the rest: edgespec's own work per "
+                        "target pass (its Python loop)")
     p.add_argument("--out", default="bench-out", metavar="DIR", help="where results.json and speedup.png go")
     p.set_defaults(handler=_cmd_bench)
 
@@ -134,7 +137,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         try:
             results = bench.run_suite(
                 engine, prompts, modes=modes, repeats=args.repeats, params=params, baseline=baseline,
-                encode=lambda text: encode_prompt(engine, text)[0],
+                encode=lambda text: encode_prompt(engine, text)[0], overhead=args.overhead,
                 on_result=lambda table: print(table, flush=True),
             )
         finally:
@@ -142,6 +145,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 baseline.close()
     print()
     print(bench.summarize(results))
+    if args.overhead:
+        print(bench.format_overhead(results))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"models": info, "machine": bench.machine(), "repeats": args.repeats, "max_tokens": args.max_tokens,

@@ -100,11 +100,7 @@ def engine_from_args(args: argparse.Namespace, *, progress=None):
     """Load the models the options name (edgespec.load.load_engine), downloading what is missing."""
     from edgespec.load import load_engine
     from edgespec.models.fetch import resolve_model
-    from edgespec.models.registry import DEFAULT_PAIR, load_registry
-
-    def pair_models(name: str) -> tuple[str, str | None]:
-        pair = load_registry().pair_or_model(name)
-        return pair.target, pair.draft
+    from edgespec.models.registry import DEFAULT_PAIR
 
     check_model_options(args)
     split = rpc_split(args)
@@ -118,6 +114,14 @@ def engine_from_args(args: argparse.Namespace, *, progress=None):
     finally:
         if isinstance(progress, ProgressBars):
             progress.close()  # a failed download leaves its bar drawn, and the terminal usable
+
+
+def pair_models(name: str) -> tuple[str, str | None]:
+    """A registry pair's (or a lone model's) target and draft names: load_engine's `pair_models`."""
+    from edgespec.models.registry import load_registry
+
+    pair = load_registry().pair_or_model(name)
+    return pair.target, pair.draft
 
 
 # -- caches ------------------------------------------------------------------------------
