@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 
 from edgespec.bench import load_prompts, machine, rotation
-from edgespec.chat.template import encode_prompt
+from edgespec.chat.prompt import encode_prompt
 from edgespec.cli.options import add_model_options, engine_from_args
 from edgespec.engine.events import GenerationParams
 

@@ -28,7 +28,7 @@ import argparse
 import sys
 
 from edgespec.bench import load_prompts
-from edgespec.chat.template import encode_prompt
+from edgespec.chat.prompt import encode_prompt
 from edgespec.cli.options import add_model_options, engine_from_args
 from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.costs import Costs, measure_pass

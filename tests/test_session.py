@@ -425,8 +425,8 @@ def test_one_enormous_old_message_is_left_out_without_being_rendered_or_tokenize
     chat = ChatSession(engine, store=store, template="chatml", conversation_id=cid)
     rendered = []
     render = type(chat.template).render
-    monkeypatch.setattr(type(chat.template), "render", lambda self, messages: rendered.append(
-        sum(len(m["content"]) for m in messages)) or render(self, messages))
+    monkeypatch.setattr(type(chat.template), "render", lambda self, messages, **kw: rendered.append(
+        sum(len(m["content"]) for m in messages)) or render(self, messages, **kw))
     reply, stats = _run(chat.send("hi"))
     assert reply == "ok" and stats.dropped_messages == 1
     assert max(rendered) < 1000

@@ -20,10 +20,9 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from edgespec.chat.prefix import PrefixTokenizer
+from edgespec.chat.prompt import Prompt, PromptEncoder
 from edgespec.chat.reply_lock import reply_lock
 from edgespec.chat.store import ConversationStore, Message
-from edgespec.chat.template import chat_template
 from edgespec.engine.events import Chunk, GenerationParams
 from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import ContextFullError
@@ -40,11 +39,10 @@ cannot fit is known without rendering or tokenizing it."""
 
 
 @dataclass
-class _Prompt:
+class _Fitted:
     """What one turn sends to the engine."""
 
-    text: str
-    tokens: list[int]
+    prompt: Prompt
     dropped: int
     """Oldest non-system messages left out so that the conversation fits."""
 
@@ -65,13 +63,13 @@ class ChatSession:
         self.on_wait = on_wait
         self.store = store
         self.params = params or GenerationParams()
-        self.template = chat_template(engine, template=template, model=model_name)
+        self._encoder = PromptEncoder(engine, template=template, model=model_name)
+        self.template = self._encoder.template
         self.system_prompt = system_prompt
         self.messages: list[Message] = []
         self.conversation_id: int | None = None
         self._dropped: int | None = 0
         """Turns the last prompt left out; None when unknown (a conversation just loaded)."""
-        self._prefix = PrefixTokenizer(engine)
         if conversation_id is not None:
             self.load(conversation_id)
         else:
@@ -99,9 +97,9 @@ class ChatSession:
         """Append a user message and stream the reply."""
         with self._turn():
             candidate = [*self.messages, Message("user", text)]
-            prompt = self._fit(candidate, self._dropped)
+            fitted = self._fit(candidate, self._dropped)
             self.messages = candidate
-            yield from self._reply(prompt)
+            yield from self._reply(fitted)
 
     def regenerate(self) -> Iterator[Chunk]:
         """Drop the last assistant reply (if any) and reply to the last user message again."""
@@ -109,10 +107,10 @@ class ChatSession:
             keep = self.messages[:-1] if self.messages and self.messages[-1].role == "assistant" else self.messages
             if not keep or keep[-1].role != "user":
                 raise ValueError("regenerate() needs a conversation that ends with a user message")
-            prompt = self._fit(keep, self._dropped)
+            fitted = self._fit(keep, self._dropped)
             self._forget(self.messages[len(keep):])
             self.messages = list(keep)
-            yield from self._reply(prompt)
+            yield from self._reply(fitted)
 
     def edit(self, index: int, text: str) -> Iterator[Chunk]:
         """Replace user message `index`, drop every message after it, and reply."""
@@ -141,15 +139,15 @@ class ChatSession:
         edited = dataclasses.replace(old, content=text)
         candidate = [*self.messages[:index], edited]
         keep = index - self._n_system(candidate)
-        prompt = self._fit(candidate, None if self._dropped is None else min(self._dropped, keep))
+        fitted = self._fit(candidate, None if self._dropped is None else min(self._dropped, keep))
         self._forget(self.messages[index + 1:])
         if self.store is not None and edited.id is not None:
             self.store.update(edited)
         self.messages = candidate
-        yield from self._reply(prompt)
+        yield from self._reply(fitted)
 
     # -- the prompt --------------------------------------------------------------------
-    def _fit(self, messages: list[Message], dropped: int | None) -> _Prompt:
+    def _fit(self, messages: list[Message], dropped: int | None) -> _Fitted:
         """The prompt for `messages`, leaving out the oldest turns (never the system
         prompt, never the last message) until it fits with room for the reply.
 
@@ -164,7 +162,7 @@ class ChatSession:
         # A window starts with a user turn (some templates insist on alternation),
         # or is the last message alone.
         cuts = [i for i, m in enumerate(turns[:-1]) if m.role == "user" and i >= (dropped or 0)] + [len(turns) - 1]
-        tried: dict[int, _Prompt | None] = {}
+        tried: dict[int, _Fitted | None] = {}
 
         def fits(c: int) -> bool:
             if c not in tried:
@@ -173,10 +171,9 @@ class ChatSession:
                 if at_least + room > self.engine.n_ctx:  # cannot fit: not worth rendering (it may be huge)
                     tried[c], size = None, f"at least {at_least}"
                 else:
-                    text = self.template.render([{"role": m.role, "content": m.content} for m in window])
-                    tokens = self._tokenize(text)
-                    tried[c] = _Prompt(text, tokens, cuts[c]) if len(tokens) + room <= self.engine.n_ctx else None
-                    size = str(len(tokens))
+                    prompt = self._encoder.encode([{"role": m.role, "content": m.content} for m in window])
+                    fitted = len(prompt.tokens) + room <= self.engine.n_ctx
+                    tried[c], size = _Fitted(prompt, cuts[c]) if fitted else None, str(len(prompt.tokens))
                 if c == len(cuts) - 1 and tried[c] is None:
                     raise ContextFullError(
                         f"The message does not fit: the prompt is {size} tokens and a reply needs room "
@@ -201,26 +198,21 @@ class ChatSession:
                 bad = mid
         return tried[good]
 
-    def _tokenize(self, text: str) -> list[int]:
-        return self._prefix.tokenize(text, add_bos=self.template.needs_bos(text))
-
     # -- the reply ---------------------------------------------------------------------
-    def _reply(self, prompt: _Prompt) -> Iterator[Chunk]:
-        """Stream the reply to `prompt`, keeping the store up to date as it grows."""
-        self._dropped = prompt.dropped
+    def _reply(self, fitted: _Fitted) -> Iterator[Chunk]:
+        """Stream the reply to `fitted`, keeping the store up to date as it grows."""
+        prompt, self._dropped = fitted.prompt, fitted.dropped
         reply = Message("assistant", "", status="interrupted", from_draft=[])
         self.messages.append(reply)
         self._persist()
-        params = self.params
-        if self.template.stop:
-            params = dataclasses.replace(params, stop=(*params.stop, *self.template.stop))
+        params = prompt.params(self.params)
         tokens: list[int] = []
         stats = finish = None
         saved = time.monotonic()
         try:
             with closing(self.engine.generate(prompt.tokens, params)) as stream:
                 for chunk in stream:
-                    chunk.stats.dropped_messages = prompt.dropped
+                    chunk.stats.dropped_messages = fitted.dropped
                     stats = chunk.stats
                     reply.content += chunk.text
                     reply.from_draft += chunk.from_draft
@@ -243,7 +235,7 @@ class ChatSession:
             if stats is not None:
                 reply.stats = stats.to_dict()
             self._save(reply, stats)
-            self._prefix.remember(prompt.text, prompt.tokens, reply.content, tokens)
+            self._encoder.remember(prompt, reply.content, tokens)
 
     # -- persistence -------------------------------------------------------------------
     def _persist(self) -> None:

@@ -140,20 +140,6 @@ def chat_template(engine: ChatEngine, *, template: str | None = None, model: str
     return ChatTemplate(source, name, model=model, bos_token=bos, eos_token=eos, stop=stop)
 
 
-def encode_prompt(engine: ChatEngine, prompt: str, *, raw: bool = False, system: str | None = None,
-                  template: str | None = None) -> tuple[list[int], tuple[str, ...]]:
-    """The tokens of a one-message chat: `prompt` as the user's message (after a
-    `system` message if given), rendered with `engine`'s template or the built-in
-    format `template` names; with `raw`, the prompt itself. And the stop strings
-    the template needs (none for a raw prompt)."""
-    if raw:
-        return engine.tokenize(prompt, add_bos=True, special=False), ()
-    chosen = chat_template(engine, template=template)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    text = chosen.render(messages)
-    return engine.tokenize(text, add_bos=chosen.needs_bos(text), special=True), chosen.stop
-
-
 # -- the sandbox -------------------------------------------------------------------------
 #
 # A template from a downloaded GGUF is untrusted. The sandbox keeps it away from

@@ -37,7 +37,7 @@ def _add_generate(sub) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from edgespec.chat.template import encode_prompt
+    from edgespec.chat.prompt import encode_prompt
 
     prompt = args.prompt if args.prompt is not None else _read_stdin()
     if not prompt.strip():
@@ -108,7 +108,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from edgespec import bench
-    from edgespec.chat.template import encode_prompt
+    from edgespec.chat.prompt import encode_prompt
     from edgespec.engine.sampling import check_params
 
     prompts = bench.load_prompts(args.prompts, categories=args.category)

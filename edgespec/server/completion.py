@@ -1,9 +1,9 @@
 """What a request runs on the engine (on the worker thread): the prompt's tokens,
 the generation, and what the response needs from it.
 
-Chat messages are rendered with the model's chat template, the same code the
-app uses, and tokenized so that they extend what the KV caches hold: a client
-that resends the whole conversation each turn pays for the new message only.
+Chat messages become tokens in the chat layer (PromptEncoder), as they do for
+the app and the CLI, extending what the KV caches hold: a client that resends
+the whole conversation each turn pays for the new message only.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-from edgespec.chat.prefix import PrefixTokenizer
-from edgespec.chat.template import ChatTemplate, chat_template
+from edgespec.chat.prompt import Prompt, PromptEncoder
 from edgespec.engine.events import GenerationParams, stats_line
-from edgespec.errors import ContextFullError, TemplateError
+from edgespec.errors import ContextFullError
 
 log = logging.getLogger("edgespec.server")
 
@@ -51,12 +50,8 @@ class Completer:
         info = engine.describe()["models"]
         self.files = {role: Path(m["path"]).name for role, m in info.items()}
         """The GGUF file names served, by role ("target", "draft")."""
-        try:
-            self._template: ChatTemplate | TemplateError = chat_template(
-                engine, template=template, model=self.files["target"])
-        except TemplateError as e:  # raw completions still work; chat requests are told why not
-            self._template = e
-        self._prefix = PrefixTokenizer(engine)
+        self._encoder = PromptEncoder(engine, template=template, model=self.files["target"])
+        """Without a usable template raw completions still work; chat requests are told why not."""
 
     @property
     def n_ctx(self) -> int:
@@ -65,24 +60,20 @@ class Completer:
     def chat(self, messages: Sequence[Mapping[str, str]], params: GenerationParams, *,
              request_id: str = "") -> Iterator[Delta | Done]:
         """Stream the assistant's reply to `messages` (dicts with "role" and "content")."""
-        if isinstance(self._template, TemplateError):
-            raise self._template
-        template = self._template
-        text = template.render(messages)
-        tokens = self._prefix.tokenize(text, add_bos=template.needs_bos(text))
-        if template.stop:
-            params = dataclasses.replace(params, stop=(*params.stop, *template.stop))
-        return self._generate(text, tokens, params, request_id)
+        prompt = self._encoder.encode(messages)
+        return self._generate(prompt, prompt.tokens, prompt.params(params), request_id)
 
     def complete(self, prompt: str | list[int], params: GenerationParams, *,
                  request_id: str = "") -> Iterator[Delta | Done]:
         """Stream the continuation of a raw prompt (text, special tokens parsed, or token ids)."""
         if isinstance(prompt, list):
             return self._generate(None, prompt, params, request_id)
-        return self._generate(prompt, self._prefix.tokenize(prompt, add_bos=True), params, request_id)
+        encoded = self._encoder.encode_text(prompt)
+        return self._generate(encoded, encoded.tokens, params, request_id)
 
-    def _generate(self, text: str | None, tokens: list[int], params: GenerationParams,
+    def _generate(self, prompt: Prompt | None, tokens: list[int], params: GenerationParams,
                   request_id: str) -> Iterator[Delta | Done]:
+        """`prompt`: what `tokens` encode, kept for reuse; None for token ids from the client."""
         n_ctx = self.engine.n_ctx
         if len(tokens) >= n_ctx:
             raise ContextFullError(
@@ -91,9 +82,9 @@ class Completer:
         if params.max_tokens is None:  # no limit asked for: until the context is full
             params = dataclasses.replace(params, max_tokens=n_ctx)
         stream = self.engine.generate(tokens, params)
-        return self._stream(stream, text, tokens, request_id)
+        return self._stream(stream, prompt, request_id)
 
-    def _stream(self, stream, text, tokens, request_id) -> Iterator[Delta | Done]:
+    def _stream(self, stream, prompt, request_id) -> Iterator[Delta | Done]:
         reply, reply_tokens, stats = [], [], None
         try:
             for chunk in stream:
@@ -106,8 +97,8 @@ class Completer:
                     yield Delta(chunk.text)
         finally:
             stream.close()  # the engine's caches are consistent from here on
-            if text is not None:
-                self._prefix.remember(text, tokens, "".join(reply), reply_tokens)
+            if prompt is not None:
+                self._encoder.remember(prompt, "".join(reply), reply_tokens)
             if stats is not None:
                 log.info("%s: %d prompt tokens (%d evaluated); %s", request_id, stats.prompt_tokens,
                          stats.prompt_evaluated, stats_line(stats.to_dict()))
