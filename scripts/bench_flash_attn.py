@@ -7,14 +7,14 @@ without, read the same tokens to each depth; at each depth both time the
 reading that got there and passes of 1..33 tokens (what decoding and verifying
 a draft cost), interleaved, medians. It prints off/on ratios of time: below
 1.00x, off is faster. edgespec turns it off where every layer runs on the CPU
-(engine/runtime.py, cpu_flash_attn); this is how to check that on a machine.
+(engine/attention.py, cpu_flash_attn); this is how to check that on a machine.
 
 The figures behind edgespec's rules (bundled 1.5B target, 2 threads):
 - flash attention off on the CPU: 2-core AVX-512 AMD EPYC, 6,600 tokens deep, a
   17-token pass 569 ms off against 994 on, 2,600 tokens read 29 s against 37;
   alike at an empty cache. On a 2-core Xeon (Sapphire Rapids) reading 1,529
   tokens was ~7% faster on (20.8 s against 22.4 s).
-- one conversation per context without flash attention (runtime.default_slots):
+- one conversation per context without flash attention (attention.default_slots):
   2-core Xeon, a 1,300-token prompt read beside a 1,600-token conversation took
   22-24 s, against 17-19 s alone.
 

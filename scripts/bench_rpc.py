@@ -40,7 +40,8 @@ from _common import Server, ServerSpec, free_port, load
 from edgespec.bench import load_prompts
 from edgespec.chat.template import chat_template
 from edgespec.engine.events import GenerationParams
-from edgespec.engine.runtime import Engine, placement_line
+from edgespec.chat.words import placement_line
+from edgespec.engine.runtime import Engine
 from edgespec.net import Endpoint, Split
 from edgespec.models.fetch import resolve_model, resolve_pair
 

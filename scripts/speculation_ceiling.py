@@ -38,7 +38,7 @@ from edgespec.engine.events import GenerationParams
 from edgespec.engine.replay import (
     ReplayedDraft, Trace, ceiling, plain_seconds, replay, save_traces,
 )
-from edgespec.engine.runtime import ACCEPTANCE_PRIORS
+from edgespec.engine.choice import ACCEPTANCE_PRIORS
 from edgespec.engine.sampling import greedy, top_probability
 
 

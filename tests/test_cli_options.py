@@ -45,7 +45,7 @@ def test_bad_sampling_options_are_refused_before_the_models_load(capsys, no_load
 
 
 def test_k_above_what_a_verify_pass_holds_is_refused_naming_the_most(capsys, no_load, home):
-    from edgespec.engine.runtime import FAST_MAX_BATCH
+    from edgespec.engine.choice import FAST_MAX_BATCH
 
     assert cli.main(["generate", "hi", "--template", "chatml", "--k", "500", "--mode", "lookup"]) == cli.EXIT_ERROR
     err = capsys.readouterr().err
@@ -63,9 +63,11 @@ def test_threads_are_checked_and_clamped_to_the_cores(capsys, monkeypatch):
 
 
 def test_k_0_outside_plain_mode_is_plain_decoding_and_the_stats_line_says_why():
-    from edgespec.engine.runtime import Engine
+    from edgespec.engine.choice import Policies
+    from edgespec.engine.drafters import PromptLookup
 
-    plan = Engine(None, None).policy(GenerationParams(mode="lookup", k=0)).plan([])
+    policies = Policies(None, None, exact=False, lookup=PromptLookup(), draft_model=None, costs_path=lambda k: None)
+    plan = policies.choose(GenerationParams(mode="lookup", k=0)).plan([])
     assert (plan.kind, plan.drafter, plan.k) == ("plain", None, 0)
     stats = Stats(mode="lookup", drafter="none", reason=plan.reason, generated_tokens=3)
     assert plan.reason and plan.reason in stderr_stats(stats)
@@ -75,7 +77,7 @@ def test_k_0_outside_plain_mode_is_plain_decoding_and_the_stats_line_says_why():
 def test_a_seed_with_a_temperature_decodes_plainly_in_auto_mode_whatever_the_face(face):
     """Auto's choices depend on timings, and a sampled reply on what was drafted: a
     seed promises the same reply, so the engine decodes it plainly."""
-    from edgespec.engine.runtime import decoded_mode
+    from edgespec.engine.choice import decoded_mode
 
     def mode(*argv):
         args = cli.build_parser().parse_args([face, *(["hi"] if face == "generate" else []), *argv])

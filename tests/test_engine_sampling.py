@@ -146,7 +146,7 @@ def test_a_draft_with_another_vocabulary_size_drafts_in_auto_mode(models, draft,
     with Engine.load(ModelSettings(models["target"], **settings), ModelSettings(models[draft], **settings)) as engine:
         n_vocab = engine.target_model.n_vocab
         used = set()
-        for _ in range(20):  # unseeded: a seed with a temperature would decode plainly (runtime.decoded_mode)
+        for _ in range(20):  # unseeded: a seed with a temperature would decode plainly (choice.decoded_mode)
             params = GenerationParams(mode="auto", temperature=temperature, max_tokens=12, k=3, p_min=0.0)
             costs = engine.auto(params).costs  # a machine where drafting pays: verifying is free
             costs.target, costs.per_draft_token["draft"] = {1: 1.0, 4: 1.0}, 0.0

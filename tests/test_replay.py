@@ -14,7 +14,7 @@ from edgespec.engine.auto import AutoPolicy, Ledger
 from edgespec.engine.costs import Costs
 from edgespec.engine.drafters import PromptLookup
 from edgespec.engine.replay import ReplayedDraft, ceiling, load_traces, plain_seconds, replay
-from edgespec.engine.runtime import ACCEPTANCE_PRIORS
+from edgespec.engine.choice import ACCEPTANCE_PRIORS
 
 TRACES = Path(__file__).parent / "data" / "bundled_traces.json"
 

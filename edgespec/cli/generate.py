@@ -124,7 +124,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             f"flash attention {m['flash_attn']})"
             for role, m in info["models"].items()))
         if args.rpc:
-            from edgespec.engine.runtime import placement_line
+            from edgespec.chat.words import placement_line
 
             print(f"target {placement_line(info)}")
             if bench.BASELINE in modes:  # llama-cpp-python's Llama would load the whole target here

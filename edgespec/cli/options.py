@@ -128,7 +128,8 @@ def pair_models(name: str) -> tuple[str, str | None]:
 
 def add_cache_options(g) -> None:
     """--parallel, --cache-ram, --cache-disk: conversations held in the KV caches and their snapshots."""
-    from edgespec.engine.runtime import SLOTS, CacheSettings
+    from edgespec.engine.attention import SLOTS
+    from edgespec.engine.runtime import CacheSettings
 
     default = CacheSettings()
     g.add_argument("--parallel", type=_positive, default=None, metavar="N",

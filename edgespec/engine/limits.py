@@ -18,7 +18,7 @@ from types import MappingProxyType
 
 MAX_DRAFT = 16
 """The most tokens one cycle drafts: a verify pass holds the last token and the
-draft, and 17 tokens is the longest pass the engine runs (runtime.FAST_MAX_BATCH;
+draft, and 17 tokens is the longest pass the engine runs (choice.FAST_MAX_BATCH;
 with exact kernels the engine lowers k further, to the batches measured exact)."""
 
 

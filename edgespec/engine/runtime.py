@@ -11,20 +11,19 @@ import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import llama_cpp
 from typing import Iterator, Sequence
 
+import llama_cpp
+
 from edgespec.engine import decoder
-from edgespec.engine.cache import KVSequence
-from edgespec.engine.compat import VocabInfo, ensure_compatible
+from edgespec.engine.attention import cpu_flash_attn, default_slots
 from edgespec.engine.auto import AutoPolicy
-from edgespec.engine.costs import calibrate, load_costs, save_costs
-from edgespec.engine.policy import Deferred, FixedPolicy, Policy
+from edgespec.engine.cache import KVSequence
+from edgespec.engine.choice import Policies, decoded_mode
+from edgespec.engine.compat import VocabInfo, ensure_compatible
 from edgespec.engine.drafters import DraftModel, PromptLookup
-from edgespec.engine.events import MODES, Chunk, GenerationParams
-from edgespec.engine.exact import largest_exact_batch
-from edgespec.engine.limits import MAX_DRAFT
+from edgespec.engine.events import Chunk, GenerationParams
+from edgespec.engine.policy import Policy
 from edgespec.engine.slots import SequencePool
 from edgespec.engine.snapshots import SnapshotCache, cache_key, file_identity
 from edgespec.errors import ModelLoadError
@@ -33,15 +32,7 @@ from edgespec.llama.context import LlamaContext
 from edgespec.llama.model import LlamaModel
 from edgespec.net import Split
 
-
 log = logging.getLogger("edgespec.cache")
-
-FAST_MAX_BATCH = MAX_DRAFT + 1
-"""Without exact kernels: the longest verify pass (the last token and the longest draft)."""
-
-ACCEPTANCE_PRIORS = {"draft": 0.7, "lookup": 0.5}
-"""What auto mode assumes before it has seen a drafter at work: a same-family
-draft model agrees with its target most of the time; a lookup match is a coin toss."""
 
 
 @dataclass
@@ -77,23 +68,6 @@ class ModelSettings:
     kernels need it on (their Q8_0 cache) and override an off."""
 
 
-CPU_SCORES_MAX_BYTES = 512 << 20
-"""Flash attention for a model whose layers all run on the CPU: off, while the
-attention scores of one batch over the whole context (what the unfused path
-holds, n_ctx x n_batch x n_head floats) take at most this much memory; beyond,
-llama.cpp's choice (on), which holds none of them. ggml's CPU kernel for flash
-attention reads the whole KV cache once per token of a batch, where the unfused
-path multiplies the batch against the cache in one matrix product: deep in a
-conversation, verify passes and prompt reading cost much less without it.
-scripts/bench_flash_attn.py measures both on any machine (its docstring keeps
-the figures behind this rule)."""
-
-
-def cpu_flash_attn(n_ctx: int, n_batch: int, n_head: int) -> bool | None:
-    """Flash attention for a model all on the CPU (None: llama.cpp's choice); see CPU_SCORES_MAX_BYTES."""
-    return False if n_ctx * n_batch * n_head * 4 <= CPU_SCORES_MAX_BYTES else None
-
-
 def vocab_info(model: LlamaModel) -> VocabInfo:
     return VocabInfo(
         vocab_type=model.vocab_type(),
@@ -120,20 +94,6 @@ class CacheSettings:
 
     def snapshot_cache(self) -> SnapshotCache:
         return SnapshotCache(ram_bytes=self.ram_mib << 20, disk=self.disk, disk_bytes=self.disk_mib << 20)
-
-
-SLOTS = 4
-"""Conversations held in a context at once where that costs nothing (llama-server's default)."""
-
-
-def default_slots(flash_attn: bool | None) -> int:
-    """SLOTS where the target runs with flash attention (None: llama.cpp's choice,
-    on wherever the backend has it), whose kernels skip the cells of other
-    sequences; 1 where it runs without: the unfused path multiplies every pass
-    against every cell of the unified cache, other conversations' included, so a
-    prompt read beside another conversation reads slower. There, other
-    conversations wait in RAM snapshots, restored in tens of milliseconds."""
-    return 1 if flash_attn is False else SLOTS
 
 
 class _Loaded:
@@ -215,22 +175,6 @@ def _placement(model: LlamaModel) -> list[dict]:
     return rows
 
 
-def placement_line(info: dict) -> str:
-    """The target's layers for people: 'layers: CPU 12, RPC0@10.0.0.2:50052 19'."""
-    rows = info["models"]["target"].get("layers") or []
-    return "layers: " + ", ".join(f"{r['device']}{'@' + r['worker'] if r['worker'] else ''} {r['layers']}"
-                                  for r in rows)
-
-
-def decoded_mode(params: GenerationParams) -> str:
-    """The mode a reply is decoded in: params.mode, but plain for a seed with a temperature
-    in auto mode. Auto's choices depend on timings, and a sampled reply on what was drafted:
-    a seed promises the same reply."""
-    if params.mode == "auto" and params.seed is not None and params.temperature > 0:
-        return "plain"
-    return params.mode
-
-
 class Engine:
     """Generates with the target, speculating with a draft model or prompt lookup."""
 
@@ -241,9 +185,8 @@ class Engine:
         self.lookup = PromptLookup()
         self.draft_model = (DraftModel(draft.seq, is_eog=draft.model.is_eog, n_vocab=target.model.n_vocab)
                             if draft else None)
-        self._auto: AutoPolicy | None = None
-        self._exact_batch: int | None = None
-        self._probe_timings: dict[int, float] = {}
+        self.policies = Policies(target, draft, exact=target.exact, lookup=self.lookup,
+                                 draft_model=self.draft_model, costs_path=self._costs_path)
 
     @classmethod
     def load(cls, target: ModelSettings, draft: ModelSettings | None = None, *,
@@ -321,40 +264,16 @@ class Engine:
     # -- generation -------------------------------------------------------
     def policy(self, params: GenerationParams) -> Policy:
         """The policy for params.mode: which drafter (if any) and how many tokens."""
-        if params.mode not in MODES:
-            raise ValueError(f"unknown mode {params.mode!r}: choose one of {', '.join(MODES)}")
-        if params.mode == "draft" and self.draft_model is None:
-            raise ValueError("mode 'draft' needs a draft model: pass one, or use mode 'lookup' or 'auto'")
-        if params.mode == "plain":
-            return FixedPolicy(None, 0)
-        if params.k == 0:
-            return FixedPolicy(None, 0, f"plain decoding: k is 0, so {params.mode} mode drafts nothing")
-        k_cap = self.max_verify_batch() - 1
-        if k_cap < 1:
-            return FixedPolicy(None, 0, "plain: no batch gives exact logits on this backend "
-                                        "(without --exact it speculates)")
-        if params.mode == "lookup":
-            return FixedPolicy(self.lookup, min(params.k, k_cap))
-        if params.mode == "draft":
-            return FixedPolicy(self.draft_model, min(params.k, k_cap))
-        return self.auto_policy(params, k_cap)
+        return self.policies.choose(params)
 
     def max_verify_batch(self) -> int:
-        """The most tokens one verify pass may hold: FAST_MAX_BATCH, or with
-        exact kernels the largest batch whose logits were measured to be exact."""
-        if not self._target.exact:
-            return FAST_MAX_BATCH
-        if self._exact_batch is None:
-            self._exact_batch, self._probe_timings = largest_exact_batch(self._target.seq)
-        return self._exact_batch
+        """The most tokens one verify pass may hold (see Policies.max_verify_batch)."""
+        return self.policies.max_verify_batch()
 
-    def auto_policy(self, params: GenerationParams, k_cap: int) -> Policy:
-        """One AutoPolicy per engine: costs and acceptance carry over between replies."""
-        k_max = min(params.k, k_cap)
-        if self._auto is None:  # made after the first reply's first token: calibrating takes a second or two
-            return Deferred(lambda: self._make_auto(k_max, k_cap))
-        self._auto.k_max = k_max
-        return self._auto
+    def auto(self, params: GenerationParams) -> AutoPolicy:
+        """The engine's AutoPolicy, made (and so calibrated) now if it is not yet:
+        for tools that measure or set its costs before a reply."""
+        return self.policies.auto(params)
 
     def _costs_path(self, k_max: int) -> Path | None:
         """Where the calibration for these models, settings, threads and k is kept
@@ -364,27 +283,6 @@ class Engine:
         key = cache_key(target=self._target.pool.key, draft=self._draft.pool.key if self._draft else None,
                         threads=self._target.settings.n_threads or os.cpu_count(), k_max=k_max)
         return self._cache.disk / "costs" / f"{key}.json"
-
-    def auto(self, params: GenerationParams) -> AutoPolicy:
-        """The engine's AutoPolicy, made (and so calibrated) now if it is not yet:
-        for tools that measure or set its costs before a reply."""
-        k_cap = self.max_verify_batch() - 1
-        auto = self._make_auto(min(params.k, k_cap), k_cap)
-        auto.k_max = min(params.k, k_cap)
-        return auto
-
-    def _make_auto(self, k_max: int, k_cap: int) -> AutoPolicy:
-        if self._auto is None:
-            kept = self._costs_path(k_max)
-            costs = load_costs(kept) if kept else None
-            if costs is None:
-                costs = calibrate(self._target.seq, self._draft.seq if self._draft else None, k_max,
-                                  measured=self._probe_timings)
-                if kept:
-                    save_costs(costs, kept)
-            drafters = [self.lookup] + ([self.draft_model] if self.draft_model else [])
-            self._auto = AutoPolicy(costs, drafters, k_max=k_max, lookup_k_max=k_cap, priors=ACCEPTANCE_PRIORS)
-        return self._auto
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
         """Stream a completion in the sequence that holds most of the prompt (the
@@ -421,7 +319,7 @@ class Engine:
             "backend": info["backend"],
             "gpu_offload": info["gpu_offload"],
             "exact": self._target.exact,
-            "max_verify_batch": self._exact_batch if self._target.exact else FAST_MAX_BATCH,
+            "max_verify_batch": self.policies.measured_batch or None,  # None: not probed yet
             "workers": [str(e) for e in self._target.settings.rpc.workers] if self._target.settings.rpc else [],
             "conversations": self._target.ctx.n_seq_max,  # held in the KV caches at once
             "cache_ram_mib": self._cache.ram_bytes >> 20 if self._cache else 0,

@@ -115,9 +115,9 @@ def check_reachable(endpoints, *, timeout: float = CONNECT_TIMEOUT_S) -> None:
     # them, so an unanswered worker there is a busy one.
     if unanswered and all(is_loopback(e.host) for e in unanswered):
         raise WorkerUnreachableError(
-            f"the RPC worker at {which} is busy: {BUSY}. Free it, or start another with "
+            f"the RPC worker at {which} is busy: {BUSY} Free it, or start another with "
             f"`edgespec worker --port PORT`")
-    busy = f" A worker that does not answer may also be busy: {BUSY}." if unanswered else ""
+    busy = f" A worker that does not answer may also be busy: {BUSY}" if unanswered else ""
     raise WorkerUnreachableError(
         f"cannot reach the RPC worker{'s' if len(failed) > 1 else ''} at {which}. Start one there with "
         f"`edgespec worker --port PORT` (or llama.cpp's rpc-server), or check the address and the firewall.{busy}")
@@ -295,7 +295,7 @@ def add_servers(endpoints) -> list[tuple[int, Device]]:
         except TimeoutError:
             raise WorkerUnreachableError(
                 f"the RPC worker at {endpoint} took the connection but did not answer within "
-                f"{HELLO_TIMEOUT_S:g} s: {BUSY}. Free it, then restart edgespec (llama.cpp keeps waiting for "
+                f"{HELLO_TIMEOUT_S:g} s: {BUSY} Free it, then restart edgespec (llama.cpp keeps waiting for "
                 f"that answer)") from None
         finally:
             guard.close()

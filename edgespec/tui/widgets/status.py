@@ -17,7 +17,7 @@ def hardware_label(info: dict) -> str:
     backend = info.get("backend") or ""
     target = info.get("models", {}).get("target", {})
     if any(row.get("worker") for row in target.get("layers") or []):
-        from edgespec.engine.runtime import placement_line
+        from edgespec.chat.words import placement_line
 
         return f"{backend} · target {placement_line(info)}"
     offloaded = [

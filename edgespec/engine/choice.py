@@ -1,0 +1,105 @@
+"""Which policy a reply decodes with: plain, a fixed drafter and k, or auto mode,
+whose one AutoPolicy per engine carries its costs and acceptance from reply to
+reply; and the longest verify pass the target may run (with exact kernels,
+measured once by the exactness probe)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from edgespec.engine.auto import AutoPolicy
+from edgespec.engine.costs import calibrate, load_costs, save_costs
+from edgespec.engine.drafters import DraftModel, PromptLookup
+from edgespec.engine.events import MODES, GenerationParams
+from edgespec.engine.exact import largest_exact_batch
+from edgespec.engine.limits import MAX_DRAFT
+from edgespec.engine.policy import Deferred, FixedPolicy, Policy
+
+FAST_MAX_BATCH = MAX_DRAFT + 1
+"""Without exact kernels: the longest verify pass (the last token and the longest draft)."""
+
+ACCEPTANCE_PRIORS = {"draft": 0.7, "lookup": 0.5}
+"""What auto mode assumes before it has seen a drafter at work: a same-family
+draft model agrees with its target most of the time; a lookup match is a coin toss."""
+
+
+def decoded_mode(params: GenerationParams) -> str:
+    """The mode a reply is decoded in: params.mode, but plain for a seed with a temperature
+    in auto mode. Auto's choices depend on timings, and a sampled reply on what was drafted:
+    a seed promises the same reply."""
+    if params.mode == "auto" and params.seed is not None and params.temperature > 0:
+        return "plain"
+    return params.mode
+
+
+class Policies:
+    """The policies of one engine's replies."""
+
+    def __init__(self, target, draft, *, exact: bool, lookup: PromptLookup, draft_model: DraftModel | None,
+                 costs_path: Callable[[int], Path | None]):
+        """`target`, `draft`: the loaded models (their `seq`, the sequence in use, changes
+        with the conversation); `costs_path(k_max)`: where a calibration is kept between
+        runs (None: nowhere)."""
+        self.target, self.draft = target, draft
+        self.exact = exact
+        self.lookup, self.draft_model = lookup, draft_model
+        self.costs_path = costs_path
+        self.measured_batch: int = FAST_MAX_BATCH if not exact else 0
+        """max_verify_batch once known (with exact kernels, 0 until the probe has run)."""
+        self._probe_timings: dict[int, float] = {}
+        self._auto: AutoPolicy | None = None
+
+    def choose(self, params: GenerationParams) -> Policy:
+        """The policy for params.mode: which drafter (if any) and how many tokens."""
+        if params.mode not in MODES:
+            raise ValueError(f"unknown mode {params.mode!r}: choose one of {', '.join(MODES)}")
+        if params.mode == "draft" and self.draft_model is None:
+            raise ValueError("mode 'draft' needs a draft model: pass one, or use mode 'lookup' or 'auto'")
+        if params.mode == "plain":
+            return FixedPolicy(None, 0)
+        if params.k == 0:
+            return FixedPolicy(None, 0, f"plain decoding: k is 0, so {params.mode} mode drafts nothing")
+        k_cap = self.max_verify_batch() - 1
+        if k_cap < 1:
+            return FixedPolicy(None, 0, "plain: no batch gives exact logits on this backend "
+                                        "(without --exact it speculates)")
+        if params.mode == "lookup":
+            return FixedPolicy(self.lookup, min(params.k, k_cap))
+        if params.mode == "draft":
+            return FixedPolicy(self.draft_model, min(params.k, k_cap))
+        return self._auto_policy(params, k_cap)
+
+    def max_verify_batch(self) -> int:
+        """The most tokens one verify pass may hold: FAST_MAX_BATCH, or with
+        exact kernels the largest batch whose logits were measured to be exact."""
+        if self.exact and not self.measured_batch:
+            self.measured_batch, self._probe_timings = largest_exact_batch(self.target.seq)
+        return self.measured_batch
+
+    def auto(self, params: GenerationParams) -> AutoPolicy:
+        """The AutoPolicy, made (and so calibrated) now if it is not yet."""
+        k_cap = self.max_verify_batch() - 1
+        auto = self._make_auto(min(params.k, k_cap), k_cap)
+        auto.k_max = min(params.k, k_cap)
+        return auto
+
+    def _auto_policy(self, params: GenerationParams, k_cap: int) -> Policy:
+        k_max = min(params.k, k_cap)
+        if self._auto is None:  # made after the first reply's first token: calibrating takes a second or two
+            return Deferred(lambda: self._make_auto(k_max, k_cap))
+        self._auto.k_max = k_max
+        return self._auto
+
+    def _make_auto(self, k_max: int, k_cap: int) -> AutoPolicy:
+        if self._auto is None:
+            kept = self.costs_path(k_max)
+            costs = load_costs(kept) if kept else None
+            if costs is None:
+                costs = calibrate(self.target.seq, self.draft.seq if self.draft else None, k_max,
+                                  measured=self._probe_timings)
+                if kept:
+                    save_costs(costs, kept)
+            drafters = [self.lookup] + ([self.draft_model] if self.draft_model else [])
+            self._auto = AutoPolicy(costs, drafters, k_max=k_max, lookup_k_max=k_cap, priors=ACCEPTANCE_PRIORS)
+        return self._auto
