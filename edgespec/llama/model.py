@@ -10,6 +10,7 @@ import llama_cpp
 
 from edgespec.errors import ModelFileError, ModelLoadError
 from edgespec.llama import backend_init, recent_errors, rpc, take_layer_devices
+from edgespec.net import Split
 
 GGUF_MAGIC = b"GGUF"
 VOCAB_TYPES = {0: "none", 1: "llama", 2: "gpt2", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}

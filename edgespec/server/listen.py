@@ -57,8 +57,6 @@ def run(app: FastAPI, sock: socket.socket, *, on_ready: Callable[[], None] | Non
         verbose: bool = False) -> None:
     """Serve `app` on `sock` until Ctrl+C (or SIGTERM). Calls `on_ready` once the
     model is loaded; if loading fails, stops and raises the loading error."""
-    import uvicorn
-
     server = _server_class()(uvicorn_config(app, verbose=verbose))
     thread = app.state.engine_thread
 
