@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from edgespec.load import load_engine, placement
-from edgespec.placement import FREE_CAP_ENV, MARGIN_BYTES, MIB
+from edgespec.models.gguf_header import read_tensor_sizes
+from edgespec.placement import FREE_CAP_ENV, MARGIN_BYTES, MIB, ModelNeed
 from tests.test_engine_real import QUESTIONS, chat_tokens, generate
 
 pytestmark = pytest.mark.gpu
@@ -46,7 +47,8 @@ def test_both_synthetic_models_go_wholly_to_the_gpu_by_default(gpus, synth_targe
 def test_a_capped_gpu_takes_the_draft_and_part_of_the_target(gpus, smollm2, monkeypatch):
     whole = placement(smollm2, smollm2, n_ctx=512)
     assert (whole.target, whole.draft) == (whole.target_of, whole.draft_of)
-    per_gpu = (whole.used * 3 // 4) // len(gpus) + MARGIN_BYTES
+    need = ModelNeed.from_gguf(*read_tensor_sizes(smollm2), n_ctx=512)
+    per_gpu = (need.bytes(need.n_layers) + need.bytes(need.n_layers // 2)) // len(gpus) + MARGIN_BYTES
     monkeypatch.setenv(FREE_CAP_ENV, str(-(-per_gpu // MIB)))
     with load(smollm2, smollm2, n_ctx=512) as engine:
         target, of, devices = offloaded(engine)
