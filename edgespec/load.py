@@ -21,16 +21,17 @@ log = logging.getLogger("edgespec.placement")
 
 
 def load_engine(target: str | None, draft: str | None = None, *, pair: str | None = None, no_draft: bool = False,
-                resolve: Callable[[str], str | Path], pair_models: Callable[[str], tuple[str, str | None]],
+                resolve: Callable[[str], str | Path], pair_models: Callable[[str], tuple[str, str | None]] | None = None,
                 n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int | None = None,
                 n_gpu_layers_draft: int | None = None, exact: bool = False, rpc: Split | None = None,
                 flash_attn: bool | None = None, cache: CacheSettings | None = None) -> Engine:
     """Load `target` (and `draft`), or else the pair's target and draft (`draft`
     replaces the pair's; `no_draft`: none at all). `resolve` turns a name or path
-    into a local file, `pair_models` a pair name into its (target, draft) names.
+    into a local file, `pair_models` a pair name into its (target, draft) names
+    (default: `registry_pair`, from models.yaml).
     `n_gpu_layers`, `n_gpu_layers_draft`: layers offloaded (-1: all); None: as
     many as fit on this machine's GPUs (`placement`; none without a GPU).
-    `rpc`: RPC workers for the target's n_gpu_layers (the draft stays local);
+    `rpc`: RPC workers for the target's n_gpu_layers (None: all of them; the draft stays local);
     `flash_attn`: ModelSettings.flash_attn, for both; `cache`: conversations held at
     once and their snapshots (`kv_cache()`; None: one, and none kept).
 
@@ -40,12 +41,14 @@ def load_engine(target: str | None, draft: str | None = None, *, pair: str | Non
     if target is None:
         if pair is None:
             raise ModelFileError("No model chosen: pass --pair NAME or --target PATH (see `edgespec models`)")
-        target, pair_draft = pair_models(pair)
+        target, pair_draft = (pair_models or registry_pair)(pair)
         draft = draft or pair_draft
     if no_draft:
         draft = None
     target_path = resolve(target)
     draft_path = resolve(draft) if draft else None
+    if rpc is not None and n_gpu_layers is None:
+        n_gpu_layers = -1  # workers are named to hold the target: every layer goes to them (and local GPUs)
     if rpc is None:
         found = placement(target_path, draft_path, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
                           n_ctx=n_ctx, exact=exact)
@@ -59,6 +62,15 @@ def load_engine(target: str | None, draft: str | None = None, *, pair: str | Non
                       n_threads=n_threads, flash_attn=flash_attn) if draft_path else None,
         cache=cache,
     )
+
+
+def registry_pair(name: str, *, registry=None) -> tuple[str, str | None]:
+    """A registry pair's (or a lone model's) target and draft names (`registry`:
+    models.yaml's, unless given)."""
+    from edgespec.models.registry import load_registry
+
+    pair = (registry or load_registry()).pair_or_model(name)
+    return pair.target, pair.draft
 
 
 def placement(target: str | Path, draft: str | Path | None = None, *, n_gpu_layers: int | None = None,

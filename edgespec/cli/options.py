@@ -87,8 +87,6 @@ def check_model_options(args: argparse.Namespace) -> None:
         args.threads = cores
     if args.exact and args.flash_attn == "off":
         raise ValueError("--exact needs flash attention (its Q8_0 KV cache): leave out --flash-attn off")
-    if args.n_gpu_layers is None and args.rpc:
-        args.n_gpu_layers = -1  # with workers, every layer goes to them (and local GPUs); else placement's choice
     if ((args.n_gpu_layers and not args.rpc) or args.n_gpu_layers_draft) and not system_info()["gpu_offload"]:
         note("this llama.cpp build has no GPU backend, so --n-gpu-layers is ignored and the models run on "
              "the CPU. To use the GPU, rebuild llama-cpp-python for it (README, \"Installing for your "
@@ -107,21 +105,13 @@ def engine_from_args(args: argparse.Namespace, *, progress=None):
     try:
         return load_engine(
             args.target, args.draft, pair=args.pair or DEFAULT_PAIR, no_draft=args.no_draft,
-            resolve=lambda name: resolve_model(name, progress=progress), pair_models=pair_models,
+            resolve=lambda name: resolve_model(name, progress=progress),
             n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
             n_gpu_layers_draft=args.n_gpu_layers_draft, exact=args.exact, rpc=split,
             flash_attn=FLASH_ATTN[args.flash_attn], cache=cache_from_args(args))
     finally:
         if isinstance(progress, ProgressBars):
             progress.close()  # a failed download leaves its bar drawn, and the terminal usable
-
-
-def pair_models(name: str) -> tuple[str, str | None]:
-    """A registry pair's (or a lone model's) target and draft names: load_engine's `pair_models`."""
-    from edgespec.models.registry import load_registry
-
-    pair = load_registry().pair_or_model(name)
-    return pair.target, pair.draft
 
 
 # -- caches ------------------------------------------------------------------------------

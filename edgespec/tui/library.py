@@ -123,8 +123,9 @@ class RegistryLibrary:
         return rows
 
     def pair(self, name: str) -> tuple[str, str | None]:
-        pair = self.registry.pair_or_model(name)
-        return pair.target, pair.draft
+        from edgespec.load import registry_pair
+
+        return registry_pair(name, registry=self.registry)
 
     def pull(self, name: str, *, progress: Callable[[PullProgress], None]) -> None:
         from edgespec.models.fetch import pull
@@ -154,13 +155,10 @@ def load_choice(choice: ModelChoice, settings, *, library: Library | None = None
             return str(Path(name).expanduser())
         return (library or RegistryLibrary()).resolve(name, progress=progress)
 
-    def pair_models(name: str) -> tuple[str, str | None]:
-        return (library or RegistryLibrary()).pair(name)
-
     workers = tuple(parse_endpoints(settings.rpc)) if settings.rpc.strip() else ()
     split = split if split is not None and tuple(split.workers) == workers else Split(workers) if workers else None
     return load_engine(choice.target, choice.draft, pair=choice.pair, no_draft=choice.no_draft,
-                       resolve=path_of, pair_models=pair_models,
+                       resolve=path_of, pair_models=lambda name: (library or RegistryLibrary()).pair(name),
                        n_threads=settings.threads or None, exact=settings.exact, rpc=split,
-                       n_gpu_layers=-1 if split and not settings.gpu_layers_target else settings.gpu_layers_target,
-                       n_gpu_layers_draft=settings.gpu_layers_draft, cache=cache or kv_cache())  # workers: all by default
+                       n_gpu_layers=settings.gpu_layers_target, n_gpu_layers_draft=settings.gpu_layers_draft,
+                       cache=cache or kv_cache())
