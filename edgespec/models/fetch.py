@@ -17,6 +17,7 @@ from pathlib import Path
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import ProgressCallback
 from edgespec.models.registry import DEFAULT_PAIR, HUB_PREFIX, ModelEntry, PairEntry, Registry, load_registry
+from edgespec.models.source import Fetch
 
 __all__ = ["resolve_model", "resolve_pair", "fetch", "pull", "installed_path", "available_offline", "remove",
            "is_path_like"]
@@ -57,7 +58,7 @@ def fetch(entry: ModelEntry, *, download: bool = True, progress: ProgressCallbac
         reg = registry or load_registry()
         return fetch(reg.model(name), download=download, progress=progress, registry=reg)
 
-    return entry.source.fetch(entry, download=download, progress=progress, fetch_other=fetch_other)
+    return entry.source.fetch(entry, Fetch(download=download, progress=progress, other=fetch_other))
 
 
 def installed_path(entry: ModelEntry) -> Path | None:

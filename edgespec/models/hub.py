@@ -26,7 +26,7 @@ from edgespec.models.download import download as download_file
 from edgespec.models.download import part_path
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import ProgressCallback, human_bytes
-from edgespec.models.source import REMOTE, Source, check_inside_models, delete_in_models
+from edgespec.models.source import REMOTE, Fetch, Source, check_inside_models, delete_in_models
 
 if TYPE_CHECKING:
     from edgespec.models.registry import ModelEntry
@@ -47,10 +47,9 @@ class HubSource(Source):
     def origin(self) -> str:
         return f"hf.co/{self.repo}"
 
-    def fetch(self, entry: ModelEntry, *, download: bool, progress: ProgressCallback | None,
-              fetch_other: Callable[[str], Path]) -> Path:
-        path = _hub_fetch(entry, self, download=download, progress=progress)
-        return verify_file(path, name=entry.name, size=entry.size, sha256=entry.sha256, progress=progress,
+    def fetch(self, entry: ModelEntry, how: Fetch) -> Path:
+        path = _hub_fetch(entry, self, download=how.download, progress=how.progress)
+        return verify_file(path, name=entry.name, size=entry.size, sha256=entry.sha256, progress=how.progress,
                            fix=f"Delete it with `edgespec rm {entry.name}` and download it again with "
                                f"`edgespec pull {entry.name}`.")
 

@@ -4,6 +4,7 @@ implements (hub.py, bundled.py, derived.py), and the states it reports."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -28,6 +29,17 @@ MADE = "made on first use"
 """Made here from another model that is available offline (seconds, no network)."""
 
 
+@dataclass(frozen=True)
+class Fetch:
+    """How an entry's file may be got: `download` (False: never touch the network),
+    `progress` for what takes long, and `other(name)`, another registry model's
+    file (what a made model is made from)."""
+
+    download: bool
+    progress: ProgressCallback | None
+    other: Callable[[str], Path]
+
+
 class Source(ABC):
     """One kind of `source` in models.yaml. Methods that may depend on another
     registry model (a file made from it) are given a function that answers the
@@ -47,8 +59,7 @@ class Source(ABC):
         return self.describe()
 
     @abstractmethod
-    def fetch(self, entry: ModelEntry, *, download: bool, progress: ProgressCallback | None,
-              fetch_other: Callable[[str], Path]) -> Path:
+    def fetch(self, entry: ModelEntry, how: Fetch) -> Path:
         """The entry's local file: downloaded, assembled, made or found, then verified."""
 
     @abstractmethod
