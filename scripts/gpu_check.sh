@@ -30,7 +30,14 @@ newer_headers() {
     # system's sources are not touched) and unpacked with dpkg-deb -x.
     local apt_dir=$venv/apt-trixie deb
     mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
-    echo "deb ${DEBIAN_MIRROR:?set DEBIAN_MIRROR to a Debian mirror} trixie main" > "$apt_dir/sources.list"
+    # the mirror this machine's apt already uses (DEBIAN_MIRROR to choose another)
+    local mirror=${DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\([^ ]*\/debian\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)}
+    mirror=${mirror:-$(sed -n 's/^deb \(\[[^]]*\] \)\?\([^ ]*\/debian\) .*/\2/p' /etc/apt/sources.list 2>/dev/null | head -1)}
+    if [ -z "$mirror" ]; then
+        echo "no Debian mirror found in /etc/apt: set DEBIAN_MIRROR to one" >&2
+        exit 1
+    fi
+    echo "deb $mirror trixie main" > "$apt_dir/sources.list"
     local apt=(apt-get -q -o Dir::Etc::SourceList="$PWD/$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
                -o Dir::State::Lists="$PWD/$apt_dir/lists" -o Dir::Cache="$PWD/$apt_dir/cache")
     $sudo "${apt[@]}" update
