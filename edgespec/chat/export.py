@@ -54,6 +54,16 @@ def export_markdown(store: ConversationStore, conversation_id: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_markdown(store: ConversationStore, conversation_id: int, directory: str | Path) -> Path:
+    """Write export_markdown() to a file in `directory` named after the conversation's id
+    and title; returns its path (raises OSError when it cannot be written)."""
+    title = store.title(conversation_id) or "chat"
+    safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in title).strip("-")[:40] or "chat"
+    path = Path(directory) / f"edgespec-{conversation_id}-{safe}.md"
+    path.write_text(export_markdown(store, conversation_id), encoding="utf-8")
+    return path
+
+
 def import_json(store: ConversationStore, data: dict) -> int:
     """Store an export_json() document as a new conversation; returns its id."""
     messages = _validated_messages(data)

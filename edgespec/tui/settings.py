@@ -102,6 +102,27 @@ class ChatSettings:
         return (self.gpu_layers_target, self.gpu_layers_draft, self.threads, self.exact, self.rpc)
 
 
+def store_settings(store, conversation_id: int, settings: ChatSettings) -> None:
+    """Store `settings` as the conversation's (next to what the chat session stores there)."""
+    store.save_settings(conversation_id, {**store.settings(conversation_id), **settings.to_dict()})
+
+
+def give_session(session, settings: ChatSettings, store) -> None:
+    """Give a chat session `settings`: its generation parameters, and its system prompt
+    (in the stored conversation too, or starting an empty chat with it)."""
+    session.params = settings.params()
+    prompt = settings.system_prompt
+    session.system_prompt = prompt or None
+    messages = session.messages
+    if messages and messages[0].role == "system":
+        if prompt and messages[0].content != prompt:
+            messages[0].content = prompt
+            if messages[0].id is not None:
+                store.update(messages[0])
+    elif prompt and not messages:
+        session.new(system_prompt=prompt)
+
+
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)

@@ -1,0 +1,212 @@
+"""The message log of one conversation, and the reply being generated into it.
+
+`Conversation` shows a conversation's messages, copies a reply or its code, and
+streams a reply: a thread worker decodes through the chat session it is handed,
+holding the `decoding` lock it was given while it uses the engine, and adds its
+chunks to a `ReplyBuffer` that a `RedrawTimer` drains (edgespec/tui/stream.py).
+The worker touches no widget; its end comes back as a message, and the widget
+tells its screen how the reply went with `ReplyProgressed` and `ReplyEnded`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+from textual import on, work
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from edgespec.errors import EdgespecError
+from edgespec.tui.origin import chunk_spans, stored_spans
+from edgespec.tui.stream import RENDER_SHARE, RedrawTimer, ReplyBuffer
+from edgespec.tui.widgets.messages import MessageBox, code_blocks
+
+
+class Conversation(VerticalScroll):
+    """The messages of a conversation, and the reply being generated (one at a time)."""
+
+    @dataclass
+    class ReplyProgressed(Message):
+        """The statistics of the reply so far (ChatSession's stats dict)."""
+
+        stats: dict
+
+    @dataclass
+    class ReplyEnded(Message):
+        """A reply is finished, stopped or failed, and shown as such."""
+
+        status: str
+        stats: dict | None
+        error: str | None
+        """Why decoding failed (None: it did not)."""
+
+    @dataclass
+    class _Decoded(Message, bubble=False):
+        """The reply worker is done with the engine."""
+
+        session: object
+        box: MessageBox
+        error: str | None
+        pending: ReplyBuffer
+        redraws: RedrawTimer
+
+    show_origin: reactive[bool] = reactive(False)
+    """Whether replies show their tokens coloured by origin (draft vs target)."""
+
+    def __init__(self, decoding: threading.Lock, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.decoding = decoding
+        """Held by the reply worker while it uses the engine."""
+        self.engine = None
+        """The loaded engine (None while there is none): how stored replies are split into tokens."""
+        self.render_share: float | None = RENDER_SHARE
+        """The screen's share of a CPU while a reply streams (tui/stream.py)."""
+        self._stop = threading.Event()
+
+    # -- the messages ---------------------------------------------------------------------
+    async def show(self, messages: Iterable) -> None:
+        """Show `messages` (stored ones, system prompt left out) instead of those shown."""
+        await self.remove_children()
+        await self.mount_all(self._boxes(messages))
+        self.anchor()
+
+    def _boxes(self, messages) -> Iterable[MessageBox]:
+        for m in messages:
+            if m.role == "system":
+                continue
+            runs = stored_spans(self.engine, m.content, m.from_draft) if m.role == "assistant" else None
+            yield MessageBox(m.role, m.content, status=m.status, stats=m.stats, runs=runs,
+                             show_origin=self.show_origin)
+
+    @property
+    def boxes(self) -> list[MessageBox]:
+        return list(self.query(MessageBox))
+
+    def target_box(self, role: str, focused: Widget | None) -> MessageBox | None:
+        """`focused` if it is a message of `role`, else the last such message."""
+        if isinstance(focused, MessageBox) and focused.role == role:
+            return focused
+        boxes = [b for b in self.boxes if b.role == role]
+        return boxes[-1] if boxes else None
+
+    def copy_reply(self, focused: Widget | None) -> None:
+        """Copy the reply `focused` (else the last) to the clipboard."""
+        box = self.target_box("assistant", focused)
+        if box is not None:
+            self.app.copy_to_clipboard(box.content)
+            self.notify("Reply copied.")
+
+    def copy_code(self, focused: Widget | None) -> None:
+        """Copy the last code block of the reply `focused` (else the last) to the clipboard."""
+        box = self.target_box("assistant", focused)
+        blocks = code_blocks(box.content) if box else []
+        if not blocks:
+            self.notify("No code block in that reply.")
+            return
+        self.app.copy_to_clipboard(blocks[-1])
+        self.notify("Code block copied.")
+
+    def watch_show_origin(self, show: bool) -> None:
+        for box in self.boxes:
+            if show and not box.runs and box.role == "assistant" and box.content:
+                box.runs = stored_spans(self.engine, box.content, None)
+            box.set_show_origin(show)
+
+    # -- replies --------------------------------------------------------------------------
+    async def send(self, session, text: str) -> None:
+        """Show `text` as the user's and reply to it."""
+        await self.mount(MessageBox("user", text))
+        await self._reply(session, lambda: session.send(text))
+
+    async def regenerate(self, session) -> bool:
+        """Generate the last reply again (False: the last message is not a reply)."""
+        boxes = self.boxes
+        if not boxes or boxes[-1].role != "assistant":
+            return False
+        await boxes[-1].remove()
+        await self._reply(session, lambda: session.regenerate())
+        return True
+
+    def session_index(self, session, box: MessageBox) -> int:
+        """Where the user's message `box` is in `session.messages`."""
+        ordinal = [b for b in self.boxes if b.role == "user"].index(box)
+        return [i for i, m in enumerate(session.messages) if m.role == "user"][ordinal]
+
+    async def resend(self, session, box: MessageBox, index: int, text: str) -> None:
+        """Replace the user's message `box` (at `index` in the session) and all after it by `text`, and reply."""
+        boxes = self.boxes
+        for later in boxes[boxes.index(box):]:
+            await later.remove()
+        await self.mount(MessageBox("user", text))
+        await self._reply(session, lambda: session.edit(index, text))
+
+    def stop(self) -> None:
+        """Ask the reply worker to stop at its next chunk (or batch of the prompt); the reply is kept."""
+        self._stop.set()
+
+    async def _reply(self, session, make_chunks: Callable[[], Iterator]) -> None:
+        box = MessageBox("assistant", show_origin=self.show_origin)
+        await self.mount(box)
+        box.begin()
+        self.anchor()
+        self._stop.clear()
+        pending = ReplyBuffer()
+        redraws = RedrawTimer(self, lambda: self._show_pending(box, pending), self.render_share)
+        self._reply_worker(session, make_chunks, box, pending, redraws)
+
+    @work(thread=True, exclusive=True, group="reply")
+    def _reply_worker(self, session, make_chunks: Callable[[], Iterator], box: MessageBox,
+                      pending: ReplyBuffer, redraws: RedrawTimer) -> None:
+        error = None
+        chunks = None
+        engine = session.engine
+        self.decoding.acquire()
+        try:
+            chunks = make_chunks()
+            for chunk in chunks:
+                if self._stop.is_set():
+                    break
+                pending.add(chunk.text, chunk_spans(engine, chunk.text, chunk.tokens, chunk.from_draft),
+                            chunk.stats)
+                if self._stop.is_set():
+                    break
+        except EdgespecError as e:
+            error = str(e)
+        except Exception as e:  # keep the app alive; the session stored the partial reply
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            try:
+                if chunks is not None and hasattr(chunks, "close"):
+                    chunks.close()  # a partial reply is stored as "stopped"
+            except EdgespecError as e:
+                error = error or str(e)
+            finally:
+                self.decoding.release()
+            self.post_message(self._Decoded(session, box, error, pending, redraws))
+
+    async def _show_pending(self, box: MessageBox, pending: ReplyBuffer) -> None:
+        text, runs, stats = pending.take()
+        if text or runs:
+            await box.write(text, runs)
+        if stats is not None:
+            self.post_message(self.ReplyProgressed(stats))
+
+    @on(_Decoded)
+    async def _decoded(self, event: _Decoded) -> None:
+        box, error = event.box, event.error
+        event.redraws.stop()
+        await self._show_pending(box, event.pending)
+        messages = event.session.messages
+        last = messages[-1] if messages else None
+        if last is not None and last.role == "assistant":
+            content, status, stats = last.content, last.status, last.stats
+        else:
+            content, status, stats = box.content, "error" if error else "stopped", None
+        if error:
+            status = "error" if status == "done" else status
+        await box.finish(content=content, status=status, stats=stats)
+        self.post_message(self.ReplyEnded(status, stats, error))
