@@ -47,7 +47,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     with engine_from_args(args) as engine:
-        print(f"{machine()}; exact kernels: {engine.describe()['exact']}")
+        print(f"{machine()}; exact kernels: {engine.describe().exact}")
         for prompt in load_prompts(categories=args.category):
             tokens = encode_prompt(engine, prompt.prompt)[0]
             cost, total, ratios = defaultdict(float), defaultdict(int), []

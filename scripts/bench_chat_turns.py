@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     params = GenerationParams(mode=args.mode, max_tokens=args.max_tokens, temperature=0.0)
     with engine:
         info = engine.describe()
-        target = Path(info["models"]["target"]["path"])
-        print(" + ".join(Path(m["path"]).name for m in info["models"].values())
-              + f", mode {args.mode}, {info['backend']}, n_ctx {engine.n_ctx}")
+        target = Path(info.target.path)
+        print(" + ".join(Path(m.path).name for m in info.models.values())
+              + f", mode {args.mode}, {info.backend}, n_ctx {engine.n_ctx}")
         recorder = _Recorder(engine)
         chat = ChatSession(recorder, template=args.template, params=params, model_name=target.name,
                            system_prompt="You are a concise coding assistant.")

@@ -15,12 +15,26 @@ import time
 from typing import Callable, Iterator
 
 from edgespec.engine.events import Chunk, GenerationParams, Stats
+from edgespec.engine.info import EngineInfo, LayerRun, ModelInfo
 from edgespec.errors import DownloadError
 from edgespec.tui.library import LibraryRow, PullProgress
 
 SPECIAL_BASE = 1_000_000
 CHATML = {"bos": "<s>", "eos": "<|im_end|>", "specials": ("<|im_start|>", "<|im_end|>")}
 
+
+
+def model_info(path: str = "fake.gguf", *, n_layer: int = 0, n_gpu_layers: int = 0,
+               layers: tuple[LayerRun, ...] = ()) -> ModelInfo:
+    """What Engine.describe() says of one model, with what a test does not name left empty."""
+    return ModelInfo(path=path, desc="fake", n_layer=n_layer, n_gpu_layers=n_gpu_layers, n_ctx=4096,
+                     exact=False, flash_attn="off", layers=layers)
+
+
+def engine_info(models: dict[str, ModelInfo], *, backend: str = "fake", gpu_offload: bool = False) -> EngineInfo:
+    """What Engine.describe() says, for `models` by role."""
+    return EngineInfo(backend=backend, gpu_offload=gpu_offload, exact=False, max_verify_batch=None, workers=(),
+                      conversations=1, cache_ram_mib=0, cache_disk=None, models=models)
 
 class FakeEngine:
     """Deterministic engine: replies "reply 1", "reply 2", ... (or `reply(prompt_text)`)."""
@@ -110,8 +124,8 @@ class FakeEngine:
         stats.stop_reason = finish
         yield Chunk(text="", stats=stats, finish_reason=finish)
 
-    def describe(self) -> dict:
-        return {"backend": "fake", "models": {"target": {"path": "fake.gguf"}}}
+    def describe(self) -> EngineInfo:
+        return engine_info({"target": model_info()})
 
     def reset(self) -> None:
         self.cache = []

@@ -69,12 +69,12 @@ def test_default_kernels_speculate_past_the_exact_cap_and_exact_is_opt_in(smollm
     and verify passes are not capped by the exactness probe; `exact` caps them at
     what was measured to be exact."""
     with Engine.load(ModelSettings(smollm2, n_ctx=512)) as fast:
-        assert fast.describe()["exact"] is False
+        assert fast.describe().exact is False
         assert fast.max_verify_batch() == FAST_MAX_BATCH
         _, stats = generate(fast, chat_tokens(fast, QUESTIONS[1]), mode="lookup", k=16, max_tokens=48)
         assert stats.drafted > 0
     with Engine.load(ModelSettings(smollm2, n_ctx=512, exact=True)) as exact:
-        assert exact.describe()["exact"] is True
+        assert exact.describe().exact is True
         assert 1 <= exact.max_verify_batch() <= PROBE_LIMIT
 
 
@@ -87,7 +87,7 @@ def test_a_model_all_on_the_cpu_runs_without_flash_attention_unless_asked(smollm
                              (ModelSettings(smollm2, n_ctx=512, flash_attn=True), "on"),
                              (ModelSettings(smollm2, n_ctx=512, exact=True, flash_attn=False), "on")):
         with Engine.load(settings) as engine:
-            assert engine.describe()["models"]["target"]["flash_attn"] == wanted
+            assert engine.describe().target.flash_attn == wanted
             outputs[wanted, settings.exact] = generate(engine, chat_tokens(engine, QUESTIONS[1]), mode="plain",
                                                         max_tokens=24)[0]
     assert all(len(tokens) >= 8 for tokens in outputs.values()), outputs

@@ -29,8 +29,8 @@ def load(target, draft=None, **kw):
 
 
 def offloaded(engine, role="target") -> tuple[int, int, set[str]]:
-    m = engine.describe()["models"][role]
-    return m["n_gpu_layers"], m["n_layer"] + 1, {row["device"] for row in m["layers"]}
+    m = engine.describe().models[role]
+    return m.n_gpu_layers, m.n_layer + 1, {row.device for row in m.layers}
 
 
 def test_both_synthetic_models_go_wholly_to_the_gpu_by_default(gpus, synth_target, synth_near_draft):

@@ -162,17 +162,17 @@ def test_target_split_over_two_workers_and_the_cpu_decodes_as_on_one_machine(smo
     with Engine.load(ModelSettings(smollm2, **settings)) as local:
         tokens = local.tokenize(PROMPT, add_bos=True, special=False)
         alone, _ = generate(local, tokens, mode="plain", max_tokens=32)
-        n_layer = local.describe()["models"]["target"]["n_layer"]
+        n_layer = local.describe().target.n_layer
     split = Split(tuple(two_workers), (1.0, 1.0))
     target = ModelSettings(smollm2, n_gpu_layers=n_layer - 10, rpc=split, **settings)
     with Engine.load(target, ModelSettings(smollm2, n_ctx=512)) as engine:
         info = engine.describe()
-        layers = info["models"]["target"]["layers"]
-        assert layers[0]["device"] == "CPU"
-        assert [r["worker"] for r in layers] == [None, str(two_workers[0]), str(two_workers[1])]
-        assert sum(r["layers"] for r in layers) == n_layer + 1  # the output layer counts as one
-        assert info["workers"] == [str(e) for e in two_workers]
-        assert info["models"]["draft"]["layers"][0]["worker"] is None  # the draft stays here
+        layers = info.target.layers
+        assert layers[0].device == "CPU"
+        assert [r.worker for r in layers] == [None, str(two_workers[0]), str(two_workers[1])]
+        assert sum(r.layers for r in layers) == n_layer + 1  # the output layer counts as one
+        assert info.workers == tuple(str(e) for e in two_workers)
+        assert info.draft.layers[0].worker is None  # the draft stays here
         plain, _ = generate(engine, tokens, mode="plain", max_tokens=32)
         assert plain == alone
         for mode in ("draft", "lookup", "auto"):
@@ -191,8 +191,8 @@ def test_the_output_layer_can_stay_here_so_that_logits_do_not_cross_the_network(
         target = ModelSettings(smollm2, n_ctx=512, n_gpu_layers=-1, rpc=Split((endpoint,), local_output=True),
                                flash_attn=True)
         with Engine.load(target) as engine:
-            layers = engine.describe()["models"]["target"]["layers"]
-            assert [(r["worker"], r["layers"]) for r in layers] == [(str(endpoint), 30), (None, 1)]
+            layers = engine.describe().target.layers
+            assert [(r.worker, r.layers) for r in layers] == [(str(endpoint), 30), (None, 1)]
             assert generate(engine, tokens, mode="plain", max_tokens=16)[0] == alone
     finally:
         stop(proc)
@@ -267,8 +267,7 @@ def test_a_worker_killed_mid_reply_is_an_error_the_reply_so_far_kept_and_a_reloa
         with Engine.load(target) as again:
             out, _ = generate(again, tokens, mode="plain", max_tokens=8)
             assert len(out) == 8
-            assert [r["worker"] for r in again.describe()["models"]["target"]["layers"]][1:] == [str(kept),
-                                                                                                  str(endpoint)]
+            assert [r.worker for r in again.describe().target.layers][1:] == [str(kept), str(endpoint)]
     finally:
         stop(proc)
         stop(keep)

@@ -11,6 +11,7 @@ import yaml
 
 from edgespec.chat.store import ConversationStore, Message, StoreError
 from edgespec.engine.events import Stats
+from edgespec.engine.info import LayerRun
 from edgespec.errors import ModelFileError
 from edgespec.models.progress import Progress
 from edgespec.tui import origin
@@ -24,7 +25,7 @@ from edgespec.tui.widgets.sidebar import ConversationList
 from edgespec.tui.widgets.status import StatusLine, format_live, hardware_label
 from edgespec.tui.widgets.prompt import PromptInput
 from tests.app_helpers import REPLY, boxes, make_app, send, wait_for
-from tests.fakes import FakeEngine, FakeLibrary, SlowReader, SpecFakeEngine
+from tests.fakes import FakeEngine, FakeLibrary, SlowReader, SpecFakeEngine, engine_info, model_info
 
 pytestmark = pytest.mark.usefixtures("home")  # each test gets its own EDGESPEC_HOME
 
@@ -531,12 +532,12 @@ def test_the_screen_spares_the_cpu_only_where_the_target_decodes_on_it():
     """On a CPU llama.cpp decodes on every core, so the screen keeps to its share
     of one; with every layer of the target on a local GPU it redraws at RENDER_HZ."""
     def info(gpu_offload, target_layers, rpc=False):
-        target = {"n_layer": 28, "n_gpu_layers": target_layers}
-        if rpc:
-            target["layers"] = [{"device": "RPC0", "worker": "127.0.0.1:50052", "layers": 29}]
-        return {"backend": "cuda", "gpu_offload": gpu_offload, "models": {"target": target}}
+        layers = (LayerRun("RPC0", "127.0.0.1:50052", 29),) if rpc else ()
+        target = model_info(n_layer=28, n_gpu_layers=target_layers, layers=layers)
+        return engine_info({"target": target}, backend="cuda", gpu_offload=gpu_offload)
 
-    assert redraw_share({}) == RENDER_SHARE
+    assert redraw_share(None) == RENDER_SHARE
+    assert redraw_share(engine_info({"target": model_info()})) == RENDER_SHARE
     assert redraw_share(info(False, 0)) == RENDER_SHARE
     assert redraw_share(info(True, 10)) == RENDER_SHARE  # the rest of the target decodes on the CPU
     assert redraw_share(info(False, 29)) == RENDER_SHARE  # GPU layers asked for, none there
@@ -550,15 +551,16 @@ def test_the_screen_spares_the_cpu_only_where_the_target_decodes_on_it():
 
 def test_status_line_says_where_each_model_runs():
     def info(gpu_offload, target_layers, draft_layers):
-        return {"backend": "cuda" if gpu_offload else "cpu", "gpu_offload": gpu_offload, "models": {
-            "target": {"n_layer": 28, "n_gpu_layers": target_layers},
-            "draft": {"n_layer": 24, "n_gpu_layers": draft_layers}}}
+        return engine_info({"target": model_info(n_layer=28, n_gpu_layers=target_layers),
+                            "draft": model_info(n_layer=24, n_gpu_layers=draft_layers)},
+                           backend="cuda" if gpu_offload else "cpu", gpu_offload=gpu_offload)
 
     assert hardware_label(info(False, 0, 0)) == "cpu"
     assert hardware_label(info(True, 29, 25)) == "cuda · target 29/29, draft 25/25 layers on GPU"
     assert hardware_label(info(True, 29, 0)) == "cuda · target 29/29 layers on GPU"  # the draft left on the CPU shows
     assert "no GPU backend" in hardware_label(info(False, 29, 0))
-    assert hardware_label({"backend": "fake"}) == "fake"
+    assert hardware_label(engine_info({"target": model_info()})) == "fake"
+    assert hardware_label(None) == ""
 
 
 async def test_a_message_sent_while_a_conversation_opens_lands_in_the_opened_one(store):

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from edgespec.chat.store import ROLES, STATUSES, ConversationStore, Message, StoreError
-from edgespec.engine.events import stats_line
+from edgespec.chat.words import stats_line
 
 EXPORT_FORMAT = "edgespec.conversation"
 EXPORT_VERSION = 1

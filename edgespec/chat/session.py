@@ -267,11 +267,11 @@ class ChatSession:
 
     def _settings(self) -> dict:
         try:
-            models = self.engine.describe().get("models", {})
+            paths = {role: m.path for role, m in self.engine.describe().models.items()}
         except Exception:  # describing is best effort; it must never cost a reply
-            models = {}
+            paths = {}
         settings = {
-            "target": models.get("target", {}).get("path"), "draft": models.get("draft", {}).get("path"),
+            "target": paths.get("target"), "draft": paths.get("draft"),
             "template": self.template.name, "params": dataclasses.asdict(self.params),
         }
         return json.loads(json.dumps(settings, default=str))  # as the store gives it back

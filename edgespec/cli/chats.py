@@ -59,7 +59,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             args.draft = stored["draft"]
     template = args.template or (stored.get("template") if stored.get("template") not in (None, "gguf") else None)
     with engine_from_args(args, progress=stderr_progress()) as engine:
-        name = Path(engine.describe()["models"]["target"]["path"]).name
+        name = Path(engine.describe().target.path).name
         session = ChatSession(engine, store=store, conversation_id=cid, system_prompt=args.system,
                               params=params, template=template, model_name=name,
                               on_wait=lambda: note("another edgespec is replying in this conversation; waiting for "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -119,10 +120,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     check_params(params)
     with engine_from_args(args, progress=stderr_progress()) as engine:
         info = engine.describe()
-        print(f"backend {info['backend']}; {bench.machine()}; " + "; ".join(
-            f"{role} {Path(m['path']).name} ({m['n_gpu_layers']}/{m['n_layer'] + 1} layers on GPU, "
-            f"flash attention {m['flash_attn']})"
-            for role, m in info["models"].items()))
+        print(f"backend {info.backend}; {bench.machine()}; " + "; ".join(
+            f"{role} {Path(m.path).name} ({m.n_gpu_layers}/{m.n_layer + 1} layers on GPU, "
+            f"flash attention {m.flash_attn})"
+            for role, m in info.models.items()))
         if args.rpc:
             from edgespec.chat.words import placement_line
 
@@ -132,7 +133,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 modes.remove(bench.BASELINE)
         baseline = None
         if bench.BASELINE in modes:
-            baseline = bench.LlamaCppBaseline(info["models"]["target"]["path"], n_ctx=args.ctx,
+            baseline = bench.LlamaCppBaseline(info.target.path, n_ctx=args.ctx,
                                               n_threads=args.threads, is_eog=engine.is_eog)
         try:
             results = bench.run_suite(
@@ -149,8 +150,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(bench.format_overhead(results))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"models": info, "machine": bench.machine(), "repeats": args.repeats, "max_tokens": args.max_tokens,
-            "k": args.k}
+    meta = {"models": dataclasses.asdict(info), "machine": bench.machine(), "repeats": args.repeats,
+            "max_tokens": args.max_tokens, "k": args.k}
     bench.write_json(results, out / "results.json", meta=meta)
     bench.write_chart(results, out / "speedup.png")
     print(f"\nwrote {out / 'results.json'} and {out / 'speedup.png'}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from edgespec.__main__ import EXIT_INTERRUPTED  # noqa: F401  (the launcher's, which exits with it too)
-from edgespec.engine.events import stats_line
+from edgespec.chat.words import stats_line
 
 EXIT_ERROR = 1
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Iterator, Protocol, Sequence
 
 from edgespec.engine.events import Chunk, GenerationParams
+from edgespec.engine.info import EngineInfo
 
 
 class ChatEngine(Protocol):
@@ -33,7 +34,7 @@ class ChatEngine(Protocol):
     def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
         """Stream the reply to `prompt_tokens`, one Chunk per decode cycle."""
 
-    def describe(self) -> dict:
+    def describe(self) -> EngineInfo:
         """Where the models run: the backend and, per model, its file and GPU layers."""
 
     def close(self) -> None: ...

@@ -23,6 +23,7 @@ from edgespec.engine.choice import Policies, decoded_mode
 from edgespec.engine.compat import VocabInfo, ensure_compatible
 from edgespec.engine.drafters import DraftModel, PromptLookup
 from edgespec.engine.events import Chunk, GenerationParams
+from edgespec.engine.info import EngineInfo, LayerRun, ModelInfo
 from edgespec.engine.policy import Policy
 from edgespec.engine.slots import SequencePool
 from edgespec.engine.snapshots import SnapshotCache, cache_key, file_identity
@@ -161,18 +162,17 @@ class _Loaded:
         self.model.close()
 
 
-def _placement(model: LlamaModel) -> list[dict]:
+def _placement(model: LlamaModel) -> tuple[LayerRun, ...]:
     """How many layers (the output layer counts as one) each device holds, in
-    layer order: [{"device": "CPU", "worker": None, "layers": 12}, {"device": "RPC0",
-    "worker": "10.0.0.2:50052", "layers": 19}]."""
+    layer order: (LayerRun("CPU", None, 12), LayerRun("RPC0", "10.0.0.2:50052", 19))."""
     workers = {d.name: str(d.endpoint) if d.endpoint else None for d in model.devices}
-    rows: list[dict] = []
+    rows: list[LayerRun] = []
     for _, name in sorted(model.layer_devices.items()):
-        if rows and rows[-1]["device"] == name:
-            rows[-1]["layers"] += 1
+        if rows and rows[-1].device == name:
+            rows[-1] = replace(rows[-1], layers=rows[-1].layers + 1)
         else:
-            rows.append({"device": name, "worker": workers.get(name), "layers": 1})
-    return rows
+            rows.append(LayerRun(name, workers.get(name), 1))
+    return tuple(rows)
 
 
 class Engine:
@@ -310,36 +310,36 @@ class Engine:
             self._cache.clear()
 
     # -- lifetime ---------------------------------------------------------
-    def describe(self) -> dict:
+    def describe(self) -> EngineInfo:
         info = system_info()
         models = {"target": self._target}
         if self._draft:
             models["draft"] = self._draft
-        return {
-            "backend": info["backend"],
-            "gpu_offload": info["gpu_offload"],
-            "exact": self._target.exact,
-            "max_verify_batch": self.policies.measured_batch or None,  # None: not probed yet
-            "workers": [str(e) for e in self._target.settings.rpc.workers] if self._target.settings.rpc else [],
-            "conversations": self._target.ctx.n_seq_max,  # held in the KV caches at once
-            "cache_ram_mib": self._cache.ram_bytes >> 20 if self._cache else 0,
-            "cache_disk": str(self._cache.disk) if self._cache and self._cache.disk else None,
-            "models": {
-                role: {
-                    "path": str(m.settings.path),
-                    "desc": m.model.desc(),
-                    "n_layer": m.model.n_layer(),
+        return EngineInfo(
+            backend=info["backend"],
+            gpu_offload=info["gpu_offload"],
+            exact=self._target.exact,
+            max_verify_batch=self.policies.measured_batch or None,  # None: not probed yet
+            workers=tuple(str(e) for e in self._target.settings.rpc.workers) if self._target.settings.rpc else (),
+            conversations=self._target.ctx.n_seq_max,  # held in the KV caches at once
+            cache_ram_mib=self._cache.ram_bytes >> 20 if self._cache else 0,
+            cache_disk=str(self._cache.disk) if self._cache and self._cache.disk else None,
+            models={
+                role: ModelInfo(
+                    path=str(m.settings.path),
+                    desc=m.model.desc(),
+                    n_layer=m.model.n_layer(),
                     # -1 asks for all: the layers and the output layer
-                    "n_gpu_layers": m.model.n_layer() + 1 if m.settings.n_gpu_layers < 0
+                    n_gpu_layers=m.model.n_layer() + 1 if m.settings.n_gpu_layers < 0
                     else min(m.settings.n_gpu_layers, m.model.n_layer() + 1),
-                    "n_ctx": m.seq.n_ctx,
-                    "exact": m.exact,
-                    "flash_attn": {True: "on", False: "off", None: "llama.cpp's choice"}[m.ctx.flash_attn],
-                    "layers": _placement(m.model),
-                }
+                    n_ctx=m.seq.n_ctx,
+                    exact=m.exact,
+                    flash_attn={True: "on", False: "off", None: "llama.cpp's choice"}[m.ctx.flash_attn],
+                    layers=_placement(m.model),
+                )
                 for role, m in models.items()
             },
-        }
+        )
 
     def save(self) -> None:
         """Write the conversations the caches hold to the disk cache, if there is one."""

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from edgespec.chat.prompt import Prompt, PromptEncoder
-from edgespec.engine.events import GenerationParams, stats_line
+from edgespec.chat.words import stats_line
+from edgespec.engine.events import GenerationParams
 from edgespec.errors import ContextFullError
 
 log = logging.getLogger("edgespec.server")
@@ -47,8 +48,7 @@ class Completer:
     def __init__(self, engine, *, template: str | None = None):
         """`template`: a built-in chat format's name for a model whose GGUF has none."""
         self.engine = engine
-        info = engine.describe()["models"]
-        self.files = {role: Path(m["path"]).name for role, m in info.items()}
+        self.files = {role: Path(m.path).name for role, m in engine.describe().models.items()}
         """The GGUF file names served, by role ("target", "draft")."""
         self._encoder = PromptEncoder(engine, template=template, model=self.files["target"])
         """Without a usable template raw completions still work; chat requests are told why not."""

@@ -229,9 +229,9 @@ class EdgespecApp(App):
         self._loaded_hardware = hardware
         self.model_error = ""
         try:
-            info = engine.describe() or {}
+            info = engine.describe()
         except Exception as e:  # the models work; only the label goes without where they run
-            info = {}
+            info = None
             self.log.error(f"engine.describe() failed: {e!r}")
             self.notify(f"Could not tell where the models run: {e}", severity="warning")
         self.render_share = redraw_share(info)

@@ -10,6 +10,8 @@ from typing import Awaitable, Callable
 
 from textual.message_pump import MessagePump
 
+from edgespec.engine.info import EngineInfo
+
 RENDER_HZ = 15
 """The most a streaming reply is redrawn per second (smooth to the eye)."""
 
@@ -24,14 +26,16 @@ Markdown reply costs more each time. The screen measures its own CPU time and
 waits long enough after each redraw to stay within this share."""
 
 
-def redraw_share(info: dict) -> float | None:
+def redraw_share(info: EngineInfo | None) -> float | None:
     """The screen's share of a CPU for replies of the models `info` describes
-    (Engine.describe()): RENDER_SHARE, or None (RENDER_HZ alone) when every layer
-    of the target is on a local GPU and the CPU the screen uses is not the decode's."""
-    target = info.get("models", {}).get("target", {})
-    on_gpu = (info.get("gpu_offload") is True and bool(target.get("n_layer"))
-              and target.get("n_gpu_layers", 0) >= target["n_layer"] + 1)
-    on_workers = any(row.get("worker") for row in target.get("layers") or [])
+    (Engine.describe(); None where it could not say): RENDER_SHARE, or None (RENDER_HZ
+    alone) when every layer of the target is on a local GPU and the CPU the screen
+    uses is not the decode's."""
+    if info is None:
+        return RENDER_SHARE
+    target = info.target
+    on_gpu = info.gpu_offload is True and bool(target.n_layer) and target.n_gpu_layers >= target.n_layer + 1
+    on_workers = any(row.worker for row in target.layers)
     return None if on_gpu and not on_workers else RENDER_SHARE
 
 

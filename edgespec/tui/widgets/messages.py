@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 
-from edgespec.engine.events import stats_line
+from edgespec.chat.words import stats_line
 from edgespec.tui import origin
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}

@@ -7,27 +7,29 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from edgespec.engine.events import Stats, cache_note
+from edgespec.engine.info import EngineInfo
 from edgespec.tui.origin import DRAFT_STYLE
 
 
-def hardware_label(info: dict) -> str:
-    """Where the models run, from `Engine.describe()`: the backend, and for each
-    model with layers on a GPU how many ("cuda · target 29/29, draft 25/25 layers
-    on GPU"), so that a model left on the CPU by mistake shows."""
-    backend = info.get("backend") or ""
-    target = info.get("models", {}).get("target", {})
-    if any(row.get("worker") for row in target.get("layers") or []):
+def hardware_label(info: EngineInfo | None) -> str:
+    """Where the models run, from `Engine.describe()` (None where it could not say):
+    the backend, and for each model with layers on a GPU how many ("cuda · target
+    29/29, draft 25/25 layers on GPU"), so that a model left on the CPU by mistake shows."""
+    if info is None:
+        return ""
+    backend = info.backend
+    if any(row.worker for row in info.target.layers):
         from edgespec.chat.words import placement_line
 
         return f"{backend} · target {placement_line(info)}"
     offloaded = [
-        f"{role} {m['n_gpu_layers']}/{m['n_layer'] + 1}"
-        for role, m in info.get("models", {}).items()
-        if m.get("n_gpu_layers") and m.get("n_layer")
+        f"{role} {m.n_gpu_layers}/{m.n_layer + 1}"
+        for role, m in info.models.items()
+        if m.n_gpu_layers and m.n_layer
     ]
     if not offloaded:
         return backend
-    if info.get("gpu_offload") is False:
+    if info.gpu_offload is False:
         return f"{backend} · GPU layers asked for, but this llama.cpp build has no GPU backend"
     return f"{backend} · {', '.join(offloaded)} layers on GPU"
 
