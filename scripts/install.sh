@@ -94,7 +94,11 @@ choose_backend() {
         if [ -n "$dir" ] && [ -f "$dir/vulkan/vulkan.h" ]; then header="$dir/vulkan/vulkan.h"; break; fi
     done
     if [ -n "$header" ] && command -v glslc >/dev/null; then
-        backend=vulkan why="Vulkan headers at $header and glslc at $(command -v glslc)"; return
+        # this llama.cpp's Vulkan backend uses VK_EXT_layer_settings (headers 1.3.261 and newer)
+        if grep -rqs VkLayerSettingEXT "$(dirname "$header")"; then
+            backend=vulkan why="Vulkan headers at $header and glslc at $(command -v glslc)"; return
+        fi
+        no_gpu="the Vulkan headers at $header are older than this llama.cpp needs (no VkLayerSettingEXT; scripts/gpu_check.sh shows how to build with newer ones)"
     fi
     backend=cpu why="${no_gpu:-no GPU toolkit found: nvcc, hipcc, or Vulkan headers with glslc}"
 }

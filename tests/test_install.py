@@ -57,9 +57,20 @@ def test_a_cuda_toolkit_and_a_gpu_build_for_cuda(tmp_path):
 def test_vulkan_headers_and_glslc_build_for_vulkan(tmp_path):
     sdk = tmp_path / "sdk"
     (sdk / "include/vulkan").mkdir(parents=True)
-    (sdk / "include/vulkan/vulkan.h").write_text("")
+    (sdk / "include/vulkan/vulkan.h").write_text('#include "vulkan_core.h"\n')
+    (sdk / "include/vulkan/vulkan_core.h").write_text("typedef struct VkLayerSettingEXT { int type; } VkLayerSettingEXT;\n")
     assert choose(tmp_path, "glslc", VULKAN_SDK=str(sdk))["backend"] == "vulkan"
     assert choose(tmp_path / "no-glslc", VULKAN_SDK=str(sdk))["backend"] == "cpu"  # headers alone
+
+
+def test_vulkan_headers_too_old_for_this_llama_cpp_build_for_the_cpu_and_say_why(tmp_path):
+    """Debian 12's headers (1.3.239) lack VK_EXT_layer_settings: a Vulkan build would fail."""
+    sdk = tmp_path / "sdk"
+    (sdk / "include/vulkan").mkdir(parents=True)
+    (sdk / "include/vulkan/vulkan.h").write_text('#include "vulkan_core.h"\n')
+    (sdk / "include/vulkan/vulkan_core.h").write_text("typedef struct VkLayerProperties { int x; } VkLayerProperties;\n")
+    choice = choose(tmp_path, "glslc", VULKAN_SDK=str(sdk))
+    assert choice["backend"] == "cpu" and "older than this llama.cpp needs" in choice["sentence"]
 
 
 def test_rocm_builds_for_hip(tmp_path):
