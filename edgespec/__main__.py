@@ -4,6 +4,7 @@ A launcher that imports nothing heavy itself, so that Ctrl+C at any moment,
 also while the command line's modules are still being imported, ends the
 command with a message instead of a traceback."""
 
+import os
 import sys
 
 EXIT_INTERRUPTED = 130
@@ -15,9 +16,13 @@ def main() -> int:
         from edgespec.cli import main as cli_main
 
         return cli_main()
-    except KeyboardInterrupt:
-        print("\nedgespec: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # one the command line did not catch: it came while it was being imported
+        print("\nedgespec: interrupted", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Ended here, not by returning: CPython exits by the signal itself, whatever
+        # the status, when the Ctrl+C was raised while a library ran code of its own
+        # (1 exit in 6 here, while importing).
+        os._exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -280,7 +280,7 @@ async def test_the_app_switches_between_two_chats_without_reading_them_again(smo
 def test_auto_calibrates_once_per_machine_and_models_not_once_per_process(smollm2, tmp_path, monkeypatch):
     """A one-shot `chat` or `generate` would otherwise measure its passes before every
     reply; the calibration is kept beside the snapshots, and a damaged one measured again."""
-    import edgespec.engine.runtime as runtime
+    import edgespec.engine.choice as choice
 
     disk = tmp_path / "kv"
     with load(smollm2, slots=1, ram_mib=16, disk=disk) as engine:
@@ -291,13 +291,13 @@ def test_auto_calibrates_once_per_machine_and_models_not_once_per_process(smollm
         raise AssertionError("calibrated again")
 
     with monkeypatch.context() as m:
-        m.setattr(runtime, "calibrate", no_calibration)
+        m.setattr(choice, "calibrate", no_calibration)
         with load(smollm2, slots=1, ram_mib=16, disk=disk) as engine:
             _, stats = reply(engine, conversation(engine, TOPICS[1]), mode="auto")
             assert stats.generated_tokens > 1
     kept.write_text('{"target": {"1": "NaN"}}')
-    measured, real = [], runtime.calibrate
-    monkeypatch.setattr(runtime, "calibrate", lambda *a, **kw: measured.append(1) or real(*a, **kw))
+    measured, real = [], choice.calibrate
+    monkeypatch.setattr(choice, "calibrate", lambda *a, **kw: measured.append(1) or real(*a, **kw))
     with load(smollm2, slots=1, ram_mib=16, disk=disk) as engine:
         reply(engine, conversation(engine, TOPICS[1]), mode="auto")
     assert measured == [1]

@@ -136,6 +136,7 @@ def test_the_apps_gpu_layers_default_to_auto():
 
 def test_the_app_asks_for_auto_and_with_workers_for_all(monkeypatch):
     import edgespec.load as load
+    from edgespec.net import Endpoint, Split
     from edgespec.tui.library import ModelChoice, load_choice
     from edgespec.tui.settings import ChatSettings
 
@@ -149,4 +150,11 @@ def test_the_app_asks_for_auto_and_with_workers_for_all(monkeypatch):
     load_choice(ModelChoice(target="t"), ChatSettings(), library=Library())
     assert (loaded["n_gpu_layers"], loaded["n_gpu_layers_draft"]) == (None, None)
     load_choice(ModelChoice(target="t"), ChatSettings(rpc="127.0.0.1:5001"), library=Library())
-    assert loaded["n_gpu_layers"] == -1
+    assert loaded["n_gpu_layers"] is None and loaded["rpc"] == Split((Endpoint("127.0.0.1", 5001),))
+    monkeypatch.undo()
+    # load_engine's rule, for every face: workers named, no count given: every target layer goes to them
+    settings = []
+    monkeypatch.setattr(load.Engine, "load", lambda target, draft=None, **kw: settings.append(target))
+    load.load_engine("t.gguf", resolve=str, rpc=Split((Endpoint("127.0.0.1", 5001),)))
+    load.load_engine("t.gguf", resolve=str, rpc=Split((Endpoint("127.0.0.1", 5001),)), n_gpu_layers=3)
+    assert [s.n_gpu_layers for s in settings] == [-1, 3]
