@@ -70,3 +70,30 @@ def test_smollm2_on_the_gpu_speculates_the_target_s_own_tokens(gpus, smollm2):
 def test_an_explicit_count_is_kept_on_the_gpu(gpus, synth_target):
     with load(synth_target, n_ctx=512, n_gpu_layers=1) as engine:
         assert offloaded(engine)[0] == 1
+
+
+@pytest.mark.slow
+def test_exact_on_the_gpu_is_plain_greedy_token_for_token_or_decodes_plainly_and_says_why(gpus, smollm2):
+    """--exact where the target's layers are on the GPU: the exactness probe runs on
+    that backend's kernels, and either speculation is plain greedy decoding token
+    for token, or no verify batch is exact there and every mode decodes plainly."""
+    from edgespec.engine.events import GenerationParams
+
+    with load(smollm2, smollm2, n_ctx=1024, exact=True) as engine:
+        assert offloaded(engine)[0] == offloaded(engine)[1]
+        tokens = chat_tokens(engine, QUESTIONS[1])
+        plain, _ = generate(engine, tokens, mode="plain", max_tokens=24)
+        if engine.max_verify_batch() < 2:
+            plan = engine.policy(GenerationParams(mode="draft", k=4)).plan(tokens)
+            assert (plan.kind, plan.k) == ("plain", 0) and "no batch gives exact logits" in plan.reason
+        else:
+            for mode in ("draft", "auto"):
+                spec, _ = generate(engine, tokens, mode=mode, k=4, max_tokens=24, p_min=0.0)
+                assert spec == plain, mode
+
+
+def test_more_layers_than_the_model_has_is_a_clear_error_on_the_gpu(gpus, synth_target):
+    from edgespec.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="layers"):
+        load(synth_target, n_ctx=256, n_gpu_layers=10_000)
