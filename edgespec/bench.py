@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,6 +23,7 @@ import yaml
 
 from edgespec.engine.events import GenerationParams, Stats
 from edgespec.engine.limits import BENCH_MAX_TOKENS
+from edgespec.machine import cpu_name
 from edgespec.modes import MODES
 
 BASELINE = "llamacpp"
@@ -174,13 +174,7 @@ class LlamaCppBaseline:
 
 def machine() -> str:
     """The CPU, for people reading figures: they change from machine to machine."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} cores"
+    return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
 def _with(params: GenerationParams, **changes) -> GenerationParams:

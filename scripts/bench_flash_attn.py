@@ -6,8 +6,11 @@ Two contexts of the same model, one with llama.cpp's flash attention and one
 without, read the same tokens to each depth; at each depth both time the
 reading that got there and passes of 1..33 tokens (what decoding and verifying
 a draft cost), interleaved, medians. It prints off/on ratios of time: below
-1.00x, off is faster. edgespec turns it off where every layer runs on the CPU
-(engine/attention.py, cpu_flash_attn); this is how to check that on a machine.
+1.00x, off is faster. Where every layer runs on the CPU, edgespec chooses by a
+one-layer probe of the model's attention (engine/attention.py): at the first
+depth past 0 this prints what a turn costs the whole model each way beside what
+the probe measures, so that a machine shows whether the probe picks as the
+model would.
 
 The figures behind edgespec's rules (bundled 1.5B target, 2 threads):
 - flash attention off on the CPU: 2-core AVX-512 AMD EPYC, 6,600 tokens deep, a
@@ -24,6 +27,7 @@ The figures behind edgespec's rules (bundled 1.5B target, 2 threads):
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -31,12 +35,13 @@ import time
 from pathlib import Path
 
 from edgespec.bench import machine
+from edgespec.engine.attention import TURN_PASSES, AttentionTimes, FlashAttnTimes, measure
 from edgespec.engine.cache import KVSequence
 from edgespec.llama.context import LlamaContext
 from edgespec.llama.model import LlamaModel
 from edgespec.models.fetch import resolve_model, resolve_pair
 
-SIZES = (1, 2, 5, 9, 17, 33)
+SIZES = tuple(sorted({1, 2, 5, 9, 17, 33} | set(TURN_PASSES)))
 
 
 def timed(fn) -> float:
@@ -63,6 +68,7 @@ def main() -> int:
     seqs = {fa: KVSequence(LlamaContext(model, n_ctx=n_ctx, n_threads=args.threads, flash_attn=fa))
             for fa in (True, False)}
     print(f"{'depth':>6} {'read (off/on)':>22}  " + "  ".join(f"{f'pass {n}':>20}" for n in SIZES))
+    first = next((d for d in depths if d > 0), None)
     for depth in depths:
         read = {fa: timed(lambda: seq.sync(tokens[:depth])) for fa, seq in seqs.items()}
         passes: dict[bool, dict[int, list[float]]] = {True: {}, False: {}}
@@ -79,11 +85,27 @@ def main() -> int:
         grown = read[True] > 0.05
         read_cell = f"{read[False]:5.1f}/{read[True]:5.1f} s {read[False] / read[True]:4.2f}x" if grown else "-"
         print(f"{depth:>6} {read_cell:>22}  " + "  ".join(f"{c:>20}" for c in cells), flush=True)
+        if depth == first:
+            real = {fa: AttentionTimes(read[fa], {n: statistics.median(passes[fa][n]) for n in TURN_PASSES})
+                    for fa in (True, False)}
     for seq in seqs.values():
         seq.close()
         seq.ctx.close()
+    shape = model.attention_shape()
     model.close()
+    if first is not None:
+        compare_with_probe(FlashAttnTimes(real[True], real[False]), shape, first, args.threads)
     return 0
+
+
+def compare_with_probe(real: FlashAttnTimes, shape, depth: int, threads: int | None) -> None:
+    """Whether the one-layer probe edgespec decides by (engine/attention.py) picks
+    what this model's own turn at `depth` favours."""
+    probe = measure(shape, depth=depth, n_batch=512, n_threads=threads or os.cpu_count() or 1)
+    print(f"\na turn at {depth} tokens (the read and {TURN_PASSES} passes by size), off/on:")
+    for name, t in (("this model", real), ("the probe (one layer)", probe)):
+        print(f"  {name:22s} {t.off.turn():8.3f}/{t.on.turn():8.3f} s {t.off.turn() / t.on.turn():4.2f}x"
+              f"  -> flash attention {'on' if t.prefer_on() else 'off'}")
 
 
 if __name__ == "__main__":

@@ -78,25 +78,3 @@ def test_default_kernels_speculate_past_the_exact_cap_and_exact_is_opt_in(smollm
         assert 1 <= exact.max_verify_batch() <= PROBE_LIMIT
 
 
-def test_a_model_all_on_the_cpu_runs_without_flash_attention_unless_asked(smollm2):
-    """ggml's CPU flash attention reads the KV cache once per batch token: off by
-    default where every layer is on the CPU (engine/attention.py, cpu_flash_attn);
-    asked for, or needed by exact kernels, it is on. Each way the model decodes."""
-    outputs = {}
-    for settings, wanted in ((ModelSettings(smollm2, n_ctx=512), "off"),
-                             (ModelSettings(smollm2, n_ctx=512, flash_attn=True), "on"),
-                             (ModelSettings(smollm2, n_ctx=512, exact=True, flash_attn=False), "on")):
-        with Engine.load(settings) as engine:
-            assert engine.describe().target.flash_attn == wanted
-            outputs[wanted, settings.exact] = generate(engine, chat_tokens(engine, QUESTIONS[1]), mode="plain",
-                                                        max_tokens=24)[0]
-    assert all(len(tokens) >= 8 for tokens in outputs.values()), outputs
-
-
-def test_flash_attention_stays_on_where_the_scores_of_a_batch_over_the_context_would_take_too_much_memory():
-    """Without it llama.cpp holds n_ctx x n_batch x n_head floats of attention scores:
-    fine at a 12k context for a 1.5B model (12 heads), not at 32k."""
-    from edgespec.engine.attention import cpu_flash_attn
-
-    assert cpu_flash_attn(12288, 512, 12) is False and cpu_flash_attn(4096, 512, 32) is False
-    assert cpu_flash_attn(32768, 512, 12) is None and cpu_flash_attn(32768, 512, 28) is None

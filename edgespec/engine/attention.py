@@ -1,24 +1,196 @@
-"""How attention runs where every layer is on the CPU: flash attention or not, and
-so how many conversations a context can hold at no cost."""
+"""How attention runs where every layer is on the CPU: flash attention or not,
+measured on this machine, and so how many conversations a context can hold at
+no cost."""
 
 from __future__ import annotations
 
+import json
+import logging
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from edgespec.engine.cache import KVSequence
+from edgespec.engine.snapshots import cache_key
+from edgespec.llama import system_info
+from edgespec.llama.context import LlamaContext
+from edgespec.llama.model import LlamaModel
+from edgespec.machine import cpu_name
+from edgespec.models.attention_model import N_VOCAB, AttentionShape, write_attention_model
+
+log = logging.getLogger("edgespec.attention")
 
 CPU_SCORES_MAX_BYTES = 512 << 20
-"""Flash attention for a model whose layers all run on the CPU: off, while the
-attention scores of one batch over the whole context (what the unfused path
-holds, n_ctx x n_batch x n_head floats) take at most this much memory; beyond,
-llama.cpp's choice (on), which holds none of them. ggml's CPU kernel for flash
-attention reads the whole KV cache once per token of a batch, where the unfused
-path multiplies the batch against the cache in one matrix product: deep in a
-conversation, verify passes and prompt reading cost much less without it.
-scripts/bench_flash_attn.py measures both on any machine (its docstring keeps
-the figures behind this rule)."""
+"""Flash attention for a model whose layers all run on the CPU may be off only
+while the attention scores of one batch over the whole context (what the unfused
+path holds, n_ctx x n_batch x n_head floats) take at most this much memory;
+beyond, it is on (llama.cpp's choice), which holds none of them."""
+
+PROBE_DEPTH = 1536
+"""Tokens of context the probe reads, and runs its passes after: a conversation
+that holds a source file."""
+
+TURN_PASSES = {1: 128, 9: 32}
+"""Passes by size that a turn decodes after reading its prompt: a reply of some
+400 tokens, mostly decoded one token a pass (auto mode on a CPU, where drafting
+rarely pays), partly verified 9 at a time (lookup on an edit). ggml's CPU kernel
+for flash attention reads the whole KV cache once per token of a batch, where
+the unfused path multiplies the batch against the cache in one matrix product,
+so verify passes favour it off; reading a prompt favours it on some CPUs and
+off on others (scripts/bench_flash_attn.py compares both on the real model)."""
+
+PROBE_ROUNDS = 3
+"""Interleaved rounds of the probe, on and off in turn; medians."""
+
+
+@dataclass(frozen=True)
+class AttentionTimes:
+    """Seconds on the probe model (one layer of a model's attention) with one setting."""
+
+    read: float
+    """Reading PROBE_DEPTH tokens into an empty cache."""
+    passes: dict[int, float]
+    """One pass of n tokens at that depth, by n."""
+
+    def turn(self) -> float:
+        """A turn: the read and TURN_PASSES."""
+        return self.read + sum(count * self.passes[n] for n, count in TURN_PASSES.items())
+
+
+@dataclass(frozen=True)
+class FlashAttnTimes:
+    """The probe's times with flash attention on and off."""
+
+    on: AttentionTimes
+    off: AttentionTimes
+
+    def prefer_on(self) -> bool:
+        """On (llama.cpp's own choice) unless off reads a prompt no slower and
+        makes a turn cheaper: the first token must never wait longer than plain
+        llama.cpp makes it wait, even where faster verify passes would make up
+        for it later in the reply."""
+        return not (self.off.read <= self.on.read and self.off.turn() < self.on.turn())
+
+    def to_json(self) -> dict:
+        return {name: {"read": t.read, "passes": {str(n): s for n, s in t.passes.items()}}
+                for name, t in (("on", self.on), ("off", self.off))}
+
+    @classmethod
+    def from_json(cls, data: dict) -> FlashAttnTimes:
+        """Raises KeyError, TypeError or ValueError on anything but to_json's shape."""
+        def times(d: dict) -> AttentionTimes:
+            passes = {int(n): float(s) for n, s in d["passes"].items()}
+            if set(passes) != set(TURN_PASSES):
+                raise ValueError("measured for other passes")
+            return AttentionTimes(float(d["read"]), passes)
+        return cls(times(data["on"]), times(data["off"]))
 
 
 def cpu_flash_attn(n_ctx: int, n_batch: int, n_head: int) -> bool | None:
-    """Flash attention for a model all on the CPU (None: llama.cpp's choice); see CPU_SCORES_MAX_BYTES."""
+    """Whether flash attention may be off for a model all on the CPU: False while
+    the unfused scores fit CPU_SCORES_MAX_BYTES, else None (llama.cpp's choice, on)."""
     return False if n_ctx * n_batch * n_head * 4 <= CPU_SCORES_MAX_BYTES else None
+
+
+def choose_cpu_flash_attn(shape: AttentionShape, *, n_ctx: int, n_batch: int, n_threads: int,
+                          kept: Path | None = None) -> bool | None:
+    """Flash attention for a model all on the CPU, as the probe measured it here
+    (FlashAttnTimes.prefer_on; None: on, llama.cpp's choice, where the scores
+    would not fit). The probe's times are kept in `kept` (a folder) and
+    for the process, per shape, context, threads, CPU and llama.cpp; a probe
+    that fails leaves the choice to llama.cpp."""
+    if cpu_flash_attn(n_ctx, n_batch, shape.n_head) is None:
+        return None
+    depth = max(1, min(PROBE_DEPTH, n_ctx - max(TURN_PASSES)))  # as deep as a conversation gets
+    key = cache_key(shape=shape, depth=depth, n_batch=n_batch, threads=n_threads, cpu=cpu_name(),
+                    system=system_info()["system_info"], llama_cpp=llama_cpp.__version__, passes=TURN_PASSES)
+    times = _measured.get(key) or _load(kept, key)
+    if times is None:
+        try:
+            times = measure(shape, depth=depth, n_batch=n_batch, n_threads=n_threads)
+        except Exception as e:  # a choice of kernels must never stop a load
+            log.warning("could not measure flash attention (%s): llama.cpp chooses", e)
+            return None
+        _save(kept, key, times)
+    _measured[key] = times
+    chosen = times.prefer_on()
+    log.info("flash attention %s: on this CPU one layer reads %d tokens in %.0f ms with it, %.0f without, "
+             "and a turn costs %.0f ms with it, %.0f without", "on" if chosen else "off", depth,
+             times.on.read * 1e3, times.off.read * 1e3, times.on.turn() * 1e3, times.off.turn() * 1e3)
+    return True if chosen else False
+
+
+_measured: dict[str, FlashAttnTimes] = {}
+
+
+def measure(shape: AttentionShape, *, depth: int, n_batch: int, n_threads: int,
+            rounds: int = PROBE_ROUNDS) -> FlashAttnTimes:
+    """Time the probe model of `shape` with flash attention on and off: a read of
+    `depth` tokens and TURN_PASSES' sizes at that depth, interleaved, medians."""
+    with tempfile.TemporaryDirectory(prefix="edgespec-attention-") as folder:
+        model = LlamaModel(write_attention_model(Path(folder) / "probe.gguf", shape))
+        seqs: dict[bool, KVSequence] = {}
+        try:
+            for on in (True, False):
+                seqs[on] = KVSequence(LlamaContext(model, n_ctx=depth + max(TURN_PASSES), n_batch=n_batch,
+                                                   n_threads=n_threads, flash_attn=on))
+            tokens = [3 + i % (N_VOCAB - 3) for i in range(depth + max(TURN_PASSES))]
+            reads: dict[bool, list[float]] = {True: [], False: []}
+            passes: dict[bool, dict[int, list[float]]] = {True: {}, False: {}}
+            for r in range(rounds):
+                for on in ((True, False) if r % 2 == 0 else (False, True)):
+                    seq = seqs[on]
+                    seq.truncate(0)
+                    reads[on].append(_timed(lambda: seq.sync(tokens[:depth])))
+                    for n in TURN_PASSES:
+                        passes[on].setdefault(n, []).append(
+                            _timed(lambda: seq.extend(tokens[depth:depth + n], all_logits=True)))
+                        seq.truncate(depth)
+            return FlashAttnTimes(*(AttentionTimes(statistics.median(reads[on]),
+                                                   {n: statistics.median(ts) for n, ts in passes[on].items()})
+                                    for on in (True, False)))
+        finally:
+            for seq in seqs.values():
+                seq.close()
+                seq.ctx.close()
+            model.close()
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _load(kept: Path | None, key: str) -> FlashAttnTimes | None:
+    if kept is None:
+        return None
+    path = kept / f"{key}.json"
+    try:
+        return FlashAttnTimes.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        log.info("measuring flash attention again: %s is unreadable (%s)", path, e)
+        return None
+
+
+def _save(kept: Path | None, key: str, times: FlashAttnTimes) -> None:
+    """Atomically; a full disk or a read-only folder only means measuring next time."""
+    if kept is None:
+        return
+    path = kept / f"{key}.json"
+    try:
+        kept.mkdir(parents=True, exist_ok=True)
+        part = path.with_suffix(".part")
+        part.write_text(json.dumps(times.to_json()))
+        part.replace(path)
+    except OSError as e:
+        log.info("could not keep the flash attention measurement in %s: %s", kept, e)
 
 
 SLOTS = 4

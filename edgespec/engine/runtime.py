@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 import llama_cpp
 
 from edgespec.engine import decoder
-from edgespec.engine.attention import cpu_flash_attn, default_slots
+from edgespec.engine.attention import choose_cpu_flash_attn, default_slots
 from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.choice import Policies, decoded_mode
@@ -64,9 +64,10 @@ class ModelSettings:
     """RPC workers (and this machine's GPUs) for the n_gpu_layers offloaded layers;
     the rest stay on this machine's CPU. Only a target: the draft stays local."""
     flash_attn: bool | None = None
-    """Flash attention on or off; None: edgespec's choice (`cpu_flash_attn`
-    where every layer runs on this machine's CPU, else llama.cpp's). Exact
-    kernels need it on (their Q8_0 cache) and override an off."""
+    """Flash attention on or off; None: edgespec's choice (where every layer runs
+    on this machine's CPU, whichever was measured to make a turn cheaper here,
+    engine/attention.py; else llama.cpp's). Exact kernels need it on (their Q8_0
+    cache) and override an off."""
 
 
 def vocab_info(model: LlamaModel) -> VocabInfo:
@@ -105,7 +106,9 @@ class _Loaded:
         self.settings = settings
         self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers, split=settings.rpc)
         try:
-            self.ctx = self._context(slots or default_slots(True if settings.exact else self._flash_attn()))
+            self.flash_attn = self._flash_attn(cache.disk / "attention" if cache and cache.disk else None)
+            """For a context without exact kernels (which keep it on): as asked, or edgespec's choice."""
+            self.ctx = self._context(slots or default_slots(True if settings.exact else self.flash_attn))
             # the key reads the model file: only where there are snapshots to tell apart
             self.pool = SequencePool(self.ctx, key=self._cache_key() if cache else "", cache=cache)
         except BaseException:
@@ -135,7 +138,7 @@ class _Loaded:
         s = self.settings
         common = dict(n_ctx=s.n_ctx, n_batch=s.n_batch, n_threads=s.n_threads, n_seq_max=slots)
         if not self.exact:
-            return LlamaContext(self.model, flash_attn=self._flash_attn(), **common)
+            return LlamaContext(self.model, flash_attn=self.flash_attn, **common)
         # A Q8_0 cache keeps llama.cpp's single-token attention from splitting
         # the cache across threads (summing in another order than a batch does).
         # Heads whose size is not a multiple of 32 cannot have one: fall back to
@@ -145,16 +148,24 @@ class _Loaded:
         except ModelLoadError:
             return LlamaContext(self.model, kv_type="f16", flash_attn=True, **common)
 
-    def _flash_attn(self) -> bool | None:
+    def _flash_attn(self, kept: Path | None) -> bool | None:
+        """As asked; else, where every layer runs on this machine's CPU, whichever
+        the probe measured to make a turn cheaper here (choose_cpu_flash_attn,
+        its times kept in `kept`), and elsewhere llama.cpp's choice (None)."""
         s = self.settings
         if s.flash_attn is not None:
             return s.flash_attn
+        if s.exact:
+            return True
         devices = set(self.model.layer_devices.values())
         if not devices:  # llama.cpp did not say where the layers went: by what was asked
             on_cpu = s.n_gpu_layers == 0 and s.rpc is None
         else:
             on_cpu = devices == {"CPU"}
-        return cpu_flash_attn(s.n_ctx, s.n_batch, self.model.n_head()) if on_cpu else None
+        if not on_cpu:
+            return None
+        return choose_cpu_flash_attn(self.model.attention_shape(), n_ctx=s.n_ctx, n_batch=s.n_batch,
+                                     n_threads=s.n_threads or os.cpu_count() or 1, kept=kept)
 
     def close(self) -> None:
         self.pool.close()

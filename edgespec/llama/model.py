@@ -10,6 +10,7 @@ import llama_cpp
 
 from edgespec.errors import ModelFileError, ModelLoadError
 from edgespec.llama import backend_init, recent_errors, rpc, take_layer_devices
+from edgespec.models.attention_model import AttentionShape
 from edgespec.net import Split
 
 GGUF_MAGIC = b"GGUF"
@@ -110,6 +111,21 @@ class LlamaModel:
 
     def n_head(self) -> int:
         return llama_cpp.llama_model_n_head(self.ptr)
+
+    def attention_shape(self) -> AttentionShape:
+        """Heads and head sizes (GGUF's attention.key_length/value_length, else n_embd / n_head)."""
+        n_head = max(1, self.n_head())
+        default = llama_cpp.llama_model_n_embd(self.ptr) // n_head
+        return AttentionShape(n_head, llama_cpp.llama_model_n_head_kv(self.ptr) or n_head,
+                              self._meta_int("attention.key_length", default),
+                              self._meta_int("attention.value_length", default))
+
+    def _meta_int(self, key: str, default: int) -> int:
+        """An integer of the model's GGUF metadata under its architecture's prefix."""
+        buf = ctypes.create_string_buffer(64)
+        arch = buf.value if llama_cpp.llama_model_meta_val_str(self.ptr, b"general.architecture", buf, 64) > 0 else b""
+        n = llama_cpp.llama_model_meta_val_str(self.ptr, arch + b"." + key.encode(), buf, 64)
+        return int(buf.value) if n > 0 and buf.value.isdigit() else default
 
     def desc(self) -> str:
         buf = ctypes.create_string_buffer(256)

@@ -1,0 +1,158 @@
+"""Flash attention on the CPU is chosen by measuring it here: a one-layer probe
+with the model's attention shape, timed both ways, kept on disk; the choice is
+whichever makes a turn (a prompt read and a reply's passes) cheaper."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from edgespec.engine import attention
+from edgespec.engine.attention import AttentionTimes, FlashAttnTimes, TURN_PASSES, choose_cpu_flash_attn
+from edgespec.engine.events import GenerationParams
+from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings
+from edgespec.llama.model import LlamaModel
+from edgespec.models.attention_model import AttentionShape, write_attention_model
+
+SHAPE = AttentionShape(n_head=9, n_head_kv=3, head_k=64, head_v=64)
+"""SmolLM2-135M's attention."""
+
+
+def times(read: float, one: float, nine: float) -> AttentionTimes:
+    return AttentionTimes(read, {1: one, 9: nine})
+
+
+ON_READS_FASTER = FlashAttnTimes(on=times(1.0, 0.012, 0.060), off=times(1.05, 0.010, 0.030))
+"""Reading 5% dearer without it, passes much cheaper: off would win the turn, but
+the first token would wait longer than plain llama.cpp makes it wait."""
+OFF_PASSES_FASTER = FlashAttnTimes(on=times(1.0, 0.012, 0.060), off=times(0.98, 0.010, 0.030))
+"""Reading no dearer without it, passes much cheaper."""
+OFF_ONLY_READS_FASTER = FlashAttnTimes(on=times(1.0, 0.010, 0.030), off=times(0.99, 0.012, 0.040))
+"""Reading a little cheaper without it, passes dearer: on wins the turn."""
+
+
+@pytest.fixture
+def probe(monkeypatch):
+    """attention.measure replaced by `probe.times`, counting its calls; nothing kept in the process."""
+    class Probe:
+        times = OFF_PASSES_FASTER
+        calls = 0
+
+        def __call__(self, shape, **kw):
+            self.calls += 1
+            return self.times
+
+    fake = Probe()
+    monkeypatch.setattr(attention, "measure", fake)
+    monkeypatch.setattr(attention, "_measured", {})
+    return fake
+
+
+def test_off_only_where_it_reads_no_slower_and_makes_a_turn_cheaper():
+    assert ON_READS_FASTER.off.turn() < ON_READS_FASTER.on.turn() and ON_READS_FASTER.prefer_on() is True
+    assert OFF_PASSES_FASTER.prefer_on() is False
+    assert OFF_ONLY_READS_FASTER.prefer_on() is True
+    t = times(2.0, 0.5, 1.0)
+    assert t.turn() == 2.0 + TURN_PASSES[1] * 0.5 + TURN_PASSES[9] * 1.0
+
+
+def test_the_measured_choice_is_kept_on_disk_and_used_without_measuring_again(probe, tmp_path):
+    kept = tmp_path / "attention"
+    probe.times = ON_READS_FASTER
+    assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=2, kept=kept) is True
+    assert probe.calls == 1 and len(list(kept.glob("*.json"))) == 1
+    attention._measured.clear()  # a new process
+    probe.times = OFF_PASSES_FASTER
+    assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=2, kept=kept) is True
+    assert probe.calls == 1
+    # other threads are another machine's worth of measuring
+    assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=1, kept=kept) is False
+    assert probe.calls == 2 and len(list(kept.glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize("damage", ["", "not json", '{"on": {}}', json.dumps({"on": {"read": 1, "passes": {"3": 1}},
+                                                                               "off": {"read": 1, "passes": {}}})])
+def test_a_damaged_measurement_is_measured_again_with_a_log_line(probe, tmp_path, caplog, damage):
+    kept = tmp_path / "attention"
+    choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=2, kept=kept)
+    [path] = kept.glob("*.json")
+    path.write_text(damage)
+    attention._measured.clear()
+    probe.times = ON_READS_FASTER
+    with caplog.at_level(logging.INFO, logger="edgespec.attention"):
+        assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=2, kept=kept) is True
+    assert probe.calls == 2 and "measuring flash attention again" in caplog.text
+    assert FlashAttnTimes.from_json(json.loads(path.read_text())) == ON_READS_FASTER
+
+
+def test_a_folder_that_cannot_be_written_only_means_measuring_next_time(probe, tmp_path):
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=2, kept=blocked / "attention") is False
+    assert probe.calls == 1
+
+
+def test_a_probe_that_fails_leaves_the_choice_to_llama_cpp_and_says_so(monkeypatch, tmp_path, caplog):
+    def broken(shape, **kw):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(attention, "measure", broken)
+    monkeypatch.setattr(attention, "_measured", {})
+    with caplog.at_level(logging.WARNING, logger="edgespec.attention"):
+        assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=2, kept=tmp_path) is None
+    assert "could not measure flash attention (No space left on device)" in caplog.text
+
+
+def test_where_the_scores_of_a_batch_would_take_too_much_memory_flash_attention_stays_on_unmeasured(probe):
+    """Without it llama.cpp holds n_ctx x n_batch x n_head floats of attention scores:
+    fine at a 12k context for a 1.5B model (12 heads), not at 32k."""
+    qwen = AttentionShape(12, 2, 128, 128)
+    assert choose_cpu_flash_attn(qwen, n_ctx=32768, n_batch=512, n_threads=2, kept=None) is None
+    assert probe.calls == 0
+    assert choose_cpu_flash_attn(qwen, n_ctx=12288, n_batch=512, n_threads=2, kept=None) is False
+    assert probe.calls == 1
+
+
+def test_the_probe_model_has_the_attention_shape_of_the_model_it_stands_for(smollm2, tmp_path):
+    model = LlamaModel(smollm2)
+    try:
+        assert model.attention_shape() == SHAPE
+    finally:
+        model.close()
+    qwen = AttentionShape(12, 2, 128, 128)
+    probe_model = LlamaModel(write_attention_model(tmp_path / "probe.gguf", qwen))
+    try:
+        assert probe_model.attention_shape() == qwen and probe_model.n_layer() == 1
+    finally:
+        probe_model.close()
+
+
+def test_the_probe_times_both_settings_on_this_cpu():
+    measured = attention.measure(SHAPE, depth=128, n_batch=512, n_threads=1, rounds=1)
+    for t in (measured.on, measured.off):
+        assert t.read > 0 and set(t.passes) == set(TURN_PASSES) and all(s > 0 for s in t.passes.values())
+    assert FlashAttnTimes.from_json(json.loads(json.dumps(measured.to_json()))) == measured
+
+
+@pytest.mark.parametrize("measured, wanted, conversations", [(ON_READS_FASTER, "on", 4), (OFF_PASSES_FASTER, "off", 1)])
+def test_a_model_all_on_the_cpu_runs_with_the_flash_attention_measured_cheaper_here(
+        smollm2, probe, tmp_path, measured, wanted, conversations):
+    """Measured once, kept beside the snapshots; where it runs without, the unfused
+    path attends to every cell of the cache, so one conversation is held
+    (attention.default_slots). Asked for, or needed by exact kernels, it is as asked."""
+    probe.times = measured
+    with Engine.load(ModelSettings(smollm2, n_ctx=512), cache=CacheSettings(disk=tmp_path / "kv")) as engine:
+        info = engine.describe()
+        assert (info.target.flash_attn, info.conversations) == (wanted, conversations)
+        prompt = engine.tokenize("The history of the bicycle began", add_bos=True)
+        out = [t for chunk in engine.generate(prompt, GenerationParams(mode="plain", max_tokens=8)) for t in chunk.tokens]
+        assert len(out) == 8
+    assert probe.calls == 1 and list((tmp_path / "kv" / "attention").glob("*.json"))
+    for settings, asked in ((ModelSettings(smollm2, n_ctx=512, flash_attn=True), "on"),
+                            (ModelSettings(smollm2, n_ctx=512, flash_attn=False), "off"),
+                            (ModelSettings(smollm2, n_ctx=512, exact=True), "on")):
+        with Engine.load(settings) as engine:
+            assert engine.describe().target.flash_attn == asked
+    assert probe.calls == 1
