@@ -12,11 +12,15 @@ depth past 0 this prints what a turn costs the whole model each way beside what
 the probe measures, so that a machine shows whether the probe picks as the
 model would.
 
-The figures behind edgespec's rules (bundled 1.5B target, 2 threads):
-- flash attention off on the CPU: 2-core AVX-512 AMD EPYC, 6,600 tokens deep, a
-  17-token pass 569 ms off against 994 on, 2,600 tokens read 29 s against 37;
-  alike at an empty cache. On a 2-core Xeon (Sapphire Rapids) reading 1,529
-  tokens was ~7% faster on (20.8 s against 22.4 s).
+Figures that show why it is measured per machine (bundled 1.5B target, 2 threads):
+- 2-core AVX-512 AMD EPYC: off faster everywhere; 6,600 tokens deep a 17-token
+  pass 569 ms off against 994 on, 2,600 tokens read 29 s against 37; alike at
+  an empty cache.
+- 2-core Xeon (Sapphire Rapids): reading 1,529 tokens ~7% faster on (20.8 s
+  against 22.4 s).
+- 2-core AVX2 AMD EPYC (Zen 1): reading 1,536 tokens 11% faster on (91.8 s
+  against 101.9 s), a 9-token pass at that depth 19% faster off; the probe read
+  1.6x faster on, so on.
 - one conversation per context without flash attention (attention.default_slots):
   2-core Xeon, a 1,300-token prompt read beside a 1,600-token conversation took
   22-24 s, against 17-19 s alone.

@@ -103,8 +103,8 @@ class LlamaContext:
     def state_seq_set_data(self, seq_id: int, data: bytes) -> bool:
         """Load a state from state_seq_get_data into an empty sequence; False when
         llama.cpp refuses it (no room, or not a state of this model and cache)."""
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        n = self.model.call(llama_cpp.llama_state_seq_set_data, self._ctx, buf, len(data), seq_id)
+        src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))  # no copy: llama.cpp only reads it
+        n = self.model.call(llama_cpp.llama_state_seq_set_data, self._ctx, src, len(data), seq_id)
         if n == 0:
             self.memory_seq_rm(seq_id, 0)  # a failed load may leave part of it
         return n != 0
