@@ -65,9 +65,8 @@ class ModelSettings:
     the rest stay on this machine's CPU. Only a target: the draft stays local."""
     flash_attn: bool | None = None
     """Flash attention on or off; None: edgespec's choice (where every layer runs
-    on this machine's CPU, whichever was measured to make a turn cheaper here,
-    engine/attention.py; else llama.cpp's). Exact kernels need it on (their Q8_0
-    cache) and override an off."""
+    on this machine's CPU, as measured here: engine/attention.py; else
+    llama.cpp's). Exact kernels need it on (their Q8_0 cache) and override an off."""
 
 
 def vocab_info(model: LlamaModel) -> VocabInfo:
@@ -149,9 +148,9 @@ class _Loaded:
             return LlamaContext(self.model, kv_type="f16", flash_attn=True, **common)
 
     def _flash_attn(self, kept: Path | None) -> bool | None:
-        """As asked; else, where every layer runs on this machine's CPU, whichever
-        the probe measured to make a turn cheaper here (choose_cpu_flash_attn,
-        its times kept in `kept`), and elsewhere llama.cpp's choice (None)."""
+        """As asked (on for exact kernels); else, where every layer runs on this
+        machine's CPU, as the probe measured it here (choose_cpu_flash_attn, its
+        times kept in `kept`), and elsewhere llama.cpp's choice (None)."""
         s = self.settings
         if s.flash_attn is not None:
             return s.flash_attn

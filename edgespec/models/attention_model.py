@@ -2,7 +2,7 @@
 
 Flash attention on or off changes only how attention runs, and attention costs
 every layer of a model the same; so one layer with the model's heads, head
-sizes and context shows, in a second, what the choice costs the whole model
+sizes and context shows in seconds which setting costs the whole model less
 (engine/attention.py measures it). Its embeddings and feed-forward are tiny:
 their cost, the same either way, does not hide the difference."""
 
