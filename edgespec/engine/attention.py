@@ -111,7 +111,7 @@ def choose_cpu_flash_attn(shape: AttentionShape, *, n_ctx: int, n_batch: int, n_
     times = _measured.get(key) or _load(kept, key)
     if times is None:
         try:
-            times = measure(shape, depth=depth, n_batch=n_batch, n_threads=n_threads)
+            times = measure(shape, depth=depth, n_batch=n_batch, n_threads=n_threads, scratch=kept)
         except Exception as e:  # a choice of kernels must never stop a load
             log.warning("could not measure flash attention (%s): llama.cpp chooses", e)
             return None
@@ -128,10 +128,14 @@ _measured: dict[str, FlashAttnTimes] = {}
 
 
 def measure(shape: AttentionShape, *, depth: int, n_batch: int, n_threads: int,
-            rounds: int = PROBE_ROUNDS) -> FlashAttnTimes:
+            rounds: int = PROBE_ROUNDS, scratch: Path | None = None) -> FlashAttnTimes:
     """Time the probe model of `shape` with flash attention on and off: a read of
-    `depth` tokens and TURN_PASSES' sizes at that depth, interleaved, medians."""
-    with tempfile.TemporaryDirectory(prefix="edgespec-attention-") as folder:
+    `depth` tokens and TURN_PASSES' sizes at that depth, interleaved, medians.
+    The probe's file lives in `scratch` (edgespec's own folder) while it runs,
+    or in the system's temporary folder where there is none."""
+    if scratch is not None:
+        scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="probe-", dir=scratch) as folder:
         model = LlamaModel(write_attention_model(Path(folder) / "probe.gguf", shape))
         seqs: dict[bool, KVSequence] = {}
         try:
