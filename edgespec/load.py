@@ -102,8 +102,10 @@ def _need(path: str | Path, *, n_ctx: int, kv_type: str) -> ModelNeed:
 
 def kv_cache(*, parallel: int | None = None, ram_mib: int | None = None, disk_mib: int | None = None) -> CacheSettings:
     """What every face keeps of the conversations it reads: CacheSettings' defaults
-    for what is not given, and disk snapshots under edgespec's cache folder (0 MiB: none)."""
+    for what is not given, disk snapshots under edgespec's cache folder (0 MiB:
+    none), and what is measured of this machine there too (always)."""
     default = CacheSettings()
     disk_mib = default.disk_mib if disk_mib is None else disk_mib
     return CacheSettings(slots=parallel, ram_mib=default.ram_mib if ram_mib is None else ram_mib,
-                         disk=dirs().cache / "kv" if disk_mib > 0 else None, disk_mib=disk_mib)
+                         disk=dirs().cache / "kv" if disk_mib > 0 else None, disk_mib=disk_mib,
+                         measured=dirs().cache / "measured")

@@ -143,17 +143,18 @@ def test_the_probe_times_both_settings_on_this_cpu_and_leaves_no_file(tmp_path):
 @pytest.mark.parametrize("measured, wanted, conversations", [(ON_READS_FASTER, "on", 4), (OFF_PASSES_FASTER, "off", 1)])
 def test_a_model_all_on_the_cpu_runs_with_the_flash_attention_measured_cheaper_here(
         smollm2, probe, tmp_path, measured, wanted, conversations):
-    """Measured once, kept beside the snapshots; where it runs without, the unfused
-    path attends to every cell of the cache, so one conversation is held
-    (attention.default_slots). Asked for, or needed by exact kernels, it is as asked."""
+    """Measured once, kept in the folder for what is measured here (with or without
+    disk snapshots); where it runs without, the unfused path attends to every cell
+    of the cache, so one conversation is held (attention.default_slots). Asked
+    for, or needed by exact kernels, it is as asked."""
     probe.times = measured
-    with Engine.load(ModelSettings(smollm2, n_ctx=512), cache=CacheSettings(disk=tmp_path / "kv")) as engine:
+    with Engine.load(ModelSettings(smollm2, n_ctx=512), cache=CacheSettings(measured=tmp_path / "measured")) as engine:
         info = engine.describe()
         assert (info.target.flash_attn, info.conversations) == (wanted, conversations)
         prompt = engine.tokenize("The history of the bicycle began", add_bos=True)
         out = [t for chunk in engine.generate(prompt, GenerationParams(mode="plain", max_tokens=8)) for t in chunk.tokens]
         assert len(out) == 8
-    assert probe.calls == 1 and list((tmp_path / "kv" / "attention").glob("*.json"))
+    assert probe.calls == 1 and list((tmp_path / "measured" / "attention").glob("*.json"))
     for settings, asked in ((ModelSettings(smollm2, n_ctx=512, flash_attn=True), "on"),
                             (ModelSettings(smollm2, n_ctx=512, flash_attn=False), "off"),
                             (ModelSettings(smollm2, n_ctx=512, exact=True), "on")):

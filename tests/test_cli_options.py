@@ -165,6 +165,7 @@ def test_the_app_takes_no_draft_and_the_cache_options_as_the_commands_do(monkeyp
     assert cli.main(["--no-draft", "--parallel", "2", "--cache-ram", "0", "--cache-disk", "0"]) == 0
     assert seen["no_draft"] is True
     assert (seen["cache"].slots, seen["cache"].ram_mib, seen["cache"].disk) == (2, 0, None)
+    assert seen["cache"].measured is not None  # no snapshots on disk, but flash attention is measured once
     assert cli.main([]) == 0 and seen["no_draft"] is False and seen["cache"].disk is not None
 
 

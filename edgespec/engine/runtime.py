@@ -92,6 +92,10 @@ class CacheSettings:
     disk: Path | None = None
     """Folder for snapshots kept between runs (the app and `chat` use one); None: none."""
     disk_mib: int = 4096
+    measured: Path | None = None
+    """Folder for what is measured of this machine once and kept between runs
+    (flash attention on the CPU, engine/attention.py), whether or not snapshots
+    are; None: measured again by each process."""
 
     def snapshot_cache(self) -> SnapshotCache:
         return SnapshotCache(ram_bytes=self.ram_mib << 20, disk=self.disk, disk_bytes=self.disk_mib << 20)
@@ -100,12 +104,14 @@ class CacheSettings:
 class _Loaded:
     """One model with its context and the KV sequences in it."""
 
-    def __init__(self, settings: ModelSettings, *, slots: int | None = 1, cache: SnapshotCache | None = None):
-        """`slots` None: default_slots for this model's flash attention."""
+    def __init__(self, settings: ModelSettings, *, slots: int | None = 1, cache: SnapshotCache | None = None,
+                 measured: Path | None = None):
+        """`slots` None: default_slots for this model's flash attention; `measured`:
+        CacheSettings.measured."""
         self.settings = settings
         self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers, split=settings.rpc)
         try:
-            self.flash_attn = self._flash_attn(cache.disk / "attention" if cache and cache.disk else None)
+            self.flash_attn = self._flash_attn(measured / "attention" if measured else None)
             """For a context without exact kernels (which keep it on): as asked, or edgespec's choice."""
             self.ctx = self._context(slots or default_slots(True if settings.exact else self.flash_attn))
             # the key reads the model file: only where there are snapshots to tell apart
@@ -204,11 +210,12 @@ class Engine:
         """Load the models; raises ModelFileError, ModelLoadError or IncompatibleDraftError.
         `cache`: conversations held at once and snapshots (default: one, none)."""
         snapshots = cache.snapshot_cache() if cache else None
-        t = _Loaded(target, slots=cache.slots if cache else 1, cache=snapshots)
+        measured = cache.measured if cache else None
+        t = _Loaded(target, slots=cache.slots if cache else 1, cache=snapshots, measured=measured)
         d = None
         try:
             if draft is not None:  # the draft's sequences pair with the target's, one to one
-                d = _Loaded(draft, slots=t.ctx.n_seq_max, cache=snapshots)
+                d = _Loaded(draft, slots=t.ctx.n_seq_max, cache=snapshots, measured=measured)
                 ensure_compatible(vocab_info(t.model), vocab_info(d.model),
                                   target_name=Path(target.path).name, draft_name=Path(draft.path).name)
         except BaseException:
