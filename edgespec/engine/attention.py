@@ -90,10 +90,9 @@ class FlashAttnTimes:
         return cls(times(data["on"]), times(data["off"]))
 
 
-def cpu_flash_attn(n_ctx: int, n_batch: int, n_head: int) -> bool | None:
-    """Whether flash attention may be off for a model all on the CPU: False while
-    the unfused scores fit CPU_SCORES_MAX_BYTES, else None (llama.cpp's choice, on)."""
-    return False if n_ctx * n_batch * n_head * 4 <= CPU_SCORES_MAX_BYTES else None
+def _scores_fit(n_ctx: int, n_batch: int, n_head: int) -> bool:
+    """Whether the unfused path's scores fit CPU_SCORES_MAX_BYTES."""
+    return n_ctx * n_batch * n_head * 4 <= CPU_SCORES_MAX_BYTES
 
 
 def choose_cpu_flash_attn(shape: AttentionShape, *, n_ctx: int, n_batch: int, n_threads: int,
@@ -103,7 +102,7 @@ def choose_cpu_flash_attn(shape: AttentionShape, *, n_ctx: int, n_batch: int, n_
     would not fit). The probe's times are kept in `kept` (a folder) and
     for the process, per shape, context, threads, CPU and llama.cpp; a probe
     that fails leaves the choice to llama.cpp."""
-    if cpu_flash_attn(n_ctx, n_batch, shape.n_head) is None:
+    if not _scores_fit(n_ctx, n_batch, shape.n_head):
         return None
     depth = max(1, min(PROBE_DEPTH, n_ctx - max(TURN_PASSES)))  # as deep as a conversation gets
     key = cache_key(shape=shape, depth=depth, n_batch=n_batch, threads=n_threads, cpu=cpu_name(),

@@ -112,8 +112,8 @@ class _Loaded:
         self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers, split=settings.rpc)
         try:
             self.flash_attn = self._flash_attn(measured / "attention" if measured else None)
-            """For a context without exact kernels (which keep it on): as asked, or edgespec's choice."""
-            self.ctx = self._context(slots or default_slots(True if settings.exact else self.flash_attn))
+            """The context's: as asked, on for exact kernels, or edgespec's choice."""
+            self.ctx = self._context(slots or default_slots(self.flash_attn))
             # the key reads the model file: only where there are snapshots to tell apart
             self.pool = SequencePool(self.ctx, key=self._cache_key() if cache else "", cache=cache)
         except BaseException:
@@ -154,14 +154,14 @@ class _Loaded:
             return LlamaContext(self.model, kv_type="f16", flash_attn=True, **common)
 
     def _flash_attn(self, kept: Path | None) -> bool | None:
-        """As asked (on for exact kernels); else, where every layer runs on this
+        """On for exact kernels; else as asked; else, where every layer runs on this
         machine's CPU, as the probe measured it here (choose_cpu_flash_attn, its
         times kept in `kept`), and elsewhere llama.cpp's choice (None)."""
         s = self.settings
-        if s.flash_attn is not None:
-            return s.flash_attn
         if s.exact:
             return True
+        if s.flash_attn is not None:
+            return s.flash_attn
         devices = set(self.model.layer_devices.values())
         if not devices:  # llama.cpp did not say where the layers went: by what was asked
             on_cpu = s.n_gpu_layers == 0 and s.rpc is None
