@@ -4,6 +4,7 @@
 #   scripts/install.sh --test           also what the test suite and benchmarks need
 #   scripts/install.sh --cpu            a CPU build of llama.cpp whatever the machine has (with --test too)
 #   scripts/install.sh --print-backend  say which build it would make, and make none
+#   scripts/install.sh --help           this text
 # The backend: Metal on Apple Silicon; CUDA where there is an NVIDIA toolkit (nvcc
 # on PATH or CUDA_HOME) and an NVIDIA GPU (nvidia-smi lists one, or /dev/nvidia0);
 # HIP where ROCm's hipcc is on PATH; Vulkan where its headers and glslc are found;
@@ -19,7 +20,9 @@ for arg in "$@"; do
         --test) test_extras=true ;;
         --cpu) cpu=true ;;
         --print-backend) print_backend=true ;;
-        *) echo "scripts/install.sh: unknown option $arg (options: --test, --cpu, --print-backend)" >&2; exit 2 ;;
+        -h|--help) sed -n '2,/^set /s/^# \{0,1\}//p' scripts/install.sh; exit 0 ;;  # the comment above
+        *) echo "scripts/install.sh: unknown option $arg (options: --test, --cpu, --print-backend, --help)" >&2
+           exit 2 ;;
     esac
 done
 

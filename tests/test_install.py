@@ -89,3 +89,13 @@ def test_cpu_and_cmake_args_win(tmp_path):
     done = subprocess.run(["bash", str(ROOT / "scripts/install.sh"), "--cpu"], capture_output=True, text=True,
                           env={**os.environ, "CMAKE_ARGS": "-DGGML_CUDA=ON"}, timeout=60)
     assert done.returncode == 2 and "unset CMAKE_ARGS" in done.stderr
+
+
+def test_help_prints_the_usage_and_builds_nothing(tmp_path):
+    for flag in ("--help", "-h"):
+        done = subprocess.run(["bash", str(ROOT / "scripts/install.sh"), flag], capture_output=True, text=True,
+                              env={**os.environ, "HOME": str(tmp_path)}, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "--print-backend" in done.stdout and "--cpu" in done.stdout and done.stderr == ""
+        assert "Building" not in done.stdout
+
