@@ -71,7 +71,7 @@ choose_backend() {
         backend=cpu why="your CMAKE_ARGS"
         for b in cuda hip vulkan metal; do
             describe_backend "$b"
-            case " $(echo "$CMAKE_ARGS" | tr a-z A-Z) " in *" $flag "*) backend=$b; break ;; esac
+            if cmake_on "${flag%=ON}" no; then backend=$b; break; fi
         done
         return
     fi
@@ -104,6 +104,14 @@ choose_backend() {
         no_gpu="the Vulkan headers at $header are older than this llama.cpp needs (no VkLayerSettingEXT; scripts/gpu_check.sh shows how to build with newer ones)"
     fi
     backend=cpu why="${no_gpu:-no GPU toolkit found: nvcc, hipcc, or Vulkan headers with glslc}"
+}
+
+# Whether CMAKE_ARGS turn option $1 (-DGGML_CUDA) on, in any of CMake's spellings
+# (-DGGML_CUDA=on, =1, :BOOL=ON); $2 (yes or no): the answer when they do not set it.
+cmake_on() {
+    local value
+    value=$(echo " ${CMAKE_ARGS:-} " | tr a-z A-Z | sed -n "s/.*[[:space:]]$1\(:BOOL\)\{0,1\}=\([^[:space:]]*\)[[:space:]].*/\2/p")
+    case "${value:-$2}" in ON|1|YES|TRUE|Y|yes) return 0 ;; *) return 1 ;; esac
 }
 
 # CMAKE_ARGS for the backend (describe_backend first): the GPU's flag, the CPU

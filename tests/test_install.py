@@ -99,3 +99,15 @@ def test_help_prints_the_usage_and_builds_nothing(tmp_path):
         assert "--print-backend" in done.stdout and "--cpu" in done.stdout and done.stderr == ""
         assert "Building" not in done.stdout
 
+
+@pytest.mark.parametrize("value", ["1", "on", "ON", "On", "true", "YES"])
+@pytest.mark.parametrize("backend", ["cuda", "hip", "vulkan"])
+def test_cmake_args_name_their_backend_whatever_the_spelling_of_on(tmp_path, backend, value):
+    choice = choose(tmp_path, CMAKE_ARGS=f"-DGGML_NATIVE=OFF -DGGML_{backend.upper()}={value}")
+    assert choice["backend"] == backend and "the CPU" not in choice["sentence"]
+
+
+@pytest.mark.parametrize("value", ["0", "off", "OFF"])
+def test_cmake_args_that_turn_a_backend_off_build_for_the_cpu(tmp_path, value):
+    assert choose(tmp_path, CMAKE_ARGS=f"-DGGML_CUDA={value}")["backend"] == "cpu"
+
