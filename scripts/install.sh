@@ -9,7 +9,7 @@
 # on PATH or CUDA_HOME) and an NVIDIA GPU (nvidia-smi lists one, or /dev/nvidia0);
 # HIP where ROCm's hipcc is on PATH; Vulkan where its headers and glslc are found;
 # else the CPU. CMAKE_ARGS you set win (see README.md, "Installing for your hardware").
-# llama.cpp's RPC backend (ggml-rpc) is always built in, so any install can be
+# llama.cpp's RPC backend (ggml-rpc) is built in unless CMAKE_ARGS say -DGGML_RPC=OFF, so any install can be
 # a worker (`edgespec worker`) or use workers (`--rpc`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -145,9 +145,14 @@ choose_backend
 describe_backend "$backend"
 choice="Building llama.cpp for $label ($why)"
 if [ "$backend" != cpu ] && [ -z "${CMAKE_ARGS:-}" ]; then choice+="; scripts/install.sh --cpu for a CPU build"; fi
+# llama.cpp's RPC backend is built in unless your CMAKE_ARGS turn it off (then an
+# installed build without it is kept).
+rpc=yes
+if ! cmake_on -DGGML_RPC yes; then rpc=no; fi
 if $print_backend; then
     echo "backend=$backend"
     echo "cmake_args=$(backend_args)"
+    echo "rpc=$rpc"
     echo "$choice"
     exit 0
 fi
@@ -155,15 +160,16 @@ fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 
-# An installed build is kept only if it is this version, has ggml-rpc and is
-# for the backend chosen (a GPU backend is a library of its own beside ggml's).
+# An installed build is kept only if it is this version, has ggml-rpc (unless
+# CMAKE_ARGS turned it off) and is for the backend chosen (a GPU backend is a
+# library of its own beside ggml's).
 has_build() {
     .venv/bin/python -c "
 import glob, os, sys, llama_cpp
 lib = os.path.join(os.path.dirname(llama_cpp.__file__), 'lib')
 has = lambda name: bool(glob.glob(os.path.join(lib, f'*ggml-{name}*')))
 built = next((b for b in ('cuda', 'hip', 'vulkan', 'metal') if has(b)), 'cpu')
-sys.exit(llama_cpp.__version__ != '$llama_cpp_version' or not has('rpc') or built != '$backend')
+sys.exit(llama_cpp.__version__ != '$llama_cpp_version' or ('$rpc' == 'yes' and not has('rpc')) or built != '$backend')
 " 2>/dev/null
 }
 

@@ -33,7 +33,7 @@ def choose(tmp_path: Path, *fakes: str, args: tuple[str, ...] = (), **env: str) 
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     return {"backend": lines[0].removeprefix("backend="), "cmake_args": lines[1].removeprefix("cmake_args="),
-            "sentence": lines[2]}
+            "rpc": lines[2].removeprefix("rpc="), "sentence": lines[3]}
 
 
 NVIDIA_SMI = "nvidia-smi=echo 'GPU 0: NVIDIA H200 (UUID: GPU-1234)'"
@@ -111,3 +111,11 @@ def test_cmake_args_name_their_backend_whatever_the_spelling_of_on(tmp_path, bac
 def test_cmake_args_that_turn_a_backend_off_build_for_the_cpu(tmp_path, value):
     assert choose(tmp_path, CMAKE_ARGS=f"-DGGML_CUDA={value}")["backend"] == "cpu"
 
+
+@pytest.mark.parametrize("cmake_args, rpc", [
+    ("", "yes"), ("-DGGML_RPC=OFF", "no"), ("-DGGML_RPC=0", "no"), ("-DGGML_RPC=off -DGGML_CUDA=ON", "no"),
+    ("-DGGML_RPC=ON", "yes"), ("-DGGML_NATIVE=OFF", "yes"),
+])
+def test_the_installed_build_needs_rpc_only_where_cmake_args_leave_it_on(tmp_path, cmake_args, rpc):
+    """A build made with -DGGML_RPC=OFF is kept by later runs (has_build reads the same answer)."""
+    assert choose(tmp_path, **({"CMAKE_ARGS": cmake_args} if cmake_args else {}))["rpc"] == rpc
