@@ -7,8 +7,7 @@ command with a message instead of a traceback."""
 import os
 import sys
 
-EXIT_INTERRUPTED = 130
-"""The exit status of a command stopped by Ctrl+C (128 + SIGINT, as shells report it)."""
+from edgespec.errors import EXIT_INTERRUPTED  # stdlib only: nothing heavy
 
 
 def main() -> int:

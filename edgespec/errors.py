@@ -1,8 +1,15 @@
 """Typed errors with messages a user can act on.
 
 Everything below the faces (edgespec.cli, the chat app) raises these; the faces
-catch `EdgespecError` once and print its message.
+catch `EdgespecError` once and print its message. The exit statuses of the
+command line stand here too, where the launcher (edgespec/__main__.py) and the
+command line (edgespec/cli/) both read them.
 """
+
+EXIT_ERROR = 1
+"""The exit status of a command that failed with an error it printed."""
+EXIT_INTERRUPTED = 130
+"""The exit status of a command stopped by Ctrl+C (128 + SIGINT, as shells report it)."""
 
 
 class EdgespecError(Exception):
@@ -53,3 +60,31 @@ class WorkerLostError(EdgespecError):
     def __init__(self, fact: str):
         super().__init__(f"{fact}. Start it again, then reload the model (the models screen, or run the command again)")
         self.fact = fact
+
+
+class FileAccessError(EdgespecError):
+    """A project file cannot be used as asked (missing, not a regular file, unreadable); the base of the file errors."""
+
+
+class OutsideRootError(FileAccessError):
+    """A path resolves outside the project folder (through `..`, an absolute path or a symlink)."""
+
+
+class NotTextError(FileAccessError):
+    """A file is binary (NUL bytes) or not valid UTF-8."""
+
+
+class FileTooLargeError(FileAccessError):
+    """A file is over the size limit for attaching (workspace.root.MAX_FILE_BYTES)."""
+
+
+class StaleFileError(FileAccessError):
+    """A file on disk changed (or was deleted) since the reply or the change was based on it."""
+
+
+class EditError(FileAccessError):
+    """A reply's edit does not apply to the file it names (text not found or not unique, overlapping or elided)."""
+
+
+class WriteError(FileAccessError):
+    """Writing a file failed (disk full, read-only folder, no permission); the file on disk is left as it was."""

@@ -96,7 +96,7 @@ TTFT_GOAL = 1.1
 def server_specs(args, target: Path, draft: Path) -> list[ServerSpec]:
     n = str(args.threads)
     specs = [ServerSpec(OURS, lambda port: [
-        sys.executable, "-m", "edgespec.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+        sys.executable, "-m", "edgespec", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--target", str(target), "--draft", str(draft), "--ctx", str(args.ctx), "--threads", n])]
 
     def llama(port: int) -> list[str]:

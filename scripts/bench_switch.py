@@ -59,7 +59,7 @@ def specs(args, target: Path, draft: Path, home: str) -> list[ServerSpec]:
     env = {**os.environ, "EDGESPEC_HOME": home}
     n = str(args.threads)
     ours = ServerSpec(OURS, lambda port: [
-        sys.executable, "-m", "edgespec.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+        sys.executable, "-m", "edgespec", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--target", str(target), "--draft", str(draft), "--ctx", str(args.ctx), "--threads", n,
         *shlex.split(args.edgespec_args)], env)
     theirs = ServerSpec(THEIRS, lambda port: [

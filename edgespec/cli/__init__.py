@@ -17,8 +17,7 @@ from edgespec import __version__
 from edgespec.cli import chats, generate, models, serve, worker
 from edgespec.cli.options import (add_cache_options, add_model_names, add_no_draft, add_rpc_options, cache_from_args,
                                   rpc_split)
-from edgespec.cli.output import EXIT_ERROR, EXIT_INTERRUPTED
-from edgespec.errors import EdgespecError
+from edgespec.errors import EXIT_ERROR, EXIT_INTERRUPTED, EdgespecError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,11 +10,11 @@ import sys
 from edgespec.bench import BASELINE, DEFAULT_MODES
 from edgespec.cli.options import (add_limited, add_model_options, add_sampling_options, add_template_option,
                                   engine_from_args, params_from_args)
-from edgespec.cli.output import EXIT_INTERRUPTED, stderr_stats, note
+from edgespec.cli.output import stderr_stats, note
 from edgespec.cli.progress import stderr_progress
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.limits import BENCH_MAX_TOKENS
-from edgespec.errors import EdgespecError
+from edgespec.errors import EXIT_INTERRUPTED, EdgespecError
 
 
 def add_parsers(sub) -> None:

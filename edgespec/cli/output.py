@@ -1,13 +1,10 @@
-"""What the commands write besides a reply (notes, tables, the statistics line), and their exit statuses."""
+"""What the commands write besides a reply (notes, tables, the statistics line)."""
 
 from __future__ import annotations
 
 import sys
 
-from edgespec.__main__ import EXIT_INTERRUPTED  # noqa: F401  (the launcher's, which exits with it too)
 from edgespec.chat.words import stats_line
-
-EXIT_ERROR = 1
 
 
 def note(text: str) -> None:
