@@ -89,7 +89,7 @@ def main() -> int:
               f"{'auto':>6} {'ceiling':>8}   (agree: the draft model's greedy guess is the target's; "
               f"then speedup over plain, replayed)")
         draft, lookup = ReplayedDraft(costs), PromptLookup()
-        auto = AutoPolicy(costs, [lookup, draft], k_max=k, lookup_k_max=k_max, priors=ACCEPTANCE_PRIORS)
+        auto = AutoPolicy(costs, [lookup, draft], k_max=k, priors=ACCEPTANCE_PRIORS)
         traces = []
         for prompt, tokens in encoded:
             trace = record(engine, prompt.id, tokens, args.max_tokens)

@@ -422,7 +422,7 @@ def test_no_cycle_risks_more_than_the_ledger_can_lose():
     bet on a fresh reply, however sure auto is of it; once shorter drafts have
     saved enough, it is."""
     costs = Costs({1: 0.033, 2: 0.040, 9: 0.120, 17: 0.150}, {"draft": 0.011, "lookup": 0.0})
-    p = AutoPolicy(costs, [PromptLookup()], k_max=8, lookup_k_max=16, priors={"lookup": 0.5})
+    p = AutoPolicy(costs, [PromptLookup()], k_max=16, priors={"lookup": 0.5})
     p.acceptance[Bucket("lookup", "8-gram")] = Acceptance(0.999, weight=100.0)
     history = list(range(40)) + list(range(20))  # the reply copies what came before
     fresh = p.plan(history)
@@ -456,7 +456,7 @@ class FakeFreeDrafter(Drafter):
     def propose(self, history, k, params, rng):
         return Draft([7, 7, 7][:k])
 
-    def offer(self, history, k_max, *, free_k_max):
+    def offer(self, history, k_max):
         return Offer(3, "tail", [7, 7, 7])
 
 
@@ -469,3 +469,14 @@ def test_a_new_drafter_is_priced_and_scored_from_what_it_offers():
     assert unused.plan([1, 2, 3]).kind == "plain"
     unused.plan([1, 2, 3, 7, 7, 7])  # the cycle went as the unused proposal said
     assert unused.acceptance[Bucket("suffix", "tail")].rate > 0.7
+
+
+def test_k_caps_every_drafter_auto_uses():
+    """--k is the most tokens any cycle drafts, a free lookup proposal included."""
+    costs = Costs({1: 0.010, 2: 0.0102, 17: 0.013}, {"draft": 0.002, "lookup": 0.0})
+    p = AutoPolicy(costs, [PromptLookup(), FakeDraftModel()], k_max=2, priors={"lookup": 0.9, "draft": 0.9})
+    p.acceptance[Bucket("lookup", "8-gram")] = Acceptance(0.999, weight=100.0)
+    p.ledger.saved = 1.0
+    history = list(range(40)) + list(range(20))  # the reply copies what came before: lookup could propose 20
+    plan = p.plan(history)
+    assert plan.name == "lookup" and plan.k == 2 and len(plan.proposal) <= 2

@@ -46,8 +46,7 @@ def replay_suite(profile: str) -> list[tuple[str, float, float, float]]:
     truth = costs(profile)
     draft, lookup = ReplayedDraft(truth), PromptLookup()
     k_max = min(16, max(truth.target) - 1)
-    auto = AutoPolicy(costs(profile), [lookup, draft], k_max=min(8, k_max), lookup_k_max=k_max,
-                      priors=ACCEPTANCE_PRIORS)
+    auto = AutoPolicy(costs(profile), [lookup, draft], k_max=min(8, k_max), priors=ACCEPTANCE_PRIORS)
     return [(t.name, plain_seconds(t, truth), replay(auto, t, truth, draft), ceiling(t, truth, k_max, lookup))
             for t in load_traces(TRACES)]
 
@@ -70,3 +69,21 @@ def test_auto_wins_on_edits_wherever_verifying_is_cheaper_than_decoding(profile)
     rows = {name: plain / auto for name, plain, auto, _ in replay_suite(profile)}
     edits = [rows[name] for name in ("fix-typo", "reformat-json", "rename-variable")]
     assert statistics.geometric_mean(edits) > 1.25, rows
+
+
+@pytest.mark.parametrize("profile", ["gpu", "cpu 2 threads"])
+def test_no_cycle_of_auto_drafts_more_than_k(profile):
+    """--k 2: no cycle drafts more than 2 tokens, whichever drafter auto takes."""
+    truth = costs(profile)
+    draft, lookup = ReplayedDraft(truth), PromptLookup()
+    drafted = []
+
+    class Recording(AutoPolicy):
+        def observe(self, report):
+            drafted.append(report.drafted)
+            super().observe(report)
+
+    auto = Recording(costs(profile), [lookup, draft], k_max=2, priors=ACCEPTANCE_PRIORS)
+    for trace in load_traces(TRACES):
+        replay(auto, trace, truth, draft)
+    assert max(drafted) == 2

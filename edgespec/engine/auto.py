@@ -200,14 +200,12 @@ class AutoPolicy(Policy):
     rated high keeps its standing: a reply often starts unsure (a code fence, a
     name) before the stretch the draft model predicts well."""
 
-    def __init__(self, costs: Costs, drafters: Sequence[Drafter], *, k_max: int, lookup_k_max: int = 16,
+    def __init__(self, costs: Costs, drafters: Sequence[Drafter], *, k_max: int,
                  priors: dict[str, float] | None = None):
         self.costs = costs
         self.drafters = list(drafters)
         self.k_max = k_max
-        """The longest draft made on demand (a draft model's)."""
-        self.lookup_k_max = max(lookup_k_max, k_max)
-        """The longest free proposal (prompt lookup's) that may be verified."""
+        """The most tokens any cycle drafts, whichever drafter drafts them (--k)."""
         self._priors = priors or {}
         self.acceptance: dict[Bucket, Acceptance] = {}
         self.probes = Probes([d.name for d in self.drafters], every=self.PROBE_EVERY, most=self.PROBE_MAX)
@@ -282,7 +280,7 @@ class AutoPolicy(Policy):
         """The fastest safe plan of all the drafters offer; else a probe, if one is
         due; else plain, with the best plan it declined."""
         self._score_shadow(history)
-        offers = [(d, d.offer(history, self.k_max, free_k_max=self.lookup_k_max)) for d in self.drafters]
+        offers = [(d, self._offer(d, history)) for d in self.drafters]
         plain_rate = 1.0 / self.costs.target_pass(1)
         options = list(self._options(history, offers, plain_rate))
         safe = [(plan, rate) for plan, rate, worst_loss in options
@@ -297,6 +295,14 @@ class AutoPolicy(Policy):
             best.declined = max(options, key=_second)[0]
         best.reason = self.describe(best)
         return best
+
+    def _offer(self, drafter: Drafter, history: Sequence[int]) -> Offer:
+        """What the drafter offers, cut to k_max: the one place --k caps every drafter."""
+        offer = drafter.offer(history, self.k_max)
+        if offer.k_max <= self.k_max:
+            return offer
+        proposal = offer.proposal[: self.k_max] if offer.proposal is not None else None
+        return Offer(self.k_max, offer.key, proposal)
 
     def _options(self, history: Sequence[int], offers: list[tuple[Drafter, Offer]], plain_rate: float):
         """(plan, expected tokens per second, worst loss) for each drafter and each k it offers."""

@@ -79,19 +79,19 @@ class Policies:
 
     def auto(self, params: GenerationParams) -> AutoPolicy:
         """The AutoPolicy, made (and so calibrated) now if it is not yet."""
-        k_cap = self.max_verify_batch() - 1
-        auto = self._make_auto(min(params.k, k_cap), k_cap)
-        auto.k_max = min(params.k, k_cap)
+        k_max = min(params.k, self.max_verify_batch() - 1)
+        auto = self._make_auto(k_max)
+        auto.k_max = k_max
         return auto
 
     def _auto_policy(self, params: GenerationParams, k_cap: int) -> Policy:
         k_max = min(params.k, k_cap)
         if self._auto is None:  # made after the first reply's first token: calibrating takes a second or two
-            return Deferred(lambda: self._make_auto(k_max, k_cap))
+            return Deferred(lambda: self._make_auto(k_max))
         self._auto.k_max = k_max
         return self._auto
 
-    def _make_auto(self, k_max: int, k_cap: int) -> AutoPolicy:
+    def _make_auto(self, k_max: int) -> AutoPolicy:
         if self._auto is None:
             kept = self.costs_path(k_max)
             costs = load_costs(kept) if kept else None
@@ -101,5 +101,5 @@ class Policies:
                 if kept:
                     save_costs(costs, kept)
             drafters = [self.lookup] + ([self.draft_model] if self.draft_model else [])
-            self._auto = AutoPolicy(costs, drafters, k_max=k_max, lookup_k_max=k_cap, priors=ACCEPTANCE_PRIORS)
+            self._auto = AutoPolicy(costs, drafters, k_max=k_max, priors=ACCEPTANCE_PRIORS)
         return self._auto

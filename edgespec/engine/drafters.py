@@ -2,7 +2,7 @@
 
 One small interface, so that a new drafter is a new class and tests can swap
 in a fake: `propose(history, k, params, rng) -> Draft`, plus `rewind(history)`
-called after each cycle with the accepted tokens, and `offer(history, ...)`:
+called after each cycle with the accepted tokens, and `offer(history, k_max)`:
 what a policy that prices drafters (auto mode) may expect of it next cycle.
 """
 
@@ -67,10 +67,8 @@ class Drafter(ABC):
     def prefill(self, prompt: Sequence[int]) -> None:
         """Read the prompt while the target reads it, so that drafting starts warm."""
 
-    def offer(self, history: Sequence[int], k_max: int, *, free_k_max: int) -> Offer:
-        """What the drafter can give the cycle after `history`: up to `k_max` tokens
-        drafted on demand, or, for a proposal that costs nothing to make, up to
-        `free_k_max` (a policy may verify a longer free draft)."""
+    def offer(self, history: Sequence[int], k_max: int) -> Offer:
+        """What the drafter can give the cycle after `history`, at most `k_max` tokens."""
         return Offer(k_max)
 
 
@@ -187,8 +185,8 @@ class PromptLookup(Drafter):
     def propose(self, history, k, params, rng):
         return Draft(self.lookup(history, k))
 
-    def offer(self, history, k_max, *, free_k_max):
-        tokens, kind = self.match(history, free_k_max, skip=True)
+    def offer(self, history, k_max):
+        tokens, kind = self.match(history, k_max, skip=True)
         return Offer(len(tokens), kind or "none", tokens)
 
     def lookup(self, history: Sequence[int], k: int) -> list[int]:

@@ -21,9 +21,8 @@ class GenerationParams:
 
     mode: str = "auto"
     k: int = LIMITS["k"].default
-    """Most tokens drafted per cycle, within the largest batch the target verifies
-    exactly. Auto chooses up to k for the draft model (a long draft pays where it
-    is nearly always right) and lets prompt lookup propose up to that batch limit."""
+    """Most tokens drafted per cycle, by any drafter, within the largest batch the
+    target verifies exactly. Auto chooses up to k for every drafter."""
     temperature: float = LIMITS["temperature"].default
     top_k: int = LIMITS["top_k"].default
     """0 disables top-k."""
