@@ -1,0 +1,192 @@
+"""Writing an edit to disk, atomically, and undoing it.
+
+A file changes only by os.replace of a finished temporary file in the same folder: a full
+disk, a read-only folder or Ctrl+C leaves the old bytes or the new ones, never a mix, and
+no temporary file behind. A write goes ahead only while the file still has the sha256 the
+reply was based on, and an undo only while it still has the one the write left. The
+previous bytes are kept in a backups folder (named by their sha256), so an undo can be
+rebuilt after a restart with Applied.from_backup.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgespec.errors import EditError, FileAccessError, StaleFileError, WriteError
+from edgespec.workspace.edits import FileEdit
+from edgespec.workspace.root import MAX_FILE_BYTES, Workspace, read_regular, sha256_hex
+
+TEMP_SUFFIX = ".edgespec-tmp"
+"""How the temporary file of a write ends (beside the file, hidden)."""
+
+
+@dataclass(frozen=True)
+class Applied:
+    """An edit written to disk: what undo needs."""
+
+    path: str
+    """The file, relative to the root (symlinks resolved)."""
+    before: bytes | None
+    """The previous bytes; None when the edit created the file."""
+    after_sha256: str
+    """The sha256 of the bytes written: undo goes ahead only while the file still has it."""
+    backup: Path | None
+    """Where the previous bytes are kept (None for a new file)."""
+
+    @classmethod
+    def from_backup(cls, path: str, after_sha256: str, backup: Path | None) -> Applied:
+        """An Applied rebuilt from what was stored (after a restart): the previous bytes read back from `backup`."""
+        if backup is None:
+            return cls(path, None, after_sha256, None)
+        try:
+            before = backup.read_bytes()
+        except OSError:
+            raise FileAccessError(f"The saved copy of {path} is gone ({backup}), so this change cannot be undone.") from None
+        if sha256_hex(before) != backup.name:
+            raise FileAccessError(f"The saved copy of {path} is damaged ({backup}), so this change cannot be undone.")
+        return cls(path, before, after_sha256, backup)
+
+
+def apply_edit(
+    workspace: Workspace, edit: FileEdit, *, base_sha256: str | None, allow_new: bool = False, backups: Path
+) -> Applied:
+    """Write `edit` if the file still has `base_sha256` (None: it must not exist yet, and allow_new is required)."""
+    full = workspace.resolve(edit.path)
+    rel = full.relative_to(workspace.root).as_posix()
+    current = _current(full, rel)
+    if base_sha256 is None:
+        if current is not None:
+            raise StaleFileError(f"{rel} exists now but the reply created it as a new file; attach it and ask again.")
+        if not allow_new:
+            raise EditError(f"{rel} is not an attached file; confirm that the reply may create it.")
+    elif current is None:
+        raise StaleFileError(f"{rel} was deleted after the reply was written; the change was not applied.")
+    elif sha256_hex(current) != base_sha256:
+        raise StaleFileError(f"{rel} changed on disk after the reply was written; attach it again and ask again.")
+    data = edit.new_text.encode("utf-8")
+    backup = _keep(backups, current) if current is not None else None
+    if current is None:
+        _make_folders(full.parent, rel)
+    _write_atomic(full, data, rel)
+    return Applied(path=rel, before=current, after_sha256=sha256_hex(data), backup=backup)
+
+
+def undo(workspace: Workspace, applied: Applied) -> None:
+    """Put back the bytes before `applied` (or delete the file it created), while the file is as it left it."""
+    full = workspace.resolve(applied.path)
+    rel = full.relative_to(workspace.root).as_posix()
+    current = _current(full, rel)
+    if current is None or sha256_hex(current) != applied.after_sha256:
+        raise StaleFileError(f"{rel} changed after the edit was applied; undo would lose those changes, so it was not done.")
+    if applied.before is None:
+        try:
+            full.unlink()
+        except OSError as error:
+            raise WriteError(f"{rel} could not be deleted ({error.strerror}); check the folder's permissions.") from None
+        return
+    _write_atomic(full, applied.before, rel)
+
+
+def _current(full: Path, rel: str) -> bytes | None:
+    """The file's bytes now (None when missing); one that grew over the limit cannot be the one a reply saw."""
+    try:
+        return read_regular(full, rel, limit=MAX_FILE_BYTES)
+    except FileAccessError as error:
+        if type(error) is FileAccessError:
+            raise
+        raise StaleFileError(f"{rel} changed on disk and is no longer a text file within the limit; nothing was written.") from None
+
+
+def _keep(backups: Path, data: bytes) -> Path:
+    """Store `data` under backups/<sha256> (once) and return that path."""
+    path = backups / sha256_hex(data)
+    if path.is_file():
+        return path
+    try:
+        backups.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise WriteError(f"The undo folder {backups} cannot be created ({error.strerror}); nothing was written.") from None
+    _write_atomic(path, data, str(path))
+    return path
+
+
+def _make_folders(folder: Path, rel: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise WriteError(f"The folder for {rel} cannot be created ({error.strerror}); nothing was written.") from None
+
+
+def _write_atomic(target: Path, data: bytes, rel: str) -> None:
+    """Replace `target` by `data`: a temporary file in the same folder (same permissions), fsync, os.replace."""
+    try:
+        info: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        info = None
+    except OSError as error:
+        raise WriteError(_write_failed(rel, error)) from None
+    temp = target.parent / f".{target.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    created = False
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if info is None else stat.S_IMODE(info.st_mode))
+        created = True
+        with os.fdopen(fd, "wb") as handle:
+            if info is not None:
+                _keep_owner(handle.fileno(), info)
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, target)  # the commit point: before it the old bytes, after it the new ones
+        created = False
+    except OSError as error:
+        raise WriteError(_write_failed(rel, error)) from None
+    finally:
+        if created:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+    _sync_folder(target.parent)
+
+
+def _keep_owner(fd: int, info: os.stat_result) -> None:
+    """The same mode bits (the umask does not apply) and, where allowed, the same owner as the file replaced."""
+    os.fchmod(fd, stat.S_IMODE(info.st_mode))
+    if hasattr(os, "fchown") and (info.st_uid, info.st_gid) != (os.geteuid(), os.getegid()):
+        try:
+            os.fchown(fd, info.st_uid, info.st_gid)
+        except OSError:
+            pass
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make the rename itself durable (best effort: not every system can fsync a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_REASONS = {
+    errno.ENOSPC: "the disk is full; free some space",
+    errno.EDQUOT: "the disk quota is used up; free some space",
+    errno.EACCES: "permission denied; check the folder's permissions",
+    errno.EPERM: "permission denied; check the folder's permissions",
+    errno.EROFS: "the folder is on a read-only file system",
+}
+
+
+def _write_failed(rel: str, error: OSError) -> str:
+    reason = _REASONS.get(error.errno or 0, error.strerror or str(error))
+    return f"{rel} could not be written ({reason}); the file was left as it was."

@@ -1,0 +1,627 @@
+"""A model's reply into file edits, and the unified diff a user reviews. Pure text: no files.
+
+Three forms are read, whichever the model wrote:
+  - whole: the file's path alone on a line (or in the fence's info string), then a fenced
+    block with the complete new content. EDIT_INSTRUCTIONS asks for this one: Aider's
+    "whole" format is what small coding models (Qwen2.5-Coder 1.5B) follow best.
+  - diff: a ```diff block with ---/+++ headers; hunks are placed by their context lines,
+    so wrong line numbers in @@ headers do no harm.
+  - replace: a path line, then <<<<<<< SEARCH / ======= / >>>>>>> REPLACE blocks.
+An edit that cannot be applied exactly as meant raises EditError; nothing is half-applied.
+Every edit keeps the file's newline style (CRLF stays CRLF) and its final-newline state.
+"""
+
+from __future__ import annotations
+
+import difflib
+import posixpath
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from edgespec.errors import EditError
+from edgespec.workspace.root import language_for
+
+WHOLE, DIFF, REPLACE = "whole", "diff", "replace"
+
+
+@dataclass(frozen=True)
+class FileEdit:
+    """One file's new content, as a reply asks for it."""
+
+    path: str
+    """The attached file's relative path (as given in `files`), or the new path the reply names."""
+    new_text: str
+    """The complete new content, in the original's newline style."""
+    kind: str
+    """The form the reply used: "whole", "diff" or "replace"."""
+    new: bool = False
+    """The path is not an attached file: the user confirms before it is created."""
+
+
+EDIT_INSTRUCTIONS = """\
+When you change a file, write its path alone on one line, then the complete new content of \
+the file in a fenced code block, like this:
+
+hello.py
+```python
+import sys
+
+
+def greet(name):
+    print(f"Hey {name}")
+
+
+if __name__ == "__main__":
+    greet(sys.argv[1])
+```
+
+Rules:
+- The path line holds only the path, exactly as the file was given to you.
+- Write every line of the file, the unchanged ones too. Never shorten it with "..." or \
+comments such as "rest of the code unchanged".
+- Repeat this for each file you change, and leave out the files you do not change.
+- To create a new file, do the same with the new file's path.
+"""
+"""What the chat layer tells the model about answering with changed files (the whole format)."""
+
+
+def parse_edits(reply: str, files: Mapping[str, str]) -> list[FileEdit]:
+    """The edits a reply asks for, in the order it names them; `files` maps attached paths to their text.
+
+    Edits that change nothing are left out. A path that is not attached comes back as a
+    whole-file edit with new=True. Raises EditError when an edit is there but cannot be
+    applied as written (then none is returned)."""
+    scan = _Scan(reply.replace("\r\n", "\n").split("\n"), files)
+    scan.run()
+    edits = []
+    for path, pieces in scan.pieces.items():
+        edit = _build(path, pieces, files)
+        if edit is not None:
+            edits.append(edit)
+    return edits
+
+
+def unified_diff(path: str, old: str, new: str) -> str:
+    """A unified diff from `old` to `new` (a/path, b/path headers, 3 lines of context); "" when equal."""
+    lines = difflib.unified_diff(
+        old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}", n=3
+    )
+    out = []
+    for line in lines:
+        out.append(line)
+        if not line.endswith("\n"):
+            out.append("\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------
+# Scanning a reply: fences, path lines, search/replace blocks, diffs
+
+
+@dataclass
+class _Whole:
+    lines: list[str]
+    inferred: bool = False
+    """No path was written next to the block: it must look like the whole file."""
+    info: str = ""
+
+
+@dataclass
+class _Block:
+    """A search/replace pair, or a diff hunk (search: context and removed lines)."""
+
+    search: list[str]
+    replace: list[str]
+    near: int | None = None
+    """A diff hunk's line number (1-based) from its @@ header, used only to break a tie."""
+
+
+@dataclass
+class _Pieces:
+    kind: str
+    wholes: list[_Whole] = field(default_factory=list)
+    blocks: list[_Block] = field(default_factory=list)
+    creates: bool = False
+    """A diff from /dev/null or a search/replace with an empty SEARCH: the file is created."""
+
+
+_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*(.*?)\s*$")
+_SEARCH = re.compile(r"^\s*<{5,9}\s*SEARCH\b.*$", re.IGNORECASE)
+_DIVIDER = re.compile(r"^\s*={5,9}\s*$")
+_REPLACE = re.compile(r"^\s*>{5,9}\s*REPLACE\b.*$", re.IGNORECASE)
+_HUNK = re.compile(r"^@@\s*(?:-(\d+))?")
+_DIFF_INFOS = frozenset({"diff", "patch", "udiff"})
+
+
+class _Scan:
+    """One pass over a reply's lines, collecting the pieces of each file's edit."""
+
+    def __init__(self, lines: list[str], files: Mapping[str, str]):
+        self.lines = lines
+        self.files = files
+        self.pieces: dict[str, _Pieces] = {}
+        self.pathless: list[_Whole] = []
+        self.hint: str | None = None
+        """The path named by the last non-blank line (None when that line was prose)."""
+        self.mentioned: set[str] = set()
+        """Attached paths named in backticks in the prose since the last block."""
+
+    def run(self) -> None:
+        i = 0
+        while i < len(self.lines):
+            line = self.lines[i]
+            fence = _FENCE.match(line)
+            if _SEARCH.match(line):
+                i = self._search_replace(self.lines, i, self.hint)
+            elif fence:
+                i = self._fence(i, fence)
+            else:
+                if line.strip():
+                    self.hint = _path_of_line(line)
+                    self.mentioned |= _mentions(line, self.files)
+                i += 1
+        if not self.pieces and len(self.files) == 1:
+            (path,) = self.files
+            fits = [w for w in self.pathless if _same_language(w.info, path)]
+            if len(fits) == 1 and len(self.pathless) == len(fits):
+                self._add(path, WHOLE).wholes.append(fits[0])
+
+    def _fence(self, start: int, match: re.Match[str]) -> int:
+        indent, marks, info = match.groups()
+        end = start + 1
+        while end < len(self.lines):
+            closing = self.lines[end].strip()
+            if closing and set(closing) == {marks[0]} and len(closing) >= len(marks):
+                break
+            end += 1
+        closed = end < len(self.lines)
+        body = [line[len(indent):] if line.startswith(indent) else line for line in self.lines[start + 1 : end]]
+        info_path = _path_in_info(info)
+        path = info_path or self.hint
+        if any(_SEARCH.match(line) for line in body):
+            self._search_replace(body, 0, path, until=len(body))
+        elif info.lower() in _DIFF_INFOS or _looks_like_diff(body):
+            if not closed:
+                raise EditError("The reply ends inside a diff, so it was cut short; ask the model to finish it.")
+            self._diff(body, path)
+        else:
+            self._code(body, path, info, closed)
+        self.hint = None
+        self.mentioned = set()
+        return end + 1
+
+    def _code(self, body: list[str], path: str | None, info: str, closed: bool) -> None:
+        named = _comment_path(body[0]) if body else None  # a first line "# src/x.py"
+        path = path or named
+        inferred = path is None and len(self.mentioned) == 1
+        if inferred:
+            (path,) = self.mentioned
+        if path is None:
+            if closed:
+                self.pathless.append(_Whole(body, inferred=True, info=info))
+            return
+        target, attached = _match(path, self.files)
+        if inferred and (not closed or not _same_language(info, target)):
+            return
+        if not closed:
+            raise EditError(f"The reply ends inside the code block for {target}, so it was cut short; ask the model to finish it.")
+        if named and attached and _match(named, self.files) == (target, True) and _split(self.files[target])[:1] != body[:1]:
+            body = body[1:]
+        self._add(target, WHOLE).wholes.append(_Whole(body, inferred=inferred, info=info))
+
+    def _search_replace(self, lines: list[str], i: int, path: str | None, until: int | None = None) -> int:
+        """Read search/replace blocks from lines[i:until]; returns where scanning goes on."""
+        end = len(lines) if until is None else until
+        while i < end:
+            line = lines[i]
+            if not _SEARCH.match(line):
+                if until is None:
+                    return i
+                if line.strip() and not _FENCE.match(line):
+                    path = _path_of_line(line) or path
+                i += 1
+                continue
+            search, replace, i = _read_block(lines, i, end)
+            if path is None and len(self.files) == 1:
+                (path,) = self.files
+            if path is None:
+                raise EditError("A search/replace block in the reply names no file; ask the model to put the file's path before it.")
+            target, attached = _match(path, self.files)
+            pieces = self._add(target, REPLACE)
+            if not attached and any(line.strip() for line in search):
+                raise EditError(f"The reply edits {target}, which is not attached; attach it and ask again.")
+            if not attached:
+                pieces.creates = True
+            pieces.blocks.append(_Block(search, replace))
+            self.hint = path
+            while until is None and i < end and not lines[i].strip():
+                i += 1
+        return i
+
+    def _diff(self, body: list[str], default: str | None) -> None:
+        for raw_path, hunks, creates in _diff_sections(body):
+            path = raw_path or default
+            if path is None and len(self.files) == 1:
+                (path,) = self.files
+            if path is None:
+                raise EditError("A diff in the reply names no file; ask the model for ---/+++ lines with the path.")
+            target, attached = _match(path, self.files, diff=True)
+            if not attached and not creates:
+                raise EditError(f"The reply's diff changes {target}, which is not attached; attach it and ask again.")
+            pieces = self._add(target, WHOLE if not attached else DIFF)
+            if not attached:
+                pieces.wholes.append(_Whole([line for hunk in hunks for line in hunk.replace]))
+            else:
+                pieces.blocks.extend(hunks)
+
+    def _add(self, path: str, kind: str) -> _Pieces:
+        pieces = self.pieces.setdefault(path, _Pieces(kind))
+        if pieces.kind != kind:
+            raise EditError(f"The reply changes {path} twice in different forms; ask for one complete version of the file.")
+        return pieces
+
+
+def _read_block(lines: list[str], i: int, end: int) -> tuple[list[str], list[str], int]:
+    """One <<<<<<< SEARCH ... ======= ... >>>>>>> REPLACE block starting at lines[i]."""
+    divider = next((j for j in range(i + 1, end) if _DIVIDER.match(lines[j])), None)
+    close = next((j for j in range(divider + 1, end) if _REPLACE.match(lines[j])), None) if divider else None
+    if divider is None or close is None:
+        raise EditError("The reply has an unfinished search/replace block (no ======= or >>>>>>> REPLACE); ask the model to finish it.")
+    return lines[i + 1 : divider], lines[divider + 1 : close], close + 1
+
+
+def _looks_like_diff(body: list[str]) -> bool:
+    text = [line for line in body if line.strip()]
+    if not text:
+        return False
+    first = text[0]
+    return (
+        first.startswith(("diff --git ", "@@"))
+        or (len(text) > 1 and first.startswith("--- ") and text[1].startswith("+++ "))
+    )
+
+
+def _diff_sections(body: list[str]) -> list[tuple[str | None, list[_Block], bool]]:
+    """(path from the headers or None, hunks, whether it creates the file) per file in a diff."""
+    sections: list[tuple[str | None, list[_Block], bool]] = []
+    path: str | None = None
+    creates = False
+    hunks: list[_Block] = []
+    hunk: _Block | None = None
+    raw: list[str] = []  # the current hunk's lines, with their markers
+
+    def end_hunk() -> None:
+        nonlocal hunk, raw
+        if hunk is not None:
+            while raw and raw[-1] == "":  # a blank line after the hunk, not a context line
+                raw.pop()
+            for line in raw:
+                marker, text = (line[0], line[1:]) if line[:1] in (" ", "-", "+") else (" ", line)
+                if marker in " -":
+                    hunk.search.append(text)
+                if marker in " +":
+                    hunk.replace.append(text)
+            hunks.append(hunk)
+        hunk, raw = None, []
+
+    def end_section() -> None:
+        nonlocal hunks
+        end_hunk()
+        if hunks:
+            sections.append((path, hunks, creates))
+        hunks = []
+
+    i = 0
+    while i < len(body):
+        line = body[i]
+        if line.startswith("--- ") and i + 1 < len(body) and body[i + 1].startswith("+++ "):
+            end_section()
+            old, new = _header_path(line), _header_path(body[i + 1])
+            if new is None:
+                raise EditError(f"The reply deletes {old}; deleting files is not done from a reply, delete it yourself.")
+            path, creates = new, old is None
+            i += 2
+            continue
+        if line.startswith("diff --git "):
+            end_section()
+        elif (header := _HUNK.match(line)) is not None:
+            end_hunk()
+            hunk = _Block([], [], near=int(header.group(1)) if header.group(1) else None)
+        elif hunk is not None and not line.startswith("\\"):
+            raw.append(line)
+        elif hunk is None and line[:1] in ("-", "+", " ") and not line.startswith(("index ", "new file", "deleted file")):
+            hunk = _Block([], [])  # a diff without @@ lines: one hunk placed by its context
+            raw.append(line)
+        i += 1
+    end_section()
+    return sections
+
+
+def _header_path(line: str) -> str | None:
+    """The path on a ---/+++ line (None for /dev/null), timestamps and quotes removed."""
+    text = line[4:].split("\t")[0].strip().strip('"')
+    return None if text == "/dev/null" else text
+
+
+# ---------------------------------------------------------------------------
+# Paths in a reply
+
+
+_PATH = re.compile(r"^(?:\.{0,2}/)?[\w.@+\-]+(?:/[\w.@+\-]+)*$")
+_EXTENSION = re.compile(r"[^./]\.[A-Za-z][A-Za-z0-9_+\-]*$")
+_LABEL = re.compile(r"^[a-z ]{0,20}?\b(?:file(?:\s*name)?|path)\s*:\s*", re.IGNORECASE)
+_LEADERS = re.compile(r"^(?:#{1,6}\s+|[-*+]\s+|\d+[.)]\s+)+")
+_KNOWN_NAMES = frozenset({"Makefile", "Dockerfile", "LICENSE", "README", "Gemfile", "Rakefile", "Procfile"})
+
+
+def _path_of_line(line: str) -> str | None:
+    """The path when a line holds a path alone (in backticks, bold, after ### or "File:")."""
+    text = _LEADERS.sub("", line.strip())
+    text = _LABEL.sub("", text)
+    for _ in range(3):
+        text = text.strip().rstrip(":").strip("`*'\"").strip()
+    return text if _plausible_path(text) else None
+
+
+def _plausible_path(text: str) -> bool:
+    text = text.replace("\\", "/")
+    if not text or not _PATH.match(text) or text.endswith((".", "/")):
+        return False
+    name = text.rsplit("/", 1)[-1]
+    return bool(_EXTENSION.search(name)) or name in _KNOWN_NAMES or "/" in text and name[:1] != "."
+
+
+def _path_in_info(info: str) -> str | None:
+    """A path in a fence's info string: ```python path/x.py, ```x.py, ```python:x.py, ```py title="x.py"."""
+    for token in re.split(r"[\s:,]+", info):
+        token = token.split("=", 1)[-1].strip("`'\"")
+        if _plausible_path(token) and ("/" in token or _EXTENSION.search(token)):
+            return token
+    return None
+
+
+_COMMENT_PATH = re.compile(r"^\s*(?:#|//|--|;|/\*|<!--)\s*(?:(?:file(?:name)?|path)\s*:\s*)?(\S+?)\s*(?:\*/|-->)?\s*$", re.IGNORECASE)
+
+
+def _comment_path(line: str) -> str | None:
+    """A path named by a comment on a block's first line ("# src/x.py", "// file: x.js")."""
+    match = _COMMENT_PATH.match(line)
+    return match.group(1) if match and _plausible_path(match.group(1)) else None
+
+
+def _mentions(line: str, files: Mapping[str, str]) -> set[str]:
+    """Attached paths a prose line names in backticks."""
+    found = set()
+    for quoted in re.findall(r"`([^`\s]+)`", line):
+        target, attached = _match(quoted.rstrip(".:,;"), files)
+        if attached:
+            found.add(target)
+    return found
+
+
+def _match(path: str, files: Mapping[str, str], *, diff: bool = False) -> tuple[str, bool]:
+    """The attached path a reply's path means, and True; or the path as a new one, and False.
+
+    Accepts ./ and a/ b/ prefixes (diffs), an absolute or longer path ending with the
+    attached one, and a bare name when exactly one attached file has it."""
+    candidate = posixpath.normpath(path.replace("\\", "/"))
+    options = [candidate]
+    if diff and candidate.startswith(("a/", "b/")):
+        options.append(candidate[2:])
+    normalized = {posixpath.normpath(key): key for key in files}
+    for option in options:
+        if option in normalized:
+            return normalized[option], True
+    for option in options:
+        ends = [key for norm, key in normalized.items() if option.endswith("/" + norm) or norm.endswith("/" + option)]
+        if len(ends) == 1:
+            return ends[0], True
+    return options[-1], False
+
+
+_ALIASES = {
+    "py": "python", "python3": "python", "py3": "python", "javascript": "js", "node": "js", "typescript": "ts",
+    "sh": "bash", "shell": "bash", "zsh": "bash", "c++": "cpp", "cc": "cpp", "rs": "rust", "yml": "yaml",
+    "md": "markdown", "golang": "go", "rb": "ruby", "text": "", "txt": "", "plaintext": "", "plain": "",
+}
+
+
+def _same_language(info: str, path: str) -> bool:
+    """Whether a fence's language could be the file's (either unknown counts as yes)."""
+    tag = info.split()[0].lower() if info.split() else ""
+    tag = _ALIASES.get(tag, tag)
+    wanted = language_for(path)
+    return not tag or not wanted or tag == _ALIASES.get(wanted, wanted)
+
+
+# ---------------------------------------------------------------------------
+# Building each file's new text
+
+
+def _build(path: str, pieces: _Pieces, files: Mapping[str, str]) -> FileEdit | None:
+    original = files.get(path)
+    if original is None:
+        lines = pieces.wholes[-1].lines if pieces.wholes else [line for b in pieces.blocks for line in b.replace]
+        new_text = _finish(None, lines)
+        _refuse_elision(path, "", new_text)
+        return FileEdit(path, new_text, WHOLE, new=True)
+    old_lines = _split(original)
+    if pieces.kind == WHOLE:
+        whole = pieces.wholes[-1]
+        if whole.inferred and not _looks_whole(whole.lines, old_lines):
+            return None
+        new_lines = whole.lines
+    else:
+        new_lines = _apply_blocks(path, old_lines, pieces.blocks, pieces.kind)
+    new_text = _finish(original, new_lines)
+    _refuse_elision(path, original, new_text)
+    return None if new_text == original else FileEdit(path, new_text, pieces.kind)
+
+
+def _split(text: str) -> list[str]:
+    """A text's lines without their ends (CRLF read as LF)."""
+    text = text.replace("\r\n", "\n")
+    if text.endswith("\n"):
+        text = text[:-1]
+    return text.split("\n") if text else []
+
+
+def _finish(original: str | None, lines: list[str]) -> str:
+    """Lines joined in the original's newline style, ending as the original ends (new files: with a newline)."""
+    if not lines:
+        return ""
+    crlf = bool(original) and original.count("\r\n") * 2 > original.count("\n")
+    newline = "\r\n" if crlf else "\n"
+    final = original.endswith("\n") if original else True
+    return newline.join(lines) + (newline if final else "")
+
+
+def _looks_whole(new: list[str], old: list[str]) -> bool:
+    """A block without a path replaces the file only if it could be all of it."""
+    return len(old) < 10 or len(new) * 2 >= len(old)
+
+
+def _apply_blocks(path: str, old: list[str], blocks: list[_Block], kind: str) -> list[str]:
+    """Every block placed in the original first, refused if two overlap, then all applied."""
+    placed = []
+    for block in blocks:
+        if not any(line.strip() for line in block.search):
+            if old:
+                what = "a search/replace block with an empty SEARCH" if kind == REPLACE else "a diff hunk without context"
+                raise EditError(f"The reply has {what} for {path}, so where it goes is unclear; ask for the lines it changes.")
+            placed.append((0, 0, block.replace))
+            continue
+        placed.append(_place(path, old, block, kind))
+    placed.sort(key=lambda span: span[0])
+    for (start, stop, _), (next_start, _, _) in zip(placed, placed[1:]):
+        if next_start < stop:
+            raise EditError(f"Two of the reply's edits to {path} overlap; ask the model for one edit of those lines.")
+    new = list(old)
+    for start, stop, lines in reversed(placed):
+        new[start:stop] = lines
+    return new
+
+
+Reindent = Callable[[list[str]], list[str]]
+
+
+def _place(path: str, old: list[str], block: _Block, kind: str) -> tuple[int, int, list[str]]:
+    """Where a block's search lines are in the original, and its replacement as it fits there.
+
+    The ladder: exact lines; then trailing spaces and whitespace-only lines ignored; then
+    the same lines at a uniform indentation offset, re-applied to the replacement; then all
+    of these again without blank lines around the search. A second match anywhere is refused."""
+    search, replace = block.search, block.replace
+    for trimmed in (False, True):
+        if trimmed:
+            search, replace = _trim_blank(block.search, block.replace)
+            if search == block.search:
+                break
+        size = len(search)
+        for same in (_exact, _loose, _offset):
+            hits = []
+            for start in range(len(old) - size + 1):
+                reindent = same(old[start : start + size], search)
+                if reindent is not None:
+                    hits.append((start, reindent))
+            if len(hits) > 1 and block.near is not None:
+                hits = [hit for hit in hits if hit[0] == block.near - 1] or hits
+            if len(hits) > 1:
+                raise EditError(f"The text a reply's edit looks for occurs {len(hits)} times in {path}; ask for an edit with more surrounding lines.")
+            if hits:
+                start, reindent = hits[0]
+                return start, start + size, reindent(replace)
+    what = "the lines a diff hunk changes are" if kind == DIFF else "the SEARCH text of a reply's edit is"
+    raise EditError(f"In {path}, {what} not in the file as attached; ask the model to copy the lines exactly.")
+
+
+def _trim_blank(search: list[str], replace: list[str]) -> tuple[list[str], list[str]]:
+    """Blank lines around the search dropped, and as many around the replacement where it has them."""
+    lead = next((i for i, line in enumerate(search) if line.strip()), len(search))
+    tail = next((i for i, line in enumerate(reversed(search)) if line.strip()), 0)
+    search = search[lead : len(search) - tail]
+    while lead and replace and not replace[0].strip():
+        replace, lead = replace[1:], lead - 1
+    while tail and replace and not replace[-1].strip():
+        replace, tail = replace[:-1], tail - 1
+    return search, replace
+
+
+def _exact(old: list[str], search: list[str]) -> Reindent | None:
+    return _unchanged if old == search else None
+
+
+def _loose(old: list[str], search: list[str]) -> Reindent | None:
+    return _unchanged if all(o.rstrip() == s.rstrip() for o, s in zip(old, search)) else None
+
+
+def _offset(old: list[str], search: list[str]) -> Reindent | None:
+    """The search lines indented by one constant amount more or less than the file's."""
+    shift: tuple[bool, str] | None = None
+    for o, s in zip(old, search):
+        if not o.strip() and not s.strip():
+            continue
+        o_body, s_body = o.lstrip(), s.lstrip()
+        if o_body.rstrip() != s_body.rstrip():
+            return None
+        o_lead, s_lead = o[: len(o) - len(o_body)], s[: len(s) - len(s_body)]
+        if o_lead.endswith(s_lead):
+            here = (True, o_lead[: len(o_lead) - len(s_lead)])
+        elif s_lead.endswith(o_lead):
+            here = (False, s_lead[: len(s_lead) - len(o_lead)])
+        else:
+            return None
+        if shift is None:
+            shift = here
+        elif shift != here:
+            return None
+    if shift is None or not shift[1]:
+        return None
+    add, delta = shift
+    if add:
+        return lambda lines: [delta + line if line.strip() else line for line in lines]
+    return lambda lines: [line[len(delta) :] if line.startswith(delta) else line.lstrip() for line in lines]
+
+
+def _unchanged(lines: list[str]) -> list[str]:
+    return lines
+
+
+# ---------------------------------------------------------------------------
+# Elisions: "# ... rest of the code unchanged" where lines should be
+
+
+_ELISION_WORDS = re.compile(
+    r"rest of (the )?(code|file|class|function|functions|methods|implementation|content|module)|"
+    r"existing (code|implementation|methods|functions|content)|"
+    r"(code|rest|everything else|remaining \w+|other \w+) (remains?|stays?|is|are)?\s*(unchanged|the same)|"
+    r"unchanged (code|lines|parts?|content)|same as (before|above|the original)|previous (code|implementation)|"
+    r"for brevity|(code|lines|content) omitted|keep (the )?existing",
+    re.IGNORECASE,
+)
+_COMMENT = re.compile(r"^\s*(?:#|//|--|;|/\*|\*|<!--|%|')\s*(.*?)\s*(?:\*/|-->)?\s*$")
+_ELLIPSIS = ("...", "…")
+
+
+def _refuse_elision(path: str, original: str, new_text: str) -> None:
+    """Refuse a new text with a placeholder where the model left lines out (unless the original has that line)."""
+    before = {line.strip() for line in _split(original)}
+    python = language_for(path) == "python"
+    for line in _split(new_text):
+        if line.strip() not in before and _elided(line, python):
+            raise EditError(
+                f"The reply's version of {path} leaves lines out ({line.strip()!r}); ask the model for the complete file."
+            )
+
+
+def _elided(line: str, python: bool) -> bool:
+    text = line.strip().strip("[](){}").strip()
+    if text in _ELLIPSIS:
+        return not python  # a bare `...` is Python code (a stub body)
+    comment = _COMMENT.match(line)
+    if comment:
+        text = comment.group(1)
+    elif not text.startswith(_ELLIPSIS):
+        return False
+    return text.startswith(_ELLIPSIS) or bool(_ELISION_WORDS.search(text))

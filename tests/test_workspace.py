@@ -1,0 +1,414 @@
+"""edgespec.workspace: the project folder, replies into edits, atomic apply and undo (tmp_path only, fast)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from edgespec.errors import (
+    EditError,
+    FileAccessError,
+    FileTooLargeError,
+    NotTextError,
+    OutsideRootError,
+    StaleFileError,
+    WriteError,
+)
+from edgespec.workspace import (
+    EDIT_INSTRUCTIONS,
+    MAX_FILE_BYTES,
+    Applied,
+    FileEdit,
+    Workspace,
+    apply_edit,
+    fence_for,
+    language_for,
+    parse_edits,
+    undo,
+    unified_diff,
+)
+from edgespec.workspace import apply as apply_module
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    root = tmp_path / "project"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "main.py").write_text("print('hi')\n")
+    return root
+
+
+# ---------------------------------------------------------------------------
+# root.py
+
+
+def test_paths_outside_the_root_are_refused(project, tmp_path):
+    outside = tmp_path / "secret.txt"
+    outside.write_text("no\n")
+    (project / "link.txt").symlink_to(outside)
+    (project / "linkdir").symlink_to(tmp_path)
+    ws = Workspace(project)
+    for path in ("../secret.txt", str(outside), "link.txt", "linkdir/secret.txt", "src/../../secret.txt"):
+        with pytest.raises(OutsideRootError):
+            ws.read(path)
+    assert ws.resolve("src/../src/main.py") == project.resolve() / "src" / "main.py"
+    assert ws.relative(project / "src" / "main.py") == "src/main.py"
+
+
+def test_a_root_that_is_not_a_folder_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileAccessError):
+        Workspace(tmp_path / "file")
+    with pytest.raises(FileAccessError):
+        Workspace(tmp_path / "missing")
+
+
+def test_read_keeps_the_text_exactly(project):
+    data = "a\r\nb\r\nno final newline \u00e9".encode()
+    (project / "crlf.txt").write_bytes(data)
+    got = Workspace(project).read("crlf.txt")
+    assert got.text.encode() == data
+    assert (got.path, got.sha256, got.size) == ("crlf.txt", sha(data), len(data))
+
+
+def test_a_fifo_is_refused_without_blocking(project):
+    os.mkfifo(project / "pipe")
+    ws = Workspace(project)
+    with pytest.raises(FileAccessError):
+        ws.read("pipe")
+    with pytest.raises(FileAccessError):
+        ws.sha256_of("pipe")
+    with pytest.raises(FileAccessError):
+        ws.read("src")
+
+
+def test_binary_and_invalid_utf8_are_not_text(project):
+    (project / "bin").write_bytes(b"abc\0def")
+    (project / "latin1.txt").write_bytes("caf\u00e9".encode("latin-1"))
+    ws = Workspace(project)
+    for name in ("bin", "latin1.txt"):
+        with pytest.raises(NotTextError):
+            ws.read(name)
+
+
+def test_a_large_file_is_refused_before_reading(project):
+    with open(project / "big.txt", "wb") as handle:
+        handle.truncate(50 * 1024 * 1024)  # sparse: reading it all would be slow
+    started = time.perf_counter()
+    with pytest.raises(FileTooLargeError):
+        Workspace(project).read("big.txt")
+    assert time.perf_counter() - started < 1.0
+    (project / "limit.txt").write_bytes(b"x" * MAX_FILE_BYTES)
+    assert Workspace(project).read("limit.txt").size == MAX_FILE_BYTES
+
+
+def test_sha256_of(project):
+    ws = Workspace(project)
+    assert ws.sha256_of("src/main.py") == sha(b"print('hi')\n")
+    assert ws.sha256_of("src/missing.py") is None
+
+
+def test_completion(project, tmp_path):
+    (project / "src" / "model.py").write_text("")
+    (project / "src" / "sub").mkdir()
+    (project / ".git").mkdir()
+    (project / ".github").mkdir()
+    (project / "node_modules").mkdir()
+    (project / "notes.md").write_text("")
+    (project / "out").symlink_to(tmp_path)
+    ws = Workspace(project)
+    assert ws.complete("") == ["notes.md", "src/"]
+    assert ws.complete("src/m") == ["src/main.py", "src/model.py"]
+    assert ws.complete("src/") == ["src/main.py", "src/model.py", "src/sub/"]
+    assert ws.complete(".") == [".github/"]
+    assert ws.complete(".git") == [".git/", ".github/"]
+    assert ws.complete("node_modules") == ["node_modules/"]
+    assert ws.complete("n") == ["notes.md"]
+    assert ws.complete("src/", limit=1) == ["src/main.py"]
+    assert ws.complete("../") == []
+    assert ws.complete("out/") == []
+    assert ws.complete("nothing/") == []
+
+
+def test_language_and_fence():
+    assert [language_for(p) for p in ("a.py", "b.rs", "c.h", "d.md", "e.yml", "f.sh", "g.txt", "Makefile", "x")] == [
+        "python", "rust", "c", "markdown", "yaml", "bash", "", "makefile", "",
+    ]
+    assert fence_for("no fences") == "```"
+    assert fence_for("x\n```python\ny\n```\n") == "````"
+    assert fence_for("  `````\n") == "``````"
+
+
+# ---------------------------------------------------------------------------
+# edits.py
+
+MAIN = "import sys\n\n\ndef greet(name):\n    print(f'Hello {name}')\n\n\nif __name__ == '__main__':\n    greet(sys.argv[1])\n"
+NEW_MAIN = MAIN.replace("Hello", "Hey")
+
+
+@pytest.mark.parametrize("path_line", ["src/main.py", "`src/main.py`", "**src/main.py**", "### src/main.py", "File: `src/main.py`", "main.py"])
+def test_whole_file_under_a_path_line(path_line):
+    reply = f"Here is the change.\n\n{path_line}\n```python\n{NEW_MAIN}```\n\nDone."
+    assert parse_edits(reply, {"src/main.py": MAIN}) == [FileEdit("src/main.py", NEW_MAIN, "whole")]
+
+
+def test_whole_file_named_in_the_fence_info():
+    for info in ("python src/main.py", "src/main.py", "python:src/main.py"):
+        reply = f"```{info}\n{NEW_MAIN}```\n"
+        assert parse_edits(reply, {"src/main.py": MAIN, "other.py": ""}) == [FileEdit("src/main.py", NEW_MAIN, "whole")]
+
+
+def test_whole_file_named_by_a_first_line_comment():
+    reply = f"```python\n# src/main.py\n{NEW_MAIN}```\n"
+    assert parse_edits(reply, {"src/main.py": MAIN, "b.py": ""}) == [FileEdit("src/main.py", NEW_MAIN, "whole")]
+
+
+def test_one_attached_file_and_one_pathless_block():
+    files = {"main.py": MAIN}
+    assert parse_edits(f"Sure:\n```python\n{NEW_MAIN}```\n", files) == [FileEdit("main.py", NEW_MAIN, "whole")]
+    # a snippet much shorter than a 10+ line file is an example, not the file
+    long = "".join(f"x{i} = {i}\n" for i in range(20))
+    assert parse_edits("Use this:\n```python\nx1 = 2\n```\n", {"main.py": long}) == []
+    # two blocks, or another language: no guess
+    assert parse_edits(f"```python\n{NEW_MAIN}```\n```python\n{NEW_MAIN}```\n", files) == []
+    assert parse_edits("Run it:\n```bash\npython main.py\n```\n", files) == []
+
+
+def test_prose_naming_the_file_in_backticks():
+    reply = f"Here is the updated `src/main.py`:\n\n```python\n{NEW_MAIN}```\n"
+    assert parse_edits(reply, {"src/main.py": MAIN, "b.py": ""}) == [FileEdit("src/main.py", NEW_MAIN, "whole")]
+    assert parse_edits("Run `src/main.py` with:\n```bash\npython src/main.py\n```\n", {"src/main.py": MAIN, "b.py": ""}) == []
+
+
+def test_diff_with_wrong_line_numbers():
+    reply = (
+        "```diff\n--- a/src/main.py\n+++ b/src/main.py\n@@ -40,3 +40,3 @@\n"
+        " def greet(name):\n-    print(f'Hello {name}')\n+    print(f'Hey {name}')\n \n```\n"
+    )
+    assert parse_edits(reply, {"src/main.py": MAIN}) == [FileEdit("src/main.py", NEW_MAIN, "diff")]
+
+
+def test_diff_whose_context_is_missing_is_refused():
+    reply = "```diff\n--- a/main.py\n+++ b/main.py\n@@ -1 +1 @@\n-print('bye')\n+print('x')\n```\n"
+    with pytest.raises(EditError):
+        parse_edits(reply, {"main.py": MAIN})
+
+
+def test_search_replace_with_an_indentation_offset():
+    # the model dropped the class's indentation: found one level in, the replacement re-indented
+    original = "class A:\n    def greet(self):\n        print('Hello')\n\n    def other(self):\n        pass\n"
+    reply = (
+        "a.py\n```python\n<<<<<<< SEARCH\ndef greet(self):\n    print('Hello')\n=======\n"
+        "def greet(self):\n    print('Hey')\n\n    print('bye')\n>>>>>>> REPLACE\n```\n"
+    )
+    expected = "class A:\n    def greet(self):\n        print('Hey')\n\n        print('bye')\n\n    def other(self):\n        pass\n"
+    assert parse_edits(reply, {"a.py": original}) == [FileEdit("a.py", expected, "replace")]
+
+
+def test_search_replace_blocks_all_apply_or_none():
+    files = {"a.py": "x = 1\ny = 2\nz = 3\n"}
+    two = "a.py\n<<<<<<< SEARCH\nx = 1\n=======\nx = 10\n>>>>>>> REPLACE\n\n<<<<<<< SEARCH\nz = 3\n=======\nz = 30\n>>>>>>> REPLACE\n"
+    assert parse_edits(two, files) == [FileEdit("a.py", "x = 10\ny = 2\nz = 30\n", "replace")]
+    missing = two.replace("z = 3\n=", "w = 3\n=")
+    with pytest.raises(EditError):
+        parse_edits(missing, files)
+
+
+def test_ambiguous_search_is_refused():
+    reply = "a.py\n<<<<<<< SEARCH\nx = 1\n=======\nx = 2\n>>>>>>> REPLACE\n"
+    with pytest.raises(EditError):
+        parse_edits(reply, {"a.py": "x = 1\nx = 1\n"})
+
+
+def test_overlapping_blocks_are_refused():
+    files = {"a.py": "x = 1\ny = 2\nz = 3\n"}
+    reply = (
+        "a.py\n<<<<<<< SEARCH\nx = 1\ny = 2\n=======\nx = 0\n>>>>>>> REPLACE\n"
+        "<<<<<<< SEARCH\ny = 2\nz = 3\n=======\nz = 0\n>>>>>>> REPLACE\n"
+    )
+    with pytest.raises(EditError):
+        parse_edits(reply, files)
+
+
+@pytest.mark.parametrize("placeholder", ["    # ... existing code ...", "# rest of the code unchanged", "// ...", "... rest unchanged"])
+def test_an_elided_whole_file_is_refused(placeholder):
+    reply = f"main.py\n```python\nimport sys\n{placeholder}\n```\n"
+    with pytest.raises(EditError):
+        parse_edits(reply, {"main.py": MAIN})
+
+
+def test_a_placeholder_already_in_the_file_is_not_an_elision():
+    original = "class P:\n    def f(self): ...\n    # ... existing code ...\n"
+    new = original + "x = 1\n"
+    assert parse_edits(f"p.py\n```python\n{new}```\n", {"p.py": original}) == [FileEdit("p.py", new, "whole")]
+
+
+def test_crlf_and_a_missing_final_newline_are_kept():
+    original = "a = 1\r\nb = 2"
+    reply = "x.py\n```python\na = 1\nb = 3\n```\n"
+    assert parse_edits(reply, {"x.py": original}) == [FileEdit("x.py", "a = 1\r\nb = 3", "whole")]
+    replace = "x.py\n<<<<<<< SEARCH\nb = 2\n=======\nb = 4\n>>>>>>> REPLACE\n"
+    assert parse_edits(replace, {"x.py": original}) == [FileEdit("x.py", "a = 1\r\nb = 4", "replace")]
+
+
+def test_a_new_path_is_flagged_not_refused():
+    reply = "src/util.py\n```python\ndef helper():\n    return 1\n```\n"
+    assert parse_edits(reply, {"src/main.py": MAIN}) == [
+        FileEdit("src/util.py", "def helper():\n    return 1\n", "whole", new=True)
+    ]
+    diff = "```diff\n--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1,2 @@\n+one\n+two\n```\n"
+    assert parse_edits(diff, {}) == [FileEdit("new.txt", "one\ntwo\n", "whole", new=True)]
+
+
+def test_editing_an_unattached_file_by_search_is_refused():
+    reply = "other.py\n<<<<<<< SEARCH\nx = 1\n=======\nx = 2\n>>>>>>> REPLACE\n"
+    with pytest.raises(EditError):
+        parse_edits(reply, {"main.py": MAIN})
+
+
+def test_a_reply_cut_short_inside_a_file_is_refused():
+    with pytest.raises(EditError):
+        parse_edits("main.py\n```python\nimport sys\n", {"main.py": MAIN})
+
+
+def test_no_edits_in_plain_prose():
+    assert parse_edits("The function greets the user by name.", {"main.py": MAIN}) == []
+    assert parse_edits(f"main.py\n```python\n{MAIN}```\n", {"main.py": MAIN}) == []  # unchanged
+
+
+def test_unified_diff():
+    diff = unified_diff("a.py", "x\ny\n", "x\nz\n")
+    assert diff.splitlines() == ["--- a/a.py", "+++ b/a.py", "@@ -1,2 +1,2 @@", " x", "-y", "+z"]
+    assert unified_diff("a.py", "x\n", "x\n") == ""
+    # the diff we show parses back into the same edit
+    assert parse_edits(f"```diff\n{unified_diff('m.py', MAIN, NEW_MAIN)}```\n", {"m.py": MAIN}) == [
+        FileEdit("m.py", NEW_MAIN, "diff")
+    ]
+
+
+def test_instructions_parse_as_a_whole_file_edit():
+    example = EDIT_INSTRUCTIONS.split("like this:\n\n", 1)[1].split("\nRules:", 1)[0]
+    (edit,) = parse_edits(example, {})
+    assert (edit.path, edit.kind, edit.new) == ("hello.py", "whole", True)
+
+
+# ---------------------------------------------------------------------------
+# apply.py
+
+
+@pytest.fixture
+def backups(tmp_path) -> Path:
+    return tmp_path / "home" / "data" / "undo"
+
+
+def test_apply_and_undo_restore_the_bytes_exactly(project, backups):
+    ws = Workspace(project)
+    target = project / "src" / "main.py"
+    before = b"print('hi')\r\n"
+    target.write_bytes(before)
+    target.chmod(0o640)
+    edit = FileEdit("src/main.py", "print('bye')\r\n", "whole")
+    applied = apply_edit(ws, edit, base_sha256=sha(before), backups=backups)
+    assert target.read_bytes() == b"print('bye')\r\n"
+    assert (target.stat().st_mode & 0o777) == 0o640
+    assert applied == Applied("src/main.py", before, sha(b"print('bye')\r\n"), backups / sha(before))
+    assert applied.backup.read_bytes() == before
+    undo(ws, Applied.from_backup(applied.path, applied.after_sha256, applied.backup))
+    assert target.read_bytes() == before
+    assert [p.name for p in target.parent.iterdir()] == ["main.py"]
+
+
+def test_a_new_file_needs_allow_new_and_undo_deletes_it(project, backups):
+    ws = Workspace(project)
+    edit = FileEdit("src/pkg/new.py", "x = 1\n", "whole", new=True)
+    with pytest.raises(EditError):
+        apply_edit(ws, edit, base_sha256=None, backups=backups)
+    applied = apply_edit(ws, edit, base_sha256=None, allow_new=True, backups=backups)
+    assert (project / "src" / "pkg" / "new.py").read_text() == "x = 1\n"
+    assert (applied.before, applied.backup) == (None, None)
+    with pytest.raises(StaleFileError):
+        apply_edit(ws, edit, base_sha256=None, allow_new=True, backups=backups)
+    undo(ws, applied)
+    assert not (project / "src" / "pkg" / "new.py").exists()
+
+
+def test_a_stale_file_is_refused(project, backups):
+    ws = Workspace(project)
+    target = project / "src" / "main.py"
+    base = sha(target.read_bytes())
+    target.write_text("print('changed')\n")
+    edit = FileEdit("src/main.py", "print('bye')\n", "whole")
+    with pytest.raises(StaleFileError):
+        apply_edit(ws, edit, base_sha256=base, backups=backups)
+    assert target.read_text() == "print('changed')\n"
+    target.unlink()
+    with pytest.raises(StaleFileError):
+        apply_edit(ws, edit, base_sha256=base, backups=backups)
+
+
+def test_undo_refuses_when_the_file_changed_since(project, backups):
+    ws = Workspace(project)
+    target = project / "src" / "main.py"
+    applied = apply_edit(ws, FileEdit("src/main.py", "a\n", "whole"), base_sha256=sha(target.read_bytes()), backups=backups)
+    target.write_text("edited by hand\n")
+    with pytest.raises(StaleFileError):
+        undo(ws, applied)
+    assert target.read_text() == "edited by hand\n"
+
+
+def test_apply_outside_the_root_is_refused(project, backups):
+    with pytest.raises(OutsideRootError):
+        apply_edit(Workspace(project), FileEdit("../x.py", "x\n", "whole", new=True), base_sha256=None, allow_new=True, backups=backups)
+    assert not (project.parent / "x.py").exists()
+
+
+def _failing(real, error):
+    """A stand-in for `real` that fails the way a full disk or a read-only folder does, for main.py's temp file only."""
+
+    def call(*args, **kwargs):
+        if any(".main.py." in str(arg) and apply_module.TEMP_SUFFIX in str(arg) for arg in args):
+            raise error
+        return real(*args, **kwargs)
+
+    return call
+
+
+@pytest.mark.parametrize("name", ["replace", "open"])
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES])
+def test_a_failed_write_leaves_the_file_and_no_temp(project, backups, monkeypatch, name, code):
+    ws = Workspace(project)
+    target = project / "src" / "main.py"
+    before = target.read_bytes()
+    monkeypatch.setattr(os, name, _failing(getattr(os, name), OSError(code, os.strerror(code))))
+    with pytest.raises(WriteError):
+        apply_edit(ws, FileEdit("src/main.py", "print('bye')\n", "whole"), base_sha256=sha(before), backups=backups)
+    assert target.read_bytes() == before
+    assert [p.name for p in target.parent.iterdir()] == ["main.py"]
+
+
+def test_ctrl_c_mid_write_leaves_the_old_bytes_and_no_temp(project, backups, monkeypatch):
+    ws = Workspace(project)
+    target = project / "src" / "main.py"
+    before = target.read_bytes()
+
+    real_fsync = os.fsync
+
+    def interrupted(fd):
+        if "main.py" in os.readlink(f"/proc/self/fd/{fd}"):  # the temp file of main.py, not the backup
+            raise KeyboardInterrupt
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        apply_edit(ws, FileEdit("src/main.py", "print('bye')\n", "whole"), base_sha256=sha(before), backups=backups)
+    assert target.read_bytes() == before
+    assert [p.name for p in target.parent.iterdir()] == ["main.py"]
