@@ -1,44 +1,47 @@
 #!/usr/bin/env python3
 """How much faster could speculation be on these prompts, on this machine?
 
-For each prompt of the shipped suite this generates the plain greedy reply,
-then records at every position of it what the draft model guesses and how
-sure it is (the draft reads the reply under teacher forcing), and measures
-the costs: a target pass over 1..K+1 tokens, one draft-model token and its
-catch-up per token. With those it replays (edgespec/engine/replay.py), free
-of machine noise:
+For each prompt of the suite this generates the plain greedy reply, then
+records at every position of it what the draft model guesses and how sure it
+is (the draft reads the reply under teacher forcing), and measures the costs:
+a target pass over 1..K+1 tokens, one draft-model token and its catch-up per
+token. With those it replays (edgespec/engine/replay.py), free of machine
+noise, and prints for each prompt its speedup over plain decoding:
 
-- draft k, lookup k: the fixed modes;
 - auto: edgespec's AutoPolicy, making its choices from what it has seen so far
   (one policy for the whole suite, as in the app);
-- ceiling: the fastest schedule any policy choosing plain, lookup (k <= K) or
-  the draft model (k <= K) each cycle could reach if it knew in advance which
-  guesses the target will accept.
+- best fixed: the fastest of plain, draft k and lookup k (k <= --k) for that
+  prompt, chosen in hindsight;
+- ceiling: the fastest schedule any policy choosing plain, lookup or the draft
+  model (k <= --k) each cycle could reach if it knew in advance which guesses
+  the target will accept.
 
-    .venv/bin/python scripts/speculation_ceiling.py [--max-tokens 96] [--category grounded]
+    .venv/bin/python scripts/speculation_ceiling.py [--max-tokens 96] [--category grounded] [--prompts FILE]
     .venv/bin/python scripts/speculation_ceiling.py --save-traces tests/data/bundled_traces.json
+    .venv/bin/python scripts/speculation_ceiling.py --traces tests/data/bundled_traces.json --machine all [--json]
 
 --save-traces writes the recorded replies and guesses (no timings) for the
-tests, which replay auto mode on them under several machines' costs.
+tests, which replay auto mode on them under several machines' costs;
+--traces replays such a file instead of recording (no model is loaded), and
+--machine replays under the cost profiles of the tests (replay.MACHINES) in
+place of this machine's. --json prints the same figures as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from edgespec.bench import load_prompts
 from edgespec.chat.prompt import encode_prompt
 from edgespec.cli.options import add_model_options, engine_from_args
-from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.costs import Costs, measure_pass
-from edgespec.engine.policy import FixedPolicy
-from edgespec.engine.drafters import PromptLookup
 from edgespec.engine.events import GenerationParams
+from edgespec.engine.limits import LIMITS
 from edgespec.engine.replay import (
-    ReplayedDraft, Trace, ceiling, plain_seconds, replay, save_traces,
+    MACHINES, SuiteRow, Trace, load_traces, machine_costs, replay_suite, save_traces,
 )
-from edgespec.engine.choice import ACCEPTANCE_PRIORS
 from edgespec.engine.sampling import greedy, top_probability
 
 
@@ -68,47 +71,87 @@ def measure_costs(engine, prompt: list[int], k_max: int) -> Costs:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(parser)
+    parser.add_argument("--prompts", metavar="FILE", help="a prompt suite of the shipped suite's YAML shape")
     parser.add_argument("--category", action="append", help="only these categories (repeatable)")
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--k", type=int, default=8, help="k of the fixed modes and auto (as edgespec bench)")
+    parser.add_argument("--k", type=int, default=LIMITS["k"].default,
+                        help="most tokens a cycle drafts, for auto, the fixed modes and the ceiling")
     parser.add_argument("--save-traces", metavar="FILE", help="also write the recorded traces (JSON) here")
+    parser.add_argument("--traces", metavar="FILE", help="replay these recorded traces (no model is loaded)")
+    parser.add_argument("--machine", action="append", choices=[*MACHINES, "all"],
+                        help="replay under this cost profile of the tests (repeatable; all: every one)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     args = parser.parse_args()
 
+    prompts = load_prompts(args.prompts, categories=args.category)
+    categories = {p.id: p.category for p in prompts}
+    if args.traces:
+        traces = [t for t in load_traces(args.traces) if t.name in categories or not args.category]
+        measured = None
+    else:
+        traces, measured = record_suite(args, prompts)
+    machines = [*MACHINES] if args.machine and "all" in args.machine else args.machine or []
+    if measured is None and not machines:
+        sys.exit("--traces needs --machine: recorded traces hold no timings")
+    reports = ([("this machine", measured)] if measured else []) + [(m, machine_costs(m)) for m in machines]
+    results = [(name, costs, replay_suite(traces, costs, args.k)) for name, costs in reports]
+    if args.json:
+        print(json.dumps([as_json(name, costs, rows, categories, args.k) for name, costs, rows in results], indent=1))
+    else:
+        for name, costs, rows in results:
+            print_table(name, costs, rows, {t.name: t for t in traces}, categories)
+    return 0
+
+
+def record_suite(args, prompts) -> tuple[list[Trace], Costs]:
+    """The plain greedy reply and the draft model's guesses along it for each
+    prompt, and this machine's costs."""
     with engine_from_args(args) as engine:
         if not engine.has_draft:
             sys.exit("this needs a draft model")
         k_max = min(engine.max_verify_batch() - 1, 16)
-        k = min(args.k, k_max)
-        prompts = load_prompts(categories=args.category)
         encoded = [(p, encode_prompt(engine, p.prompt)[0]) for p in prompts]
         costs = measure_costs(engine, encoded[0][1], k_max)
-        print("costs: target pass " + ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in sorted(costs.target.items()))
-              + f"; draft token {costs.per_draft_token['draft'] * 1000:.1f} ms, catch-up "
-              f"{costs.per_catch_up_token['draft'] * 1000:.1f} ms a token; longest verify k = {k_max}")
-        print(f"{'prompt':<16} {'category':<10} {'agree':>6} {'draft k' + str(k):>9} {'lookup k' + str(k):>9} "
-              f"{'auto':>6} {'ceiling':>8}   (agree: the draft model's greedy guess is the target's; "
-              f"then speedup over plain, replayed)")
-        draft, lookup = ReplayedDraft(costs), PromptLookup()
-        auto = AutoPolicy(costs, [lookup, draft], k_max=k, priors=ACCEPTANCE_PRIORS)
-        traces = []
-        for prompt, tokens in encoded:
-            trace = record(engine, prompt.id, tokens, args.max_tokens)
-            traces.append(trace)
-            plain = plain_seconds(trace, costs)
-            row = [
-                replay(FixedPolicy(draft, k), trace, costs, draft),
-                replay(FixedPolicy(lookup, k), trace, costs, draft),
-                replay(auto, trace, costs, draft),
-                ceiling(trace, costs, k_max, lookup),
-            ]
-            agree = sum(g == r for g, r in zip(trace.guess, trace.reply)) / len(trace.reply)
-            print(f"{prompt.id:<16} {prompt.category:<10} {agree:>6.0%} "
-                  + " ".join(f"{plain / s:>8.2f}x" for s in row[:2])
-                  + f" {plain / row[2]:>5.2f}x {plain / row[3]:>7.2f}x", flush=True)
-        if args.save_traces:
-            save_traces(traces, args.save_traces)
-            print(f"wrote {args.save_traces}")
-    return 0
+        traces = [record(engine, prompt.id, tokens, args.max_tokens) for prompt, tokens in encoded]
+    if args.save_traces:
+        save_traces(traces, args.save_traces)
+        print(f"wrote {args.save_traces}", file=sys.stderr)
+    return traces, costs
+
+
+def suite(rows: list[SuiteRow]) -> dict[str, float]:
+    """Speedups over the whole suite (its seconds summed), and the worst reply's auto / best fixed."""
+    plain = sum(r.plain_s for r in rows)
+    return {"auto": plain / sum(r.auto_s for r in rows), "best_fixed": plain / sum(r.fixed_s for r in rows),
+            "ceiling": plain / sum(r.ceiling_s for r in rows),
+            "worst_auto_over_best_fixed": min(r.auto / r.fixed for r in rows)}
+
+
+def as_json(name: str, costs: Costs, rows: list[SuiteRow], categories: dict[str, str], k: int) -> dict:
+    return {"machine": name, "k": min(k, max(costs.target) - 1), "suite": suite(rows), "prompts": [
+        {"id": r.name, "category": categories.get(r.name, ""), "plain_s": r.plain_s, "auto": r.auto,
+         "best_fixed": r.fixed, "best_fixed_mode": r.fixed_mode, "best_fixed_k": r.fixed_k, "ceiling": r.ceiling}
+        for r in rows]}
+
+
+def print_table(name: str, costs: Costs, rows: list[SuiteRow], traces: dict[str, Trace],
+                categories: dict[str, str]) -> None:
+    draft = costs.per_draft_token.get("draft", 0.0)
+    print(f"{name}: target pass " + ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in sorted(costs.target.items()))
+          + f"; draft token {draft * 1000:.1f} ms, catch-up "
+          f"{costs.per_catch_up_token.get('draft', 0.0) * 1000:.1f} ms a token")
+    print(f"{'prompt':<16} {'category':<10} {'agree':>6} {'plain s':>8} {'auto':>6} {'best fixed':>18} "
+          f"{'ceiling':>8}   (agree: the draft model's greedy guess is the target's; then speedup over plain)")
+    for r in rows:
+        trace = traces[r.name]
+        agree = sum(g == t for g, t in zip(trace.guess, trace.reply)) / max(len(trace.reply), 1)
+        fixed = f"{r.fixed_mode}{f' k={r.fixed_k}' if r.fixed_k else ''} {r.fixed:.2f}x"
+        print(f"{r.name:<16} {categories.get(r.name, ''):<10} {agree:>6.0%} {r.plain_s:>8.2f} {r.auto:>5.2f}x "
+              f"{fixed:>18} {r.ceiling:>7.2f}x")
+    total = suite(rows)
+    print(f"{'suite':<16} {'':<10} {'':>6} {sum(r.plain_s for r in rows):>8.2f} {total['auto']:>5.2f}x "
+          f"{total['best_fixed']:>17.2f}x {total['ceiling']:>7.2f}x   worst auto / best fixed "
+          f"{total['worst_auto_over_best_fixed']:.2f}\n", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,80 +1,82 @@
 """Auto mode replayed on recorded replies of the bundled pair (tests/data/
 bundled_traces.json, written by scripts/speculation_ceiling.py --save-traces)
-under the costs of several machines: on none may it be slower than plain
-decoding, and where drafting pays it must pay."""
+under the costs of several machines (replay.MACHINES): on none may it be slower
+than plain decoding, and on every one it must reach what the best fixed mode,
+chosen per reply in hindsight, reaches."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 from pathlib import Path
 
 import pytest
 
 from edgespec.engine.auto import AutoPolicy, Ledger
-from edgespec.engine.costs import Costs
-from edgespec.engine.drafters import PromptLookup
-from edgespec.engine.replay import ReplayedDraft, ceiling, load_traces, plain_seconds, replay
 from edgespec.engine.choice import ACCEPTANCE_PRIORS
+from edgespec.engine.drafters import PromptLookup
+from edgespec.engine.replay import MACHINES, ReplayedDraft, SuiteRow, load_traces, machine_costs, replay, replay_suite
 
 TRACES = Path(__file__).parent / "data" / "bundled_traces.json"
+K = 8
+"""--k's default."""
 
 
-def linear(single: float, column: float, sizes=(1, 2, 3, 4, 5, 9, 17)) -> dict[int, float]:
-    return {n: single + column * (n - 1) for n in sizes}
+@functools.cache
+def replayed(machine: str) -> tuple[SuiteRow, ...]:
+    return tuple(replay_suite(load_traces(TRACES), machine_costs(machine), K))
 
 
-PROFILES = {
-    # name: (target pass by size, draft token, draft catch-up per token), in seconds
-    "cpu 2 threads": ({1: .035, 2: .052, 3: .062, 4: .072, 5: .085, 9: .140, 17: .250}, .010, .0035),
-    "cpu 1 thread": ({1: .065, 2: .100, 3: .120, 5: .160, 9: .270, 17: .490}, .019, .0065),
-    "cpu exact kernels": ({1: .045, 2: .075, 3: .090, 4: .110, 5: .125, 7: .170}, .010, .0035),
-    "dear draft": ({1: .035, 2: .052, 3: .062, 4: .072, 5: .085, 9: .140, 17: .250}, .025, .008),
-    "cheap draft": ({1: .035, 2: .052, 3: .062, 4: .072, 5: .085, 9: .140, 17: .250}, .004, .0012),
-    "no batching gain": (linear(.035, .035), .010, .0035),
-    "gpu": (linear(.010, .0002), .002, .0002),
-    "slow link": (linear(.040, .0008), .010, .0035),
-}
+def table(rows) -> str:
+    return ", ".join(f"{r.name} {r.auto:.2f}x (best fixed {r.fixed_mode} k={r.fixed_k} {r.fixed:.2f}x, "
+                     f"ceiling {r.ceiling:.2f}x)" for r in rows)
 
 
-def costs(profile: str) -> Costs:
-    target, draft, catch_up = PROFILES[profile]
-    return Costs(target, {"draft": draft, "lookup": 0.0}, {"draft": catch_up})
-
-
-def replay_suite(profile: str) -> list[tuple[str, float, float, float]]:
-    """(prompt, plain s, auto s, ceiling s) for each trace, one AutoPolicy for the suite as in the app."""
-    truth = costs(profile)
-    draft, lookup = ReplayedDraft(truth), PromptLookup()
-    k_max = min(16, max(truth.target) - 1)
-    auto = AutoPolicy(costs(profile), [lookup, draft], k_max=min(8, k_max), priors=ACCEPTANCE_PRIORS)
-    return [(t.name, plain_seconds(t, truth), replay(auto, t, truth, draft), ceiling(t, truth, k_max, lookup))
-            for t in load_traces(TRACES)]
-
-
-@pytest.mark.parametrize("profile", PROFILES)
-def test_auto_is_never_slower_than_plain_decoding(profile):
+@pytest.mark.parametrize("machine", MACHINES)
+def test_auto_is_never_slower_than_plain_decoding(machine):
     """Over the suite, auto is at least as fast as plain decoding on every machine;
     on a single reply it may lose what its ledger allows exploration (2%) and the
     overshoot of the cycles that found the budget spent (two plain passes' worth)."""
-    rows = replay_suite(profile)
-    report = ", ".join(f"{name} {plain / auto:.2f}x (ceiling {plain / best:.2f}x)" for name, plain, auto, best in rows)
-    assert sum(auto for _, _, auto, _ in rows) <= sum(plain for _, plain, _, _ in rows) * (1 + 1e-9), report
-    single = costs(profile).target_pass(1)
-    for name, plain, auto, _ in rows:
-        assert auto - plain <= Ledger.ALLOWANCE * plain + 2 * single, report
+    rows = replayed(machine)
+    assert sum(r.auto_s for r in rows) <= sum(r.plain_s for r in rows) * (1 + 1e-9), table(rows)
+    single = machine_costs(machine).target_pass(1)
+    for r in rows:
+        assert r.auto_s - r.plain_s <= Ledger.ALLOWANCE * r.plain_s + 2 * single, table(rows)
 
 
-@pytest.mark.parametrize("profile", ["gpu", "slow link", "cpu 2 threads"])
-def test_auto_wins_on_edits_wherever_verifying_is_cheaper_than_decoding(profile):
-    rows = {name: plain / auto for name, plain, auto, _ in replay_suite(profile)}
+@pytest.mark.xfail(strict=True, reason="not yet: the issue 'auto takes what pays'")
+@pytest.mark.parametrize("machine", ["cpu 2 threads", "cpu 1 thread", "cpu exact kernels", "dear draft", "cheap draft"])
+def test_auto_reaches_the_best_fixed_mode_of_each_reply_wip(machine):
+    test_auto_reaches_the_best_fixed_mode_of_each_reply(machine)
+
+
+@pytest.mark.parametrize("machine", ["no batching gain", "gpu", "slow link"])
+def test_auto_reaches_the_best_fixed_mode_of_each_reply(machine):
+    """Per reply at least 0.9x the fixed mode and k that was fastest for it; over
+    the suite at least 0.97x those modes together."""
+    rows = replayed(machine)
+    for r in rows:
+        assert r.auto >= 0.9 * r.fixed, table(rows)
+    assert sum(r.fixed_s for r in rows) >= 0.97 * sum(r.auto_s for r in rows), table(rows)
+
+
+@pytest.mark.xfail(strict=True, reason="not yet: the issue 'auto takes what pays'")
+def test_auto_pays_on_a_two_thread_cpu():
+    rows = replayed("cpu 2 threads")
+    assert sum(r.plain_s for r in rows) >= 1.2 * sum(r.auto_s for r in rows), table(rows)
+
+
+@pytest.mark.parametrize("machine", ["gpu", "slow link", "cpu 2 threads"])
+def test_auto_wins_on_edits_wherever_verifying_is_cheaper_than_decoding(machine):
+    rows = {r.name: r.auto for r in replayed(machine)}
     edits = [rows[name] for name in ("fix-typo", "reformat-json", "rename-variable")]
     assert statistics.geometric_mean(edits) > 1.25, rows
 
 
-@pytest.mark.parametrize("profile", ["gpu", "cpu 2 threads"])
-def test_no_cycle_of_auto_drafts_more_than_k(profile):
+@pytest.mark.parametrize("machine", ["gpu", "cpu 2 threads"])
+def test_no_cycle_of_auto_drafts_more_than_k(machine):
     """--k 2: no cycle drafts more than 2 tokens, whichever drafter auto takes."""
-    truth = costs(profile)
+    truth = machine_costs(machine)
     draft, lookup = ReplayedDraft(truth), PromptLookup()
     drafted = []
 
@@ -83,7 +85,7 @@ def test_no_cycle_of_auto_drafts_more_than_k(profile):
             drafted.append(report.drafted)
             super().observe(report)
 
-    auto = Recording(costs(profile), [lookup, draft], k_max=2, priors=ACCEPTANCE_PRIORS)
+    auto = Recording(machine_costs(machine), [lookup, draft], k_max=2, priors=ACCEPTANCE_PRIORS)
     for trace in load_traces(TRACES):
         replay(auto, trace, truth, draft)
     assert max(drafted) == 2

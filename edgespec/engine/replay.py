@@ -13,7 +13,10 @@ trace standing in for the models (`RecordedTarget`, `ReplayedDraft`) and a
 replayed is what the engine does, cycle for cycle.
 
 `ceiling` is the fastest any per-cycle choice of plain, lookup or the draft
-model could be if it knew in advance which guesses the target accepts.
+model could be if it knew in advance which guesses the target accepts;
+`best_fixed` the fastest fixed mode and k for one reply, chosen in hindsight.
+`replay_suite` sets the three beside auto for each trace of a suite, and
+MACHINES holds the cost profiles of the machines the tests replay.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from typing import Sequence
 
 import numpy as np
 
+from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.cache import common_prefix_length
+from edgespec.engine.choice import ACCEPTANCE_PRIORS
 from edgespec.engine.costs import Costs
 from edgespec.engine.decoder import speculative_steps
-from edgespec.engine.policy import Policy
+from edgespec.engine.policy import FixedPolicy, Policy
 from edgespec.engine.drafters import Draft, Drafter, PromptLookup, too_unsure
 from edgespec.engine.events import GenerationParams
 
@@ -193,3 +198,90 @@ def ceiling(trace: Trace, costs: Costs, k_max: int, lookup: PromptLookup | None 
                            + best[min(i + min(run, k) + 1, n_reply)])
         best[i] = min(options)
     return best[1] if n_reply else 0.0  # the first token comes with the prompt's pass
+
+
+def best_fixed(trace: Trace, costs: Costs, k_max: int, draft: ReplayedDraft,
+               lookup: PromptLookup | None = None) -> tuple[str, int, float]:
+    """(mode, k, seconds) of the fastest fixed mode for this reply, chosen in
+    hindsight: plain, or draft or lookup with a k of 1 to k_max."""
+    lookup = lookup or PromptLookup()
+    best = ("plain", 0, plain_seconds(trace, costs))
+    for mode, drafter in (("draft", draft), ("lookup", lookup)):
+        for k in range(1, k_max + 1):
+            seconds = replay(FixedPolicy(drafter, k), trace, costs, draft)
+            if seconds < best[2]:
+                best = (mode, k, seconds)
+    return best
+
+
+@dataclass
+class SuiteRow:
+    """One reply of a suite replayed on one machine."""
+
+    name: str
+    plain_s: float
+    auto_s: float
+    fixed_mode: str
+    """The fastest fixed mode for this reply in hindsight, with fixed_k."""
+    fixed_k: int
+    fixed_s: float
+    ceiling_s: float
+
+    @property
+    def auto(self) -> float:
+        """Speedup over plain decoding (also `fixed`, `ceiling`)."""
+        return self.plain_s / self.auto_s
+
+    @property
+    def fixed(self) -> float:
+        return self.plain_s / self.fixed_s
+
+    @property
+    def ceiling(self) -> float:
+        return self.plain_s / self.ceiling_s
+
+
+def replay_suite(traces: Sequence[Trace], costs: Costs, k: int) -> list[SuiteRow]:
+    """Each trace replayed under `costs`: auto (one AutoPolicy for the suite, as in
+    the app, starting from a copy of the costs as calibrated), the best fixed mode
+    and the ceiling, all drafting at most k tokens a cycle (within the largest
+    pass the costs know)."""
+    k = min(k, max(costs.target) - 1)
+    draft, lookup = ReplayedDraft(costs), PromptLookup()
+    auto = AutoPolicy(Costs(costs.target, costs.per_draft_token, costs.per_catch_up_token), [lookup, draft],
+                      k_max=k, priors=ACCEPTANCE_PRIORS)
+    rows = []
+    for trace in traces:
+        auto_s = replay(auto, trace, costs, draft)
+        mode, fixed_k, fixed_s = best_fixed(trace, costs, k, draft, lookup)
+        rows.append(SuiteRow(trace.name, plain_seconds(trace, costs), auto_s, mode, fixed_k, fixed_s,
+                             ceiling(trace, costs, k, lookup)))
+    return rows
+
+
+def _linear(single: float, column: float, sizes=(1, 2, 3, 4, 5, 9, 17)) -> dict[int, float]:
+    return {n: single + column * (n - 1) for n in sizes}
+
+
+MACHINES = {
+    # name: (target pass by size, draft token, draft catch-up per token), in seconds
+    "cpu 2 threads": ({1: .035, 2: .052, 3: .062, 4: .072, 5: .085, 9: .140, 17: .250}, .010, .0035),
+    "cpu 1 thread": ({1: .065, 2: .100, 3: .120, 5: .160, 9: .270, 17: .490}, .019, .0065),
+    "cpu exact kernels": ({1: .045, 2: .075, 3: .090, 4: .110, 5: .125, 7: .170}, .010, .0035),
+    "dear draft": ({1: .035, 2: .052, 3: .062, 4: .072, 5: .085, 9: .140, 17: .250}, .025, .008),
+    "cheap draft": ({1: .035, 2: .052, 3: .062, 4: .072, 5: .085, 9: .140, 17: .250}, .004, .0012),
+    "no batching gain": (_linear(.035, .035), .010, .0035),
+    "gpu": (_linear(.010, .0002), .002, .0002),
+    "slow link": (_linear(.040, .0008), .010, .0035),
+}
+"""Cost profiles of the machines auto mode is replayed on (tests/test_replay.py,
+scripts/speculation_ceiling.py --machine): CPUs whose verify column costs
+a third to a half of a pass, a CPU with exact kernels (short passes only), draft
+models dear and cheap, a machine where batching gains nothing, a GPU, and RPC
+over a slow link."""
+
+
+def machine_costs(name: str) -> Costs:
+    """The Costs of one of MACHINES."""
+    target, draft, catch_up = MACHINES[name]
+    return Costs(target, {"draft": draft, "lookup": 0.0}, {"draft": catch_up})
