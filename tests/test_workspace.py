@@ -412,3 +412,12 @@ def test_ctrl_c_mid_write_leaves_the_old_bytes_and_no_temp(project, backups, mon
         apply_edit(ws, FileEdit("src/main.py", "print('bye')\n", "whole"), base_sha256=sha(before), backups=backups)
     assert target.read_bytes() == before
     assert [p.name for p in target.parent.iterdir()] == ["main.py"]
+
+
+def test_search_replace_blocks_after_the_first_keep_its_path():
+    files = {"a.py": "x = 1\ny = 2\n", "b.py": "y = 2\n"}
+    reply = (
+        "a.py\n```python\n<<<<<<< SEARCH\nx = 1\n=======\nx = 10\n>>>>>>> REPLACE\n```\n\nAnd then:\n\n"
+        "```python\n<<<<<<< SEARCH\ny = 2\n=======\ny = 20\n>>>>>>> REPLACE\n```\n"
+    )
+    assert parse_edits(reply, files) == [FileEdit("a.py", "x = 10\ny = 20\n", "replace")]

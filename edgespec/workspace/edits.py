@@ -146,6 +146,8 @@ class _Scan:
         """The path named by the last non-blank line (None when that line was prose)."""
         self.mentioned: set[str] = set()
         """Attached paths named in backticks in the prose since the last block."""
+        self.replacing: str | None = None
+        """The path of the last search/replace block: the next one without a path is for the same file."""
 
     def run(self) -> None:
         i = 0
@@ -153,7 +155,7 @@ class _Scan:
             line = self.lines[i]
             fence = _FENCE.match(line)
             if _SEARCH.match(line):
-                i = self._search_replace(self.lines, i, self.hint)
+                i = self._search_replace(self.lines, i, self.hint or self.replacing)
             elif fence:
                 i = self._fence(i, fence)
             else:
@@ -180,7 +182,7 @@ class _Scan:
         info_path = _path_in_info(info)
         path = info_path or self.hint
         if any(_SEARCH.match(line) for line in body):
-            self._search_replace(body, 0, path, until=len(body))
+            self._search_replace(body, 0, path or self.replacing, until=len(body))
         elif info.lower() in _DIFF_INFOS or _looks_like_diff(body):
             if not closed:
                 raise EditError("The reply ends inside a diff, so it was cut short; ask the model to finish it.")
@@ -234,7 +236,7 @@ class _Scan:
             if not attached:
                 pieces.creates = True
             pieces.blocks.append(_Block(search, replace))
-            self.hint = path
+            self.hint = self.replacing = path
             while until is None and i < end and not lines[i].strip():
                 i += 1
         return i
@@ -296,12 +298,12 @@ def _diff_sections(body: list[str]) -> list[tuple[str | None, list[_Block], bool
         if hunk is not None:
             while raw and raw[-1] == "":  # a blank line after the hunk, not a context line
                 raw.pop()
-            for line in raw:
-                marker, text = (line[0], line[1:]) if line[:1] in (" ", "-", "+") else (" ", line)
+            for entry in raw:
+                marker, content = (entry[0], entry[1:]) if entry[:1] in (" ", "-", "+") else (" ", entry)
                 if marker in " -":
-                    hunk.search.append(text)
+                    hunk.search.append(content)
                 if marker in " +":
-                    hunk.replace.append(text)
+                    hunk.replace.append(content)
             hunks.append(hunk)
         hunk, raw = None, []
 
