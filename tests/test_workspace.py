@@ -421,3 +421,10 @@ def test_search_replace_blocks_after_the_first_keep_its_path():
         "```python\n<<<<<<< SEARCH\ny = 2\n=======\ny = 20\n>>>>>>> REPLACE\n```\n"
     )
     assert parse_edits(reply, files) == [FileEdit("a.py", "x = 10\ny = 20\n", "replace")]
+
+
+def test_a_pathless_block_goes_to_the_attached_file_it_resembles():
+    other = "".join(f"value_{i} = {i}\n" for i in range(12))
+    files = {"main.py": MAIN, "values.py": other}
+    assert parse_edits(f"Here you go:\n```python\n{NEW_MAIN}```\n", files) == [FileEdit("main.py", NEW_MAIN, "whole")]
+    assert parse_edits("Here you go:\n```python\nimport os\n```\n", files) == []

@@ -163,11 +163,20 @@ class _Scan:
                     self.hint = _path_of_line(line)
                     self.mentioned |= _mentions(line, self.files)
                 i += 1
-        if not self.pieces and len(self.files) == 1:
+        if not self.pieces:
+            self._guess_pathless()
+
+    def _guess_pathless(self) -> None:
+        """Blocks without a path, when the reply names none: the one attached file, or the one a block resembles."""
+        if len(self.files) == 1:
             (path,) = self.files
-            fits = [w for w in self.pathless if _same_language(w.info, path)]
-            if len(fits) == 1 and len(self.pathless) == len(fits):
-                self._add(path, WHOLE).wholes.append(fits[0])
+            if len(self.pathless) == 1 and _same_language(self.pathless[0].info, path):
+                self._add(path, WHOLE).wholes.append(self.pathless[0])
+            return
+        for block in self.pathless:
+            path = _resembled(block, self.files)
+            if path is not None and path not in self.pieces:
+                self._add(path, WHOLE).wholes.append(block)
 
     def _fence(self, start: int, match: re.Match[str]) -> int:
         indent, marks, info = match.groups()
@@ -435,6 +444,27 @@ def _same_language(info: str, path: str) -> bool:
     tag = _ALIASES.get(tag, tag)
     wanted = language_for(path)
     return not tag or not wanted or tag == _ALIASES.get(wanted, wanted)
+
+
+def _resembled(block: _Whole, files: Mapping[str, str]) -> str | None:
+    """The attached file a pathless block is clearly a new version of (most lines alike, well ahead of the next)."""
+    scores = []
+    for path, text in files.items():
+        old = _split(text)
+        if _same_language(block.info, path) and _looks_whole(block.lines, old):
+            scores.append((difflib.SequenceMatcher(None, old, block.lines, autojunk=False).ratio(), path))
+    scores.sort(reverse=True)
+    if not scores or scores[0][0] < RESEMBLANCE:
+        return None
+    if len(scores) > 1 and scores[1][0] > scores[0][0] - RESEMBLANCE_MARGIN:
+        return None
+    return scores[0][1]
+
+
+RESEMBLANCE = 0.6
+"""How alike (difflib's ratio of lines) a pathless block and an attached file must be to be taken as its new version."""
+RESEMBLANCE_MARGIN = 0.2
+"""How far ahead of the next file that match must be."""
 
 
 # ---------------------------------------------------------------------------
