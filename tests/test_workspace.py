@@ -428,3 +428,25 @@ def test_a_pathless_block_goes_to_the_attached_file_it_resembles():
     files = {"main.py": MAIN, "values.py": other}
     assert parse_edits(f"Here you go:\n```python\n{NEW_MAIN}```\n", files) == [FileEdit("main.py", NEW_MAIN, "whole")]
     assert parse_edits("Here you go:\n```python\nimport os\n```\n", files) == []
+
+
+def test_a_repeated_hunk_context_is_placed_by_its_line_number():
+    original = "a\nx\nb\na\nx\nb\n"
+    hunk = "```diff\n--- a/f.txt\n+++ b/f.txt\n@@ -4,3 +4,3 @@\n a\n-x\n+y\n b\n```\n"
+    assert parse_edits(hunk, {"f.txt": original}) == [FileEdit("f.txt", "a\nx\nb\na\ny\nb\n", "diff")]
+    with pytest.raises(EditError):
+        parse_edits(hunk.replace("@@ -4,3 +4,3 @@", "@@ -9,3 +9,3 @@"), {"f.txt": original})
+
+
+def test_two_forms_for_one_file_and_a_deletion_are_refused():
+    mixed = f"main.py\n```python\n{NEW_MAIN}```\n\nmain.py\n<<<<<<< SEARCH\nimport sys\n=======\nimport os\n>>>>>>> REPLACE\n"
+    with pytest.raises(EditError):
+        parse_edits(mixed, {"main.py": MAIN})
+    deletion = "```diff\n--- a/main.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-import sys\n```\n"
+    with pytest.raises(EditError):
+        parse_edits(deletion, {"main.py": MAIN})
+
+
+def test_unified_diff_marks_a_missing_final_newline():
+    diff = unified_diff("a.txt", "x\ny", "x\nz")
+    assert diff.endswith("-y\n\\ No newline at end of file\n+z\n\\ No newline at end of file\n")
