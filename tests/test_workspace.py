@@ -450,3 +450,12 @@ def test_two_forms_for_one_file_and_a_deletion_are_refused():
 def test_unified_diff_marks_a_missing_final_newline():
     diff = unified_diff("a.txt", "x\ny", "x\nz")
     assert diff.endswith("-y\n\\ No newline at end of file\n+z\n\\ No newline at end of file\n")
+
+
+def test_an_edit_over_the_size_limit_is_not_written(project, backups):
+    ws = Workspace(project)
+    target = project / "src" / "main.py"
+    before = target.read_bytes()
+    with pytest.raises(FileTooLargeError):
+        apply_edit(ws, FileEdit("src/main.py", "x" * (MAX_FILE_BYTES + 1), "whole"), base_sha256=sha(before), backups=backups)
+    assert target.read_bytes() == before

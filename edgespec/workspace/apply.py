@@ -17,7 +17,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgespec.errors import EditError, FileAccessError, StaleFileError, WriteError
+from edgespec.errors import EditError, FileAccessError, FileTooLargeError, StaleFileError, WriteError
 from edgespec.workspace.edits import FileEdit
 from edgespec.workspace.root import MAX_FILE_BYTES, Workspace, read_regular, sha256_hex
 
@@ -69,6 +69,8 @@ def apply_edit(
     elif sha256_hex(current) != base_sha256:
         raise StaleFileError(f"{rel} changed on disk after the reply was written; attach it again and ask again.")
     data = edit.new_text.encode("utf-8")
+    if len(data) > MAX_FILE_BYTES:
+        raise FileTooLargeError(f"The reply's version of {rel} is over the {MAX_FILE_BYTES // 1024} KiB limit for files in a chat; it was not written.")
     backup = _keep(backups, current) if current is not None else None
     if current is None:
         _make_folders(full.parent, rel)
