@@ -17,16 +17,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
 from edgespec.config import dirs
 from edgespec.errors import DownloadError, ModelFileError, RegistryError
 from edgespec.models.checksum import CHUNK, record_verified, verify_file
 from edgespec.models.progress import Meter, ProgressCallback, human_bytes
-from edgespec.models.source import MISSING, PARTS, Fetch, Source
-
-if TYPE_CHECKING:
-    from edgespec.models.registry import ModelEntry
+from edgespec.models.source import MISSING, PARTS, Fetch, ModelEntry, Source
 
 DEFAULT_PAIR = "qwen2.5-coder-1.5b"
 """The bundled offline pair: Qwen2.5-Coder 1.5B Instruct with the 0.5B draft."""

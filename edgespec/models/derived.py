@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from edgespec.config import dirs
 from edgespec.errors import DownloadError
@@ -19,10 +19,7 @@ from edgespec.models.bundled import write_in_place
 from edgespec.models.checksum import verify_file
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import Meter, ProgressCallback
-from edgespec.models.source import MADE, Fetch, Source
-
-if TYPE_CHECKING:
-    from edgespec.models.registry import ModelEntry
+from edgespec.models.source import MADE, Fetch, ModelEntry, Source
 
 
 def derived_path(entry: ModelEntry, *, models_dir: Path | None = None) -> Path:

@@ -14,7 +14,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 from urllib.error import HTTPError
 from urllib.parse import urlsplit
 
@@ -26,10 +26,7 @@ from edgespec.models.download import download as download_file
 from edgespec.models.download import part_path
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import ProgressCallback, human_bytes
-from edgespec.models.source import REMOTE, Fetch, Source, check_inside_models, delete_in_models
-
-if TYPE_CHECKING:
-    from edgespec.models.registry import ModelEntry
+from edgespec.models.source import REMOTE, Fetch, ModelEntry, Source, check_inside_models, delete_in_models
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ to look names up in.
 
 This module is the only reader of models.yaml; schema.py checks what it reads,
 and each source kind (hub.py, bundled.py, derived.py) knows how to get its file.
+The entries it reads into, ModelEntry and PairEntry, stand beside Source in
+source.py, which every source kind imports (and this module hands on).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from edgespec.errors import RegistryError
 from edgespec.models.bundled import DEFAULT_PAIR
 from edgespec.models.hub import HubSource
 from edgespec.models.schema import check_pairs, parse, path_problem, repo_problem
-from edgespec.models.source import Source
+from edgespec.models.source import ModelEntry, PairEntry
 
 __all__ = ["DEFAULT_PAIR", "HUB_PREFIX", "ModelEntry", "PairEntry", "Registry", "hub_model", "load_registry"]
 
@@ -43,42 +45,6 @@ def hub_model(spec: str) -> ModelEntry:
     return ModelEntry(name=spec, source=HubSource(repo="/".join(parts[:2]), file="/".join(parts[2:]),
                                                   revision=revision or "main"),
                       description="a hub file named on the command line")
-
-
-@dataclass(frozen=True)
-class ModelEntry:
-    """One model file and what is known about it."""
-
-    name: str
-    source: Source
-    description: str = ""
-    params: str | None = None
-    quant: str | None = None
-    license: str | None = None
-    context_length: int | None = None
-    min_ram_gb: float | None = None
-    vocab: str | None = None
-    roles: tuple[str, ...] = ()
-    size: int | None = None
-    approx_size: int | None = None
-    sha256: str | None = None
-    unverified: bool = False
-
-    @property
-    def display_size(self) -> int | None:
-        return self.size or self.approx_size
-
-
-@dataclass(frozen=True)
-class PairEntry:
-    """A target and the draft that speeds it up."""
-
-    name: str
-    target: str
-    draft: str | None
-    mode: str = "auto"
-    k: int = 8
-    description: str = ""
 
 
 @dataclass

@@ -8,17 +8,14 @@ import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgespec.errors import RegistryError
 from edgespec.models.bundled import PackageFileSource, PartsSource
 from edgespec.models.derived import REQUANTIZE_TYPES, RequantizeSource
 from edgespec.models.hub import HubSource
-from edgespec.models.source import Source
+from edgespec.models.source import ModelEntry, PairEntry, Source
 from edgespec.modes import MODES
-
-if TYPE_CHECKING:
-    from edgespec.models.registry import ModelEntry, PairEntry
 
 ROLES = ("target", "draft")
 

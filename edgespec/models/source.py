@@ -1,20 +1,19 @@
 """Where a model file comes from: the interface each source kind of models.yaml
-implements (hub.py, bundled.py, derived.py), and the states it reports."""
+implements (hub.py, bundled.py, derived.py), the states it reports, and the
+entries of models.yaml that name a source (ModelEntry) or two models (PairEntry).
+registry.py reads the file into them."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from edgespec.config import dirs
 from edgespec.errors import RegistryError
 from edgespec.models.checksum import forget_verified
 from edgespec.models.progress import ProgressCallback
-
-if TYPE_CHECKING:
-    from edgespec.models.registry import ModelEntry
 
 # model states
 READY = "ready"
@@ -78,6 +77,42 @@ class Source(ABC):
         """Delete the entry's local file; returns what was deleted (empty if nothing was there)."""
         path = self.installed_path(entry)
         return [] if path is None else [delete_in_models(path, entry)]
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model file and what is known about it."""
+
+    name: str
+    source: Source
+    description: str = ""
+    params: str | None = None
+    quant: str | None = None
+    license: str | None = None
+    context_length: int | None = None
+    min_ram_gb: float | None = None
+    vocab: str | None = None
+    roles: tuple[str, ...] = ()
+    size: int | None = None
+    approx_size: int | None = None
+    sha256: str | None = None
+    unverified: bool = False
+
+    @property
+    def display_size(self) -> int | None:
+        return self.size or self.approx_size
+
+
+@dataclass(frozen=True)
+class PairEntry:
+    """A target and the draft that speeds it up."""
+
+    name: str
+    target: str
+    draft: str | None
+    mode: str = "auto"
+    k: int = 8
+    description: str = ""
 
 
 def delete_in_models(path: Path, entry: ModelEntry) -> Path:
