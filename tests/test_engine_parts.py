@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from edgespec.engine.compat import VocabInfo, ensure_compatible, pairing_problems
 from edgespec.engine.detok import Detokenizer, StopStrings
 from edgespec.engine.drafters import PromptLookup
 from edgespec.errors import IncompatibleDraftError
+from edgespec.models.compat import VocabInfo, ensure_compatible, pairing_problems
 
 
 def test_lookup_proposes_the_continuation_of_the_latest_match():

@@ -8,8 +8,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from edgespec.engine.compat import pairing_problems
 from edgespec.errors import ModelFileError
+from edgespec.models.compat import pairing_problems
 from edgespec.models.gguf_header import read_metadata, read_vocab_info
 from tests.bundled_models import qwen_pair  # noqa: F401  (a session fixture)
 

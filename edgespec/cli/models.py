@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
+from edgespec.cli.bars import ProgressBars
 from edgespec.cli.output import print_table
-from edgespec.cli.progress import ProgressBars
 
 
 def add_parsers(sub) -> None:
@@ -121,7 +121,7 @@ def _cmd_path(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from edgespec.engine.compat import ensure_compatible
+    from edgespec.models.compat import ensure_compatible
     from edgespec.models.fetch import resolve_model
     from edgespec.models.gguf_header import read_metadata, read_vocab_info
 

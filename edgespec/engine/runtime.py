@@ -20,7 +20,6 @@ from edgespec.engine.attention import choose_cpu_flash_attn, default_slots
 from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.choice import Policies, decoded_mode
-from edgespec.engine.compat import VocabInfo, ensure_compatible
 from edgespec.engine.drafters import DraftModel, PromptLookup
 from edgespec.engine.events import Chunk, GenerationParams
 from edgespec.engine.info import EngineInfo, LayerRun, ModelInfo
@@ -31,6 +30,7 @@ from edgespec.errors import ModelLoadError
 from edgespec.llama import system_info
 from edgespec.llama.context import LlamaContext
 from edgespec.llama.model import LlamaModel
+from edgespec.models.compat import VocabInfo, ensure_compatible
 from edgespec.net import Split
 
 log = logging.getLogger("edgespec.cache")

@@ -14,8 +14,8 @@ import struct
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
-from edgespec.engine.compat import VocabInfo
 from edgespec.errors import ModelFileError
+from edgespec.models.compat import VocabInfo
 
 GGUF_MAGIC = b"GGUF"
 
