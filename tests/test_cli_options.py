@@ -8,8 +8,8 @@ from tests.fakes import FakeEngine
 
 from edgespec import cli
 from edgespec.cli import chats, generate, options
+from edgespec.cli.bars import ProgressBars
 from edgespec.cli.output import stderr_stats
-from edgespec.cli.progress import ProgressBars
 from edgespec.engine.events import GenerationParams, Stats
 
 

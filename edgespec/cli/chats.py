@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 
+from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, engine_from_args,
                                   params_from_args)
 from edgespec.cli.output import stderr_stats, note, print_table
-from edgespec.cli.progress import stderr_progress
 from edgespec.errors import EdgespecError
 
 

@@ -8,10 +8,10 @@ import json
 import sys
 
 from edgespec.bench import BASELINE, DEFAULT_MODES
+from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_limited, add_model_options, add_sampling_options, add_template_option,
                                   engine_from_args, params_from_args)
 from edgespec.cli.output import stderr_stats, note
-from edgespec.cli.progress import stderr_progress
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.limits import BENCH_MAX_TOKENS
 from edgespec.errors import EXIT_INTERRUPTED, EdgespecError

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from edgespec.cli.bars import ProgressBars
 from edgespec.cli.output import note
-from edgespec.cli.progress import ProgressBars
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.engine.limits import LIMITS
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, engine_from_args,
                                   params_from_args, port_or_any)
 from edgespec.cli.output import banner
-from edgespec.cli.progress import stderr_progress
 from edgespec.engine.limits import SERVER_MAX_TOKENS
 from edgespec.errors import EdgespecError
 

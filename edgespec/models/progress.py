@@ -1,6 +1,6 @@
 """Progress of long file work (download, assembly, hashing) as small events.
 
-The CLI draws them with rich (edgespec.cli.progress), the chat app as a progress
+The CLI draws them with rich (edgespec.cli.bars), the chat app as a progress
 widget; both get the same `Progress` through a plain callback.
 """
 
