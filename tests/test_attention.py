@@ -13,8 +13,8 @@ from edgespec.engine import attention
 from edgespec.engine.attention import AttentionTimes, FlashAttnTimes, TURN_PASSES, choose_cpu_flash_attn
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings
-from edgespec.llama.model import LlamaModel
-from edgespec.models.attention_model import AttentionShape, write_attention_model
+from edgespec.llama.model import AttentionShape, LlamaModel
+from edgespec.models.attention_model import write_attention_model
 
 SHAPE = AttentionShape(n_head=9, n_head_kv=3, head_k=64, head_v=64)
 """SmolLM2-135M's attention."""

@@ -18,9 +18,9 @@ from edgespec.engine.cache import KVSequence
 from edgespec.engine.snapshots import cache_key
 from edgespec.llama import system_info
 from edgespec.llama.context import LlamaContext
-from edgespec.llama.model import LlamaModel
+from edgespec.llama.model import AttentionShape, LlamaModel
 from edgespec.machine import cpu_name
-from edgespec.models.attention_model import N_VOCAB, AttentionShape, write_attention_model
+from edgespec.models.attention_model import N_VOCAB, write_attention_model
 
 log = logging.getLogger("edgespec.attention")
 

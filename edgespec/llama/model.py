@@ -1,21 +1,32 @@
-"""LlamaModel: owns one llama_model (weights) and reads its vocabulary."""
+"""LlamaModel: owns one llama_model (weights) and reads its vocabulary and its attention's shape."""
 
 from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 
 from edgespec.errors import ModelFileError, ModelLoadError
 from edgespec.llama import backend_init, recent_errors, rpc, take_layer_devices
-from edgespec.models.attention_model import AttentionShape
 from edgespec.net import Split
 
 GGUF_MAGIC = b"GGUF"
 VOCAB_TYPES = {0: "none", 1: "llama", 2: "gpt2", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 """llama_vocab_type values; names as in GGUF's tokenizer.ggml.model."""
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What the cost of a model's attention depends on, besides the context."""
+
+    n_head: int
+    n_head_kv: int
+    head_k: int
+    """Size of a key head (and of a query head)."""
+    head_v: int
 
 
 def check_gguf_file(path: Path) -> None:

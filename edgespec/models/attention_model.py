@@ -9,25 +9,17 @@ their cost, the same either way, does not hide the difference."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from edgespec.llama.model import AttentionShape  # a loaded model's (LlamaModel.attention_shape)
 
 N_EMBD = 64
 """The probe's model width: attention's heads are the model's, projected from and to this."""
 N_VOCAB = 32
-
-
-@dataclass(frozen=True)
-class AttentionShape:
-    """What the cost of a model's attention depends on, besides the context."""
-
-    n_head: int
-    n_head_kv: int
-    head_k: int
-    """Size of a key head (and of a query head)."""
-    head_v: int
 
 
 def write_attention_model(path: Path, shape: AttentionShape) -> Path:
