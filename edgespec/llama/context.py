@@ -10,7 +10,7 @@ import llama_cpp
 import numpy as np
 
 from edgespec.errors import ContextFullError, ModelLoadError
-from edgespec.llama import recent_errors
+from edgespec.llama.backend import recent_errors
 from edgespec.llama.batch import LlamaBatch
 from edgespec.llama.model import LlamaModel
 

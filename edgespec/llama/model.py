@@ -10,7 +10,8 @@ from pathlib import Path
 import llama_cpp
 
 from edgespec.errors import ModelFileError, ModelLoadError
-from edgespec.llama import backend_init, recent_errors, rpc, take_layer_devices
+from edgespec.llama import rpc
+from edgespec.llama.backend import backend_init, recent_errors, take_layer_devices
 from edgespec.net import Split
 
 GGUF_MAGIC = b"GGUF"

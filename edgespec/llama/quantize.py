@@ -12,7 +12,7 @@ from pathlib import Path
 import llama_cpp
 
 from edgespec.errors import ModelFileError
-from edgespec.llama import backend_init, recent_errors
+from edgespec.llama.backend import backend_init, recent_errors
 
 TYPES = {
     "q4_0": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, llama_cpp.GGML_TYPE_Q4_0),

@@ -30,7 +30,7 @@ import llama_cpp
 from llama_cpp._ctypes_extensions import load_shared_library
 
 from edgespec.errors import WorkerLostError, WorkerUnreachableError
-from edgespec.llama import backend_init
+from edgespec.llama.backend import backend_init
 from edgespec.net import Endpoint, is_loopback
 
 CONNECT_TIMEOUT_S = 3.0
