@@ -26,7 +26,7 @@ from edgespec.chat.export import write_markdown
 from edgespec.chat.store import StoreError
 from edgespec.errors import EdgespecError
 from edgespec.tui.library import PullProgress
-from edgespec.tui.screens.dialogs import TextPromptScreen
+from edgespec.tui.screens.dialogs import ConfirmScreen, TextPromptScreen
 from edgespec.tui.screens.models import describe_progress
 from edgespec.tui.settings import ChatSettings, give_session, store_settings
 from edgespec.tui.widgets.conversation import Conversation
@@ -238,17 +238,37 @@ class ChatScreen(Screen):
         if self.conversation_id is None:
             self.notify("Nothing to rename yet: send a message first.")
             return
-        self.query_one(ConversationList).rename(self.conversation_id)
+        cid, store = self.conversation_id, self.app.store
+
+        def done(title: str | None) -> None:
+            if title:
+                try:
+                    store.rename(cid, title)
+                except StoreError as e:
+                    store_failed(self, e)
+                self.query_one(ConversationList).refresh_list()
+
+        self.app.push_screen(TextPromptScreen("Rename chat", store.title(cid) or "", ok="Rename"), done)
 
     def action_delete(self) -> None:
-        """Delete the current conversation (asks first)."""
-        if self.conversation_id is not None and not self.generating:
-            self.query_one(ConversationList).delete(self.conversation_id)
+        """Delete the current conversation and all its messages (asks first)."""
+        if self.conversation_id is None or self.generating:
+            return
+        cid = self.conversation_id
 
-    @on(ConversationList.Deleted)
-    async def _conversation_deleted(self, event: ConversationList.Deleted) -> None:
-        await self.open_conversation(None)
-        self.notify("Chat deleted.")
+        async def done(yes: bool | None) -> None:
+            if not yes:
+                return
+            try:
+                self.app.store.delete(cid)
+            except StoreError as e:
+                store_failed(self, e)
+                return
+            self.query_one(ConversationList).refresh_list()
+            await self.open_conversation(None)
+            self.notify("Chat deleted.")
+
+        self.app.push_screen(ConfirmScreen("Delete this chat and all its messages?", yes="Delete"), done)
 
     def action_export(self) -> None:
         """Export the current conversation to a Markdown file."""

@@ -1,5 +1,6 @@
-"""The sidebar: stored conversations, newest first, with a search box; renaming
-and deleting one (the chat screen's keys ask it to)."""
+"""The sidebar: stored conversations, newest first, with a search box. It lists
+and searches; renaming and deleting a conversation are the chat screen's (its
+keys, its dialogs), which then refreshes the list."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from textual.widgets import Input, OptionList
 from textual.widgets.option_list import Option
 
 from edgespec.chat.store import StoreError
-from edgespec.tui.screens.dialogs import ConfirmScreen, TextPromptScreen
 
 
 def store_failed(node: DOMNode, error: StoreError) -> None:
@@ -26,12 +26,6 @@ class ConversationList(Vertical):
     @dataclass
     class Selected(Message):
         """The user picked a conversation."""
-
-        conversation_id: int
-
-    @dataclass
-    class Deleted(Message):
-        """A conversation was deleted (from the store and the list)."""
 
         conversation_id: int
 
@@ -75,32 +69,3 @@ class ConversationList(Vertical):
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
         self.post_message(self.Selected(int(event.option.id)))
-
-    def rename(self, conversation_id: int) -> None:
-        """Ask for a new title for `conversation_id`, and give it that title."""
-        store = self.store
-
-        def done(title: str | None) -> None:
-            if title:
-                try:
-                    store.rename(conversation_id, title)
-                except StoreError as e:
-                    store_failed(self, e)
-                self.refresh_list()
-
-        self.app.push_screen(TextPromptScreen("Rename chat", store.title(conversation_id) or "", ok="Rename"), done)
-
-    def delete(self, conversation_id: int) -> None:
-        """Delete `conversation_id` and all its messages, if the user says yes; posts Deleted."""
-
-        def done(yes: bool | None) -> None:
-            if yes:
-                try:
-                    self.store.delete(conversation_id)
-                except StoreError as e:
-                    store_failed(self, e)
-                    return
-                self.refresh_list()
-                self.post_message(self.Deleted(conversation_id))
-
-        self.app.push_screen(ConfirmScreen("Delete this chat and all its messages?", yes="Delete"), done)
