@@ -187,7 +187,10 @@ def test_a_body_declared_too_large_is_refused_from_its_header_without_waiting_fo
 
 
 @pytest.mark.parametrize("name, size, pieces", [("Authorization", 1_000_000, 1), ("Authorization", 200_000, 50),
-                                               ("X-Filler", 3_000_000, 1)])
+                                               ("X-Filler", 3_000_000, 1),
+                                               # whole heads a little over the limit, read at once (they were served)
+                                               ("X-Filler", 70_000, 1), ("X-Filler", 250_000, 1),
+                                               ("Authorization", 100_000, 2)])
 def test_request_headers_too_large_get_a_431_the_client_can_read(name, size, pieces):
     """A head over the limit, sent at once or in pieces, is answered with a 431
     in OpenAI's format (it was a reset connection), and the server goes on."""
@@ -209,6 +212,21 @@ def test_request_headers_too_large_get_a_431_the_client_can_read(name, size, pie
         assert status.split()[1] == b"431", answer[:200]
         assert json.loads(rest.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_header_fields_too_large"
         assert http("GET", served.url + "/v1/models")[0] == 200
+    finally:
+        served.stop()
+
+
+def test_request_headers_just_under_the_limit_are_served():
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        head = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Filler: {'a' * 60_000}\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", served.sock.getsockname()[1]), timeout=30) as connection:
+            connection.sendall(head.encode())
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        assert answer.split(b"\r\n", 1)[0].split()[1] == b"200", answer[:200]
     finally:
         served.stop()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
 import socket
 import threading
@@ -124,34 +125,53 @@ HEAD_DRAIN_BYTES = 4 * 1024 * 1024
 the client, still sending, reads the answer instead of a reset."""
 
 
+def head_length(buffered: bytes) -> int:
+    """How long the request head at the start of `buffered` is: to its blank line
+    (as h11 finds it), or all of it while that has not come yet."""
+    end = _HEAD_END.search(buffered)
+    return end.end() if end else len(buffered)
+
+
+_HEAD_END = re.compile(rb"\n\r?\n")
+
+
 def http_protocol():
     """uvicorn's HTTP/1.1 protocol (h11), answering a request head over HEAD_BYTES
-    with a 431 in OpenAI's error format instead of a bare 400."""
+    with a 431 in OpenAI's error format instead of a bare 400 (h11 catches a head
+    still incomplete past the limit; a whole one read at once is measured here)."""
     import json
 
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
+    body = json.dumps({"error": {
+        "message": f"The request's headers are over {HEAD_BYTES // 1024} KiB, this server's limit.",
+        "type": "invalid_request_error", "param": None, "code": "request_header_fields_too_large"}}).encode()
+    too_large = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+
     class Protocol(H11Protocol):
         _dropping: int | None = None
 
         def data_received(self, data: bytes) -> None:
-            if self._dropping is None:
-                return super().data_received(data)
-            self._dropping += len(data)
-            if self._dropping > HEAD_DRAIN_BYTES:
-                self.transport.close()
+            if self._dropping is not None:
+                self._dropping += len(data)
+                if self._dropping > HEAD_DRAIN_BYTES:
+                    self.transport.close()
+            elif self.conn.their_state is h11.IDLE and head_length(self.conn.trailing_data[0] + data) > HEAD_BYTES:
+                self._refuse_head()
+            else:
+                super().data_received(data)
 
         def send_400_response(self, msg: str) -> None:
             if len(self.conn.trailing_data[0]) <= HEAD_BYTES:
                 return super().send_400_response(msg)
-            body = json.dumps({"error": {
-                "message": f"The request's headers are over {HEAD_BYTES // 1024} KiB, this server's limit.",
-                "type": "invalid_request_error", "param": None, "code": "request_header_fields_too_large"}})
-            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-            for event in (h11.Response(status_code=431, headers=headers, reason=b"Request Header Fields Too Large"),
-                          h11.Data(data=body.encode()), h11.EndOfMessage()):
-                self.transport.write(self.conn.send(event))
+            self._refuse_head()
+
+        def _refuse_head(self) -> None:
+            """The 431, then the rest of the head is read and dropped until the
+            client has had time to read the answer."""
+            self.transport.write(too_large)
             self._dropping = 0
             asyncio.get_running_loop().call_later(GRACEFUL_S, self.transport.close)
 
