@@ -637,3 +637,68 @@ async def test_a_huge_paste_leaves_the_prompt_usable_through_resizes(store, past
         assert prompt.text == "hi" and prompt.soft_wrap
         await pilot.press("ctrl+q")
     assert not app.is_running
+
+
+async def test_a_paste_typed_as_keys_costs_no_whole_text_work_per_key(store, monkeypatch):
+    """A paste that arrives as keystrokes (no bracketed paste: `tmux paste-buffer`
+    without -p) into a prompt holding 30 KB: each key used to measure the whole
+    text again and be its own edit (minutes for 30 KB, Ctrl+Q queued behind).
+    A burst is inserted in few edits, measuring only the lines they touch, and
+    the keys after it (Esc, Ctrl+Q) still act."""
+    from textual import events
+
+    from edgespec.tui.widgets import long_text
+
+    edits, measured = [], []  # the edits made, and the lines read to measure the text
+    edit, measure, should_wrap = long_text.LongTextArea.edit, getattr(long_text, "measure", None), long_text.should_wrap
+
+    def counting_edit(self, change):
+        edits.append(change)
+        return edit(self, change)
+
+    def counting(function):
+        def counted(lines):
+            measured.append(len(lines))
+            return function(lines)
+        return counted
+
+    monkeypatch.setattr(long_text.LongTextArea, "edit", counting_edit)
+    monkeypatch.setattr(long_text, "measure", counting(measure), raising=False)
+    monkeypatch.setattr(long_text, "should_wrap", counting(should_wrap))
+    app = make_app(store, reply="word " * 2000, delay_s=0.02)  # streams till Esc
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Talk", key=False)  # a reply streams meanwhile
+        await wait_for(pilot, lambda: len(boxes(app)) == 2 and boxes(app)[1].content)
+        prompt = app.query_one(PromptInput)
+        before = CODE_LINE * 450  # 30 KB
+        prompt.load_text(before)
+        prompt.move_cursor(prompt.document.end)
+        await pilot.pause()
+        edits.clear()
+        measured.clear()
+        typed = ("paste me " * 5 + "\n") * 44  # 2,024 keys
+        for ch in typed:
+            app.post_message(events.Key({" ": "space", "\n": "ctrl+j"}.get(ch, ch), ch))
+        app.post_message(events.Key("escape", None))
+        await wait_for(pilot, lambda: not app.chat.generating)
+        assert boxes(app)[1].status == "stopped"  # Esc, after the burst, stopped the reply
+        assert prompt.text == before + typed and prompt.soft_wrap
+        assert len(edits) <= len(typed) // 20
+        assert sum(measured) <= typed.count("\n") + 2 * len(edits)  # the lines edits touched, not the 450 before
+        await pilot.press("x")  # a key on its own shows at once
+        assert prompt.text == before + typed + "x"
+        app.post_message(events.Key("ctrl+q", None))
+        await wait_for(pilot, lambda: not app.is_running)
+
+
+async def test_undoing_a_long_line_lets_the_prompt_wrap_again(store):
+    app = make_app(store)
+    async with app.run_test() as pilot:
+        prompt = app.query_one(PromptInput)
+        prompt.insert("x" * 2_000)
+        assert not prompt.soft_wrap
+        prompt.undo()
+        assert prompt.text == "" and prompt.soft_wrap
+        prompt.redo()
+        assert prompt.text == "x" * 2_000 and not prompt.soft_wrap

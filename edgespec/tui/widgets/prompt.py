@@ -33,11 +33,6 @@ class PromptInput(LongTextArea):
             if text:
                 self.post_message(self.Submitted(text))
             return
-        if event.key in ("shift+enter", "ctrl+j"):
-            event.stop()
-            event.prevent_default()
-            self.insert("\n")
-            return
         if event.key == "up" and self.cursor_location[0] == 0 and self._walk(-1):
             event.stop()
             event.prevent_default()
@@ -47,6 +42,10 @@ class PromptInput(LongTextArea):
             event.prevent_default()
             return
         await super()._on_key(event)
+
+    def typed_text(self, event) -> str | None:
+        """Shift+Enter and Ctrl+J write a new line (a paste that arrives as keys sends Ctrl+J)."""
+        return "\n" if event.key in ("shift+enter", "ctrl+j") else super().typed_text(event)
 
     def remember(self, text: str) -> None:
         """Add a sent message to the history and clear the input."""
