@@ -14,6 +14,7 @@ import json
 import sqlite3
 import threading
 import time
+import unicodedata
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +25,8 @@ from edgespec.errors import EdgespecError
 
 ROLES = ("system", "user", "assistant")
 STATUSES = ("done", "stopped", "interrupted", "error")
+TITLE_MAX = 200
+"""The longest title kept, in characters: an imported or renamed one is cut there."""
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: conversations (with the model pair and settings used, as JSON) and their messages.
@@ -75,6 +78,20 @@ class ConversationInfo:
     created: datetime
     updated: datetime
     n_messages: int
+
+
+def clean_title(title: str) -> str:
+    """`title` as one line of plain text, fit for a terminal: control characters
+    (ANSI escapes, NUL, bell, C1 codes) and bidirectional overrides removed, line
+    breaks and tabs as single spaces, at most TITLE_MAX characters. Titles are
+    stored so; faces show stored ones through it too (older rows were not)."""
+    text = " ".join(title.split())  # every kind of whitespace, line breaks included, as one space
+    return "".join(ch for ch in text if not _hidden(ch))[:TITLE_MAX].rstrip()
+
+
+def _hidden(ch: str) -> bool:
+    """A character a terminal acts on instead of showing, or that reorders the text around it."""
+    return unicodedata.category(ch) == "Cc" or "\u202a" <= ch <= "\u202e" or "\u2066" <= ch <= "\u2069"
 
 
 def default_path() -> Path:
@@ -157,7 +174,7 @@ class ConversationStore:
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO conversations (title, created, updated, settings) VALUES (?, ?, ?, ?)",
-                (title, created, updated, _dumps(settings or {})),
+                (clean_title(title), created, updated, _dumps(settings or {})),
             )
             for m in messages:
                 db.execute(
@@ -200,7 +217,7 @@ class ConversationStore:
     def rename(self, conversation_id: int, title: str) -> None:
         with self._tx() as db:
             self._require(db, conversation_id)
-            db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+            db.execute("UPDATE conversations SET title = ? WHERE id = ?", (clean_title(title), conversation_id))
 
     def delete(self, conversation_id: int) -> None:
         with self._tx() as db:

@@ -100,7 +100,9 @@ def _stdin_lines():
 
 
 def _cmd_chats(args: argparse.Namespace) -> int:
-    rows = [[str(c.id), f"{c.updated:%Y-%m-%d %H:%M}", str(c.n_messages), c.title]
+    from edgespec.chat.store import clean_title
+
+    rows = [[str(c.id), f"{c.updated:%Y-%m-%d %H:%M}", str(c.n_messages), clean_title(c.title)]
             for c in _open_store().list(search=args.search)]
     if rows:
         print_table(["id", "updated", "messages", "title"], rows)

@@ -12,7 +12,7 @@ from textual.message import Message
 from textual.widgets import Input, OptionList
 from textual.widgets.option_list import Option
 
-from edgespec.chat.store import StoreError
+from edgespec.chat.store import StoreError, clean_title
 
 
 def store_failed(node: DOMNode, error: StoreError) -> None:
@@ -47,7 +47,7 @@ class ConversationList(Vertical):
         options = self.query_one("#conversations", OptionList)
         options.clear_options()
         for info in self.store.list(search=search):
-            options.add_option(Option(info.title or "Untitled", id=str(info.id)))
+            options.add_option(Option(clean_title(info.title) or "Untitled", id=str(info.id)))
         self.highlight(self.current)
 
     def highlight(self, conversation_id: int | None) -> None:

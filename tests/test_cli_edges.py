@@ -1,0 +1,128 @@
+"""The command line at its edges: text that meets a terminal, readers that go away,
+bytes that are not UTF-8, and options that contradict each other. Fake engines only;
+the commands that need no model run in a subprocess as a user runs them."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import unicodedata
+
+import pytest
+from tests.fakes import FakeEngine
+
+from edgespec import cli
+from edgespec.cli import chats, generate, options
+
+
+def load_with(monkeypatch, load):
+    """Have `generate` and `chat` load their models with `load`."""
+    for command in (generate, chats):
+        monkeypatch.setattr(command, "engine_from_args", load)
+
+
+@pytest.fixture
+def engine(monkeypatch, home):
+    """The engine every command gets; it replies with the prompt it was given, and keeps the options."""
+    fake = FakeEngine(reply=lambda prompt: "[" + prompt + "]")
+    fake.args = None
+
+    def load(args, progress=None):
+        fake.args = args
+        return fake
+
+    load_with(monkeypatch, load)
+    return fake
+
+
+@pytest.fixture
+def no_load(monkeypatch, home):
+    def load(args, progress=None):
+        raise AssertionError("the models were loaded before the options were checked")
+    load_with(monkeypatch, load)
+
+
+def store_with(titles: list[str]):
+    from edgespec.chat import ConversationStore
+    from edgespec.chat.store import Message
+
+    with ConversationStore() as store:
+        for title in titles:
+            store.create(title=title, messages=[Message("user", "hi")])
+        return store.path
+
+
+# -- 9: terminal escapes in titles -------------------------------------------------------
+
+HOSTILE = "\x1b[2J\x1b[31mred\x00\x07 title\r\n\u202eevil\x9b" + "x" * 100_000
+
+
+def shown(text: str) -> bool:
+    """Nothing in `text` that a terminal acts on instead of showing (besides line ends)."""
+    return not any(unicodedata.category(ch) == "Cc" and ch != "\n" for ch in text) and "\u202e" not in text
+
+
+def test_an_imported_title_is_stored_as_one_short_line_without_control_characters(home, tmp_path, capsys):
+    from edgespec.chat import ConversationStore
+    from edgespec.chat.export import EXPORT_FORMAT
+    from edgespec.chat.store import TITLE_MAX
+
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps({"format": EXPORT_FORMAT, "version": 1, "title": HOSTILE,
+                                "messages": [{"role": "user", "content": "hi"}]}))
+    assert cli.main(["import", str(path)]) == 0
+    with ConversationStore() as store:
+        title = store.title(1)
+        store.rename(1, "again\x1b]0;pwned\x07" + "y" * 5000)
+        renamed = store.title(1)
+    assert title.startswith("[2J[31mred title evil") and len(title) == TITLE_MAX and shown(title)
+    assert renamed.startswith("again]0;pwnedy") and len(renamed) == TITLE_MAX and shown(renamed)
+
+
+def test_chats_shows_a_title_stored_raw_by_an_older_edgespec_without_its_escapes(home, capsys):
+    import sqlite3
+
+    from edgespec.chat.store import TITLE_MAX
+
+    path = store_with(["plain"])
+    with sqlite3.connect(path) as db:  # as an edgespec that did not clean titles left it
+        db.execute("UPDATE conversations SET title = ?", (HOSTILE,))
+    assert cli.main(["chats"]) == 0
+    out = capsys.readouterr().out
+    assert shown(out) and "red title" in out
+    assert max(len(line) for line in out.splitlines()) < TITLE_MAX + 40
+
+
+# -- 10: readers that go away, bytes that are not UTF-8 ----------------------------------
+
+def into_closed_pipe(*argv: str, home) -> subprocess.CompletedProcess:
+    """`python -m edgespec ARGV | reader` where the reader has gone before anything was written."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([sys.executable, "-m", "edgespec", *argv], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=120, env={**os.environ, "EDGESPEC_HOME": str(home)})
+    finally:
+        os.close(write)
+
+
+class ClosedPipe(io.StringIO):
+    """A stdout whose reader went away after `allowed` characters."""
+
+    def __init__(self, allowed: int = 0):
+        super().__init__()
+        self.allowed = allowed
+
+    def write(self, text: str) -> int:
+        if self.tell() + len(text) > self.allowed:
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(text)
+
+
+def stats(**kw) -> dict:
+    from edgespec.engine.events import Stats
+
+    return Stats(**kw).to_dict()
