@@ -10,6 +10,9 @@ EXIT_ERROR = 1
 """The exit status of a command that failed with an error it printed."""
 EXIT_INTERRUPTED = 130
 """The exit status of a command stopped by Ctrl+C (128 + SIGINT, as shells report it)."""
+EXIT_BROKEN_PIPE = 141
+"""The exit status of a command whose reader went away (`edgespec chats | head -1`): 128 + SIGPIPE, as `ls`
+ends there."""
 
 
 class EdgespecError(Exception):

@@ -109,6 +109,16 @@ def into_closed_pipe(*argv: str, home) -> subprocess.CompletedProcess:
         os.close(write)
 
 
+@pytest.mark.parametrize("argv", [["paths"], ["chats"]])
+def test_a_reader_that_goes_away_ends_the_command_quietly(home, argv):
+    from edgespec.errors import EXIT_BROKEN_PIPE
+
+    store_with([f"chat {i}" for i in range(5)])
+    done = into_closed_pipe(*argv, home=home)
+    assert done.returncode == EXIT_BROKEN_PIPE
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr and "Error" not in done.stderr
+
+
 class ClosedPipe(io.StringIO):
     """A stdout whose reader went away after `allowed` characters."""
 
@@ -120,6 +130,16 @@ class ClosedPipe(io.StringIO):
         if self.tell() + len(text) > self.allowed:
             raise BrokenPipeError(32, "Broken pipe")
         return super().write(text)
+
+
+@pytest.mark.parametrize("command", [["generate", "hello"], ["chat", "--new", "--once", "hello"]])
+def test_a_reply_into_a_closed_pipe_ends_quietly_with_the_decode_closed_first(engine, monkeypatch, capsys, command):
+    from edgespec.errors import EXIT_BROKEN_PIPE
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe(allowed=3))
+    assert cli.main([*command, "--template", "chatml"]) == EXIT_BROKEN_PIPE
+    assert engine.closed and not engine.closed_while_generating
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def stats(**kw) -> dict:

@@ -17,7 +17,8 @@ from edgespec import __version__
 from edgespec.cli import chats, generate, models, serve, worker
 from edgespec.cli.options import (add_cache_options, add_model_names, add_no_draft, add_rpc_options, cache_from_args,
                                   rpc_split)
-from edgespec.errors import EXIT_ERROR, EXIT_INTERRUPTED, EdgespecError
+from edgespec.cli.output import quiet_stdout
+from edgespec.errors import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, EdgespecError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = getattr(args, "handler", _cmd_app)
     try:
-        return handler(args) or 0
+        code = handler(args) or 0
+        sys.stdout.flush()  # a reader that went away shows here, not in Python's flush at exit
+        return code
+    except BrokenPipeError:  # `edgespec chats | head -1`: end quietly, as `ls` does
+        quiet_stdout()
+        return EXIT_BROKEN_PIPE
     except (EdgespecError, ValueError) as e:
         print(f"edgespec: error: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -62,6 +62,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             if last is not None:
                 print(f"\n[stopped] {stderr_stats(last.stats)}", file=sys.stderr)
             return EXIT_INTERRUPTED
+        finally:
+            chunks.close()  # before the engine closes, whatever ended the loop (a reader gone from stdout)
     stats = last.stats
     if args.json:
         json.dump({"text": "".join(text), "tokens": ids, "from_draft": flags, "stats": stats.to_dict()},

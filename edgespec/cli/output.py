@@ -11,6 +11,19 @@ def note(text: str) -> None:
     print(f"edgespec: note: {text}", file=sys.stderr)
 
 
+def quiet_stdout() -> None:
+    """Once stdout's reader has gone: point stdout at /dev/null, so that what is still
+    buffered, and Python's flush at exit, do not fail again with a traceback."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a file (a test's stand-in): nothing is flushed at exit
+        pass
+
+
 def banner(warning: str) -> str:
     """A warning no one should miss (listening where others can reach it), framed."""
     return f"\n{'!' * 78}\n{warning}\n{'!' * 78}\n"
