@@ -142,6 +142,29 @@ def test_a_reply_into_a_closed_pipe_ends_quietly_with_the_decode_closed_first(en
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, where", [
+    (["generate", "h\udcffi"], "prompt"),
+    (["generate", "hi", "--system", "s\udcfe"], "--system"),
+    (["generate", "hi", "--stop", "\udcff"], "--stop"),
+    (["chat", "--new", "--once", "h\udcffi"], "--once"),
+])
+def test_an_argument_that_is_not_utf8_is_replaced_and_named(engine, capsys, argv, where):
+    assert cli.main([*argv, "--template", "chatml"]) == 0
+    out, err = capsys.readouterr()
+    assert where in err and "codec" not in err
+    assert "\ufffd" in "".join(engine.prompts and engine.detokenize(engine.prompts[-1])) or "\ufffd" in str(
+        engine.args.stop)
+
+
+def test_chat_lines_on_stdin_that_are_not_utf8_are_replaced_and_named(engine, monkeypatch, capsys):
+    raw = io.BytesIO(b"first\nsec\xffond\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape"))
+    assert cli.main(["chat", "--new", "--template", "chatml"]) == 0
+    out, err = capsys.readouterr()
+    assert "sec\ufffdond" in out and "codec" not in err
+    assert "stdin" in err and "line 2" in err
+
+
 def stats(**kw) -> dict:
     from edgespec.engine.events import Stats
 

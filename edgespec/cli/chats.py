@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 
 from edgespec.cli.bars import stderr_progress
-from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, engine_from_args,
-                                  params_from_args)
+from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, decoded,
+                                  engine_from_args, params_from_args, text)
 from edgespec.cli.output import stderr_stats, note, print_table
 from edgespec.errors import EdgespecError
 
@@ -19,10 +20,11 @@ def add_parsers(sub) -> None:
                        description="Send a message to a stored conversation (default: the latest) and stream "
                                    "the reply to stdout. Without --once, reads messages from stdin, one per line. "
                                    "The conversation's models are used again unless --pair/--target is given.")
-    p.add_argument("--once", metavar="MESSAGE", help="send this one message, print the reply, exit")
+    p.add_argument("--once", metavar="MESSAGE", type=text("--once"),
+                   help="send this one message, print the reply, exit")
     p.add_argument("--conversation", type=int, metavar="ID", help="conversation to continue (see `edgespec chats`)")
     p.add_argument("--new", action="store_true", help="start a new conversation")
-    p.add_argument("--system", metavar="TEXT", help="system prompt of a new conversation")
+    p.add_argument("--system", metavar="TEXT", type=text("--system"), help="system prompt of a new conversation")
     add_template_option(p)
     p.add_argument("--stats", action="store_true", help="print each reply's statistics to stderr")
     add_model_options(p)
@@ -89,12 +91,16 @@ def _open_store():
 
 
 def _stdin_lines():
-    while True:
-        if sys.stdin.isatty():
+    """stdin's lines that are not blank, as UTF-8 (bytes that are not become U+FFFD, with a note)."""
+    stdin = sys.stdin
+    for n in itertools.count(1):
+        if stdin.isatty():
             print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
+        raw = (stdin.buffer.readline() if hasattr(stdin, "buffer")
+               else stdin.readline().encode("utf-8", "surrogateescape"))
+        if not raw:
             return
+        line = decoded(raw, f"stdin line {n}")
         if line.strip():
             yield line.rstrip("\n")
 

@@ -9,8 +9,8 @@ import sys
 
 from edgespec.bench import BASELINE, DEFAULT_MODES
 from edgespec.cli.bars import stderr_progress
-from edgespec.cli.options import (add_limited, add_model_options, add_sampling_options, add_template_option,
-                                  engine_from_args, params_from_args)
+from edgespec.cli.options import (add_limited, add_model_options, add_sampling_options, add_template_option, decoded,
+                                  engine_from_args, params_from_args, text)
 from edgespec.cli.output import stderr_stats, note
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.limits import BENCH_MAX_TOKENS
@@ -27,12 +27,12 @@ def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="one completion, streamed to stdout (headless; for scripts and benchmarks)",
                        description="Generate one reply. The prompt comes from the argument or stdin and is "
                                    "wrapped as one user message with the target's chat template unless --raw.")
-    p.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
+    p.add_argument("prompt", nargs="?", type=text("the prompt"), help="the prompt (default: read stdin)")
     add_model_options(p)
     add_sampling_options(p)
     add_template_option(p)
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is the model's input")
-    p.add_argument("--system", metavar="TEXT", help="a system message (ignored with --raw)")
+    p.add_argument("--system", metavar="TEXT", type=text("--system"), help="a system message (ignored with --raw)")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, tokens, flags, statistics")
     p.set_defaults(handler=_cmd_generate)
 
@@ -79,11 +79,7 @@ def _read_stdin() -> str:
     """stdin as UTF-8; bytes that are not UTF-8 become U+FFFD, with a note naming the first."""
     stdin = sys.stdin
     data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        note(f"stdin is not valid UTF-8 (first bad byte at byte {e.start}); invalid bytes were replaced by U+FFFD")
-        return data.decode("utf-8", errors="replace")
+    return decoded(data, "stdin")
 
 
 def _add_bench(sub) -> None:

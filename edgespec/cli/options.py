@@ -213,6 +213,27 @@ def rpc_split(args: argparse.Namespace):
     return Split(args.rpc, args.tensor_split or (), local_output=args.local_output) if args.rpc else None
 
 
+# -- text for the model -----------------------------------------------------------------
+
+def text(name: str):
+    """An argparse type for text that goes to the model (the prompt, --system, --once,
+    --stop): bytes of the command line that are not UTF-8 become U+FFFD, with a note
+    naming `name`, as stdin's do (decoded())."""
+    def convert(value: str) -> str:
+        return decoded(value.encode("utf-8", "surrogateescape"), name)
+    return convert
+
+
+def decoded(data: bytes, where: str) -> str:
+    """`data` as UTF-8 text; bytes that are not UTF-8 become U+FFFD, with a note
+    naming `where` ("stdin", "--system") and the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        note(f"{where} is not valid UTF-8 (first bad byte at byte {e.start}); invalid bytes were replaced by U+FFFD")
+        return data.decode("utf-8", errors="replace")
+
+
 # -- templates and sampling --------------------------------------------------------------
 
 def add_template_option(p: argparse.ArgumentParser) -> None:
@@ -233,7 +254,8 @@ def add_sampling_options(p: argparse.ArgumentParser, *, max_tokens: int | None =
     add_limited(g, "top_p", float)
     add_limited(g, "seed", int)
     add_limited(g, "max_tokens", int, default=max_tokens, none="until the context is full")
-    g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
+    g.add_argument("--stop", action="append", default=[], type=text("--stop"), metavar="TEXT",
+                   help="stop at this text (repeatable)")
 
 
 def add_limited(g, name: str, kind: type, *, default=..., none: str = "", **kw) -> None:
