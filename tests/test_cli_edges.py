@@ -165,6 +165,14 @@ def test_chat_lines_on_stdin_that_are_not_utf8_are_replaced_and_named(engine, mo
     assert "stdin" in err and "line 2" in err
 
 
+# -- should-fix: chat's options ----------------------------------------------------------
+
+def test_chat_refuses_an_empty_message_before_the_models_load(no_load, capsys):
+    for message in ("", "  \n"):
+        assert cli.main(["chat", "--once", message]) == cli.EXIT_ERROR
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def stats(**kw) -> dict:
     from edgespec.engine.events import Stats
 

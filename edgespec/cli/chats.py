@@ -51,6 +51,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
     from edgespec.chat import ChatSession
 
+    if args.once is not None and not args.once.strip():
+        raise EdgespecError("the message is empty: pass some text with --once, or leave --once out to read "
+                            "messages from stdin")
     params = params_from_args(args)
     store = _open_store()
     cid = None if args.new else (args.conversation or store.latest())
