@@ -173,6 +173,12 @@ def test_chat_refuses_an_empty_message_before_the_models_load(no_load, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_chat_refuses_new_with_a_conversation(no_load, capsys):
+    assert cli.main(["chat", "--new", "--conversation", "1", "--once", "hi"]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "--new" in err and "--conversation" in err
+
+
 def stats(**kw) -> dict:
     from edgespec.engine.events import Stats
 

@@ -54,6 +54,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     if args.once is not None and not args.once.strip():
         raise EdgespecError("the message is empty: pass some text with --once, or leave --once out to read "
                             "messages from stdin")
+    if args.new and args.conversation is not None:
+        raise EdgespecError("--new starts a conversation and --conversation continues one: pass one of them")
     params = params_from_args(args)
     store = _open_store()
     cid = None if args.new else (args.conversation or store.latest())
