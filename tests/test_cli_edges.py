@@ -179,6 +179,28 @@ def test_chat_refuses_new_with_a_conversation(no_load, capsys):
     assert "--new" in err and "--conversation" in err
 
 
+def test_chat_says_when_the_conversations_model_file_is_gone(engine, capsys, tmp_path):
+    from edgespec.chat import ConversationStore
+
+    gone = tmp_path / "gone.gguf"
+    with ConversationStore() as store:
+        cid = store.create(title="old", settings={"target": str(gone), "draft": str(gone)})
+    assert cli.main(["chat", "--conversation", str(cid), "--once", "hi", "--template", "chatml"]) == 0
+    assert engine.args.target is None and engine.args.draft is None  # the default pair
+    assert str(gone) in capsys.readouterr().err
+
+
+def test_chat_says_nothing_when_the_conversations_models_are_there(engine, capsys, tmp_path):
+    from edgespec.chat import ConversationStore
+
+    here = tmp_path / "here.gguf"
+    here.write_bytes(b"")
+    with ConversationStore() as store:
+        cid = store.create(title="old", settings={"target": str(here)})
+    assert cli.main(["chat", "--conversation", str(cid), "--once", "hi", "--template", "chatml"]) == 0
+    assert engine.args.target == str(here) and str(here) not in capsys.readouterr().err
+
+
 def stats(**kw) -> dict:
     from edgespec.engine.events import Stats
 

@@ -702,3 +702,25 @@ async def test_undoing_a_long_line_lets_the_prompt_wrap_again(store):
         assert prompt.text == "" and prompt.soft_wrap
         prompt.redo()
         assert prompt.text == "x" * 2_000 and not prompt.soft_wrap
+
+
+async def test_choosing_a_chat_hands_the_keys_to_the_prompt_and_enter_in_search_opens_the_first_match(store):
+    first = store.create(title="First")
+    store.append(first, Message("user", "one"))
+    second = store.create(title="Second")
+    store.append(second, Message("user", "two"))
+    app = make_app(store)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        app.query_one("#conversations").focus()
+        await pilot.press("down", "enter")  # the newest: Second
+        await wait_for(pilot, lambda: app.chat.conversation_id == second)
+        assert isinstance(app.focused, PromptInput)
+        await pilot.press("h", "i")
+        assert app.query_one(PromptInput).text == "hi"
+        await pilot.press("ctrl+f", *"Fir", "enter")
+        await wait_for(pilot, lambda: app.chat.conversation_id == first)
+        assert isinstance(app.focused, PromptInput)
+        app.query_one("#search").value = ""
+        await pilot.press("ctrl+f", *"rst", "enter")  # the match is the chat already open
+        assert app.chat.conversation_id == first and isinstance(app.focused, PromptInput)

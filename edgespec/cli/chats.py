@@ -60,6 +60,11 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     store = _open_store()
     cid = None if args.new else (args.conversation or store.latest())
     stored = store.settings(cid) if cid is not None else {}
+    gone = [role for role in ("target", "draft") if stored.get(role) and not Path(stored[role]).exists()]
+    if gone and not (args.pair or args.target):
+        instead = "the default pair" if "target" in gone else "no draft model"
+        note(f"conversation {cid} was held with " + " and ".join(f"{role} {stored[role]}" for role in gone)
+             + f", no longer there; answering with {instead} (--pair or --target to choose)")
     if not (args.pair or args.target) and stored.get("target") and Path(stored["target"]).exists():
         args.target = stored["target"]  # the models the conversation was held with
         if not args.draft and stored.get("draft") and Path(stored["draft"]).exists():

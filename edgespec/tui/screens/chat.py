@@ -207,13 +207,14 @@ class ChatScreen(Screen):
 
     @on(ConversationList.Selected)
     async def _conversation_selected(self, event: ConversationList.Selected) -> None:
-        if event.conversation_id == self.conversation_id:
-            return
-        if self.generating:
-            self.notify("Stop the reply first (Esc).", severity="warning")
-            self.query_one(ConversationList).highlight(self.conversation_id)
-            return
-        await self.open_conversation(event.conversation_id)
+        """Open the chosen conversation, and give the keys to the prompt: what is typed next is a message."""
+        if event.conversation_id != self.conversation_id:
+            if self.generating:
+                self.notify("Stop the reply first (Esc).", severity="warning")
+                self.query_one(ConversationList).highlight(self.conversation_id)
+                return
+            await self.open_conversation(event.conversation_id)
+        self.query_one(PromptInput).focus()
 
     async def action_new_chat(self) -> None:
         """Start a new, empty conversation."""

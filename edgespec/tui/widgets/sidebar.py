@@ -66,6 +66,13 @@ class ConversationList(Vertical):
         event.stop()
         self.refresh_list()
 
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Enter in the search box opens the first match."""
+        event.stop()
+        options = self.query_one("#conversations", OptionList)
+        if options.option_count:
+            self.post_message(self.Selected(int(options.get_option_at_index(0).id)))
+
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
         self.post_message(self.Selected(int(event.option.id)))
