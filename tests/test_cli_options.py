@@ -220,3 +220,40 @@ def test_the_app_gets_the_whole_rpc_split_not_only_the_workers(monkeypatch):
     assert loaded["rpc"] == split
     load_choice(ModelChoice(target="t"), ChatSettings(rpc="127.0.0.1:6000"), library=Library(), split=split)
     assert loaded["rpc"] == Split((Endpoint("127.0.0.1", 6000),))
+
+
+def test_chat_waits_for_another_reply_in_the_conversation_and_then_answers(engine, monkeypatch, tmp_path, capsys):
+    """`chat --conversation ID --once` while another process replies there: it says it waits,
+    then answers once the other reply is stored (the lock is held here by a thread)."""
+    import threading
+
+    from edgespec.chat import ConversationStore
+    from edgespec.chat.reply_lock import reply_lock
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    assert cli.main(["chat", "--new", "--template", "chatml", "--once", "first"]) == 0
+    capsys.readouterr()
+    waiting, notes = threading.Event(), []
+
+    def note(text):
+        notes.append(text)
+        waiting.set()
+
+    monkeypatch.setattr(chats, "note", note)
+    with ConversationStore() as store:
+        path = store.path
+    holding = threading.Event()
+
+    def hold():
+        with reply_lock(path, 1):
+            holding.set()
+            waiting.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(30)
+    assert cli.main(["chat", "--conversation", "1", "--template", "chatml", "--once", "second"]) == 0
+    holder.join(30)
+    assert len(notes) == 1 and waiting.is_set()
+    with ConversationStore() as store:
+        assert [m.content for m in store.messages(1) if m.role == "user"] == ["first", "second"]

@@ -433,3 +433,31 @@ def test_one_enormous_old_message_is_left_out_without_being_rendered_or_tokenize
     with pytest.raises(ContextFullError, match="does not fit"):
         _run(chat.send("y" * 5_000_000))
     assert max(rendered) < 1000
+
+
+def test_the_first_turn_of_a_new_conversation_holds_it_from_the_moment_it_exists(tmp_path):
+    """While `chat --new` writes its first reply, a second writer in that conversation waits
+    for it, so that its prompt holds the whole first reply."""
+    import threading
+
+    hold = threading.Event()
+    first = ChatSession(FakeEngine(reply=lambda p: "first answer", hold=hold, hold_after=3),
+                        store=ConversationStore(tmp_path / "c.db"), template="chatml")
+    streaming = threading.Event()
+
+    def reply_first():
+        for _ in first.send("one"):
+            streaming.set()
+
+    writer = threading.Thread(target=reply_first)
+    writer.start()
+    assert streaming.wait(5)
+    waited = []
+    second_engine = FakeEngine(reply=lambda p: "second answer")
+    second = ChatSession(second_engine, store=ConversationStore(tmp_path / "c.db"),
+                         conversation_id=first.conversation_id, template="chatml",
+                         on_wait=lambda: (waited.append(True), hold.set()))
+    reply, _ = _run(second.send("two"))
+    writer.join(5)
+    assert waited == [True] and reply == "second answer"
+    assert "assistant\nfirst answer<|im_end|>" in second_engine.detokenize(second_engine.prompts[-1])

@@ -7,32 +7,38 @@ trips on its shape.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from datetime import datetime
 from pathlib import Path
 
+from edgespec.chat.attachments import ORIGINS, Attachment
 from edgespec.chat.store import ROLES, STATUSES, ConversationStore, Message, StoreError
 from edgespec.chat.words import stats_line
 
 EXPORT_FORMAT = "edgespec.conversation"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2
+"""Version 2 adds messages' attachments; a conversation without any is written as
+version 1, which older edgespecs read."""
 
 
 def export_json(store: ConversationStore, conversation_id: int) -> dict:
     """The conversation as a JSON-ready document (import_json() reads it back)."""
     info = store.info(conversation_id)
+    messages = store.messages(conversation_id)
     return {
         "format": EXPORT_FORMAT,
-        "version": EXPORT_VERSION,
+        "version": EXPORT_VERSION if any(m.attachments for m in messages) else 1,
         "title": info.title,
         "created": info.created.astimezone().isoformat(),
         "updated": info.updated.astimezone().isoformat(),
         "settings": store.settings(conversation_id),
         "messages": [
             {"role": m.role, "content": m.content, "status": m.status, "stats": m.stats,
-             "from_draft": m.from_draft}
-            for m in store.messages(conversation_id)
+             "from_draft": m.from_draft,
+             **({"attachments": [dataclasses.asdict(a) for a in m.attachments]} if m.attachments else {})}
+            for m in messages
         ],
     }
 
@@ -44,8 +50,18 @@ def export_markdown(store: ConversationStore, conversation_id: int) -> str:
     models = [data["settings"].get(k) for k in ("target", "draft")]
     if models[0]:
         lines[-1] += " · " + " + ".join(Path(str(m)).name for m in models if m)
+    from edgespec.workspace.root import fence_for, language_for
+
     for m in data["messages"]:
-        lines += ["", f"## {m['role'].capitalize()}", "", m["content"]]
+        lines += ["", f"## {m['role'].capitalize()}", ""]
+        for a in m.get("attachments", ()):
+            if a["origin"] == "applied":
+                lines += [f"*applied to {a['path']}*", ""]
+            else:
+                fence = fence_for(a["content"])
+                lines += [f"**{a['path']}**" + (" (changed on disk)" if a["origin"] == "changed" else ""), "",
+                          f"{fence}{language_for(a['path'])}", a["content"].rstrip("\n"), fence, ""]
+        lines.append(m["content"])
         notes = [] if m["status"] == "done" else [m["status"]]
         if m["stats"]:
             notes.append(stats_line(m["stats"]))
@@ -76,7 +92,7 @@ _NUMBER, _INT, _TEXT = "a number", "a whole number", "a text"
 SETTINGS_TYPES = {
     "target": _TEXT, "draft": _TEXT, "template": _TEXT, "system_prompt": _TEXT, "mode": _TEXT,
     "temperature": _NUMBER, "top_p": _NUMBER, "top_k": _INT, "max_tokens": _INT, "k": _INT,
-    "gpu_layers_target": _INT, "gpu_layers_draft": _INT, "threads": _INT, "rpc": _TEXT,
+    "gpu_layers_target": _INT, "gpu_layers_draft": _INT, "threads": _INT, "rpc": _TEXT, "root": _TEXT,
 }
 """What a conversation's settings may hold (the session's and the app's); other keys are kept as they are."""
 PARAMS_TYPES = {
@@ -143,8 +159,28 @@ def _validated_messages(data) -> list[Message]:
         if origins is not None and not (isinstance(origins, list) and all(x in (0, 1) for x in origins)):
             raise StoreError(f"Message {i} of the export: from_draft must be a list of true/false, one per token.")
         messages.append(Message(m["role"], m["content"], status=status, stats=stats,
-                                from_draft=[bool(x) for x in origins] if origins is not None else None))
+                                from_draft=[bool(x) for x in origins] if origins is not None else None,
+                                attachments=_validated_attachments(m.get("attachments"), i)))
     return messages
+
+
+def _validated_attachments(raw, i: int) -> list[Attachment]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise StoreError(f"Message {i} of the export: attachments must be a list.")
+    attachments = []
+    for j, a in enumerate(raw):
+        where = f"Message {i} of the export: attachment {j}"
+        if not isinstance(a, dict) or not all(isinstance(a.get(k), str) for k in ("path", "content", "sha256")):
+            raise StoreError(f"{where} needs a path, a content and a sha256, each a text.")
+        added, origin = a.get("added", time.time()), a.get("origin", "attached")
+        if origin not in ORIGINS:
+            raise StoreError(f"{where} has origin {origin!r}; expected one of {', '.join(ORIGINS)}.")
+        if not (isinstance(added, (int, float)) and not isinstance(added, bool) and math.isfinite(added)):
+            raise StoreError(f"{where}: added must be a number, not {added!r}.")
+        attachments.append(Attachment(a["path"], a["content"], a["sha256"], added=float(added), origin=origin))
+    return attachments
 
 
 def _timestamp(value, *, default: float | None = None) -> float:

@@ -16,16 +16,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from contextlib import closing, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
+from edgespec.chat import attachments as files
+from edgespec.chat.attachments import Attachment, PendingEdit, changed_on_disk as files_changed
 from edgespec.chat.prompt import Prompt, PromptEncoder
 from edgespec.chat.reply_lock import reply_lock
 from edgespec.chat.store import ConversationStore, Message
 from edgespec.engine.events import Chunk, GenerationParams
 from edgespec.engine.protocol import ChatEngine
-from edgespec.errors import ContextFullError
+from edgespec.errors import ContextFullError, FileAccessError
+
+if TYPE_CHECKING:
+    from edgespec.workspace.root import Workspace
 
 SAVE_EVERY_S = 0.5
 """How often a streaming reply is written to the store (and always at its end)."""
@@ -53,13 +58,15 @@ class ChatSession:
     def __init__(self, engine: ChatEngine, *, store: ConversationStore | None = None, conversation_id: int | None = None,
                  system_prompt: str | None = None, params: GenerationParams | None = None,
                  template: str | None = None, model_name: str = "the model",
-                 on_wait: Callable[[], None] | None = None):
+                 on_wait: Callable[[], None] | None = None, workspace: Workspace | None = None):
         """`template`: a built-in format's name (or Jinja source) to use instead of the
         model's own; required when the GGUF has none. `system_prompt` starts new
         conversations. `on_wait` is called when a turn has to wait for another
-        process replying in the same conversation. Raises TemplateError when there
-        is no usable template."""
+        process replying in the same conversation. `workspace`: the project folder
+        files are attached from (none: a message cannot attach files). Raises
+        TemplateError when there is no usable template."""
         self.engine = engine
+        self.workspace = workspace
         self.on_wait = on_wait
         self.store = store
         self.params = params or GenerationParams()
@@ -70,6 +77,8 @@ class ChatSession:
         self.conversation_id: int | None = None
         self._dropped: int | None = 0
         """Turns the last prompt left out; None when unknown (a conversation just loaded)."""
+        self._held = ExitStack()
+        """The reply lock of the turn in progress (see _turn)."""
         if conversation_id is not None:
             self.load(conversation_id)
         else:
@@ -93,13 +102,54 @@ class ChatSession:
         self._dropped = None
 
     # -- turns -------------------------------------------------------------------------
-    def send(self, text: str) -> Iterator[Chunk]:
-        """Append a user message and stream the reply."""
+    def send(self, text: str, files: Sequence[str] = ()) -> Iterator[Chunk]:
+        """Append a user message attaching `files` (paths in the workspace) and stream
+        the reply. Files of the conversation that changed on disk since it last saw
+        them are attached again. Raises a FileAccessError for a file that cannot be
+        attached, FilesDoNotFitError when the files leave no room, before anything
+        is stored or read."""
+        attached = self._attach(files)
         with self._turn():
-            candidate = [*self.messages, Message("user", text)]
+            if self.workspace is not None:
+                ours = {a.path for a in attached}
+                attached += [a for a in files_changed(self.workspace, self.messages) if a.path not in ours]
+            candidate = [*self.messages, Message("user", text, attachments=attached)]
             fitted = self._fit(candidate, self._dropped)
             self.messages = candidate
             yield from self._reply(fitted)
+
+    def pending_edits(self) -> list[PendingEdit]:
+        """The changes the last reply makes to the conversation's files (none when the
+        conversation does not end with a reply)."""
+        if not self.messages or self.messages[-1].role != "assistant":
+            return []
+        return files.pending_edits(self.messages[-1].content, self.messages[:-1])
+
+    def record_applied(self, written: Sequence[Attachment]) -> None:
+        """Remember that the files in `written` now hold what the last reply made of
+        them (the user applied its edits), so that the next turn does not send them
+        again: the reply already shows that content."""
+        reply = self.messages[-1]
+        applied = [dataclasses.replace(a, origin="applied") for a in written]  # as apply_edits gives them
+        reply.attachments = [*reply.attachments, *applied]
+        if self.store is not None and reply.id is not None:
+            self.store.attach(reply.id, applied)
+
+    def _attach(self, paths: Sequence[str]) -> list[Attachment]:
+        if not paths:
+            return []
+        if self.workspace is None:
+            raise FileAccessError("This session has no project folder to attach files from.")
+        attached = files.read_files(self.workspace, paths)
+        room = min(self.params.max_tokens, self.engine.n_ctx // REPLY_SHARE)
+        sizes = {a.path: len(self.engine.tokenize(a.content, special=False)) for a in attached}
+        if sum(sizes.values()) + room > self.engine.n_ctx:
+            listed = ", ".join(f"{path} {n:,}" for path, n in sizes.items())
+            raise files.FilesDoNotFitError(
+                f"The attached files need {sum(sizes.values()):,} tokens ({listed}) and a reply needs room for "
+                f"{room:,}, but the context holds {self.engine.n_ctx:,}: attach at most "
+                f"{self.engine.n_ctx - room:,} tokens of files, or load the model with a larger context.")
+        return attached
 
     def regenerate(self) -> Iterator[Chunk]:
         """Drop the last assistant reply (if any) and reply to the last user message again."""
@@ -122,13 +172,14 @@ class ChatSession:
         """One turn holds its stored conversation (another process replying there is
         waited for), and starts from what is stored: messages another process added
         meanwhile are read, so that the prompt holds finished turns only."""
-        if self.store is None or self.conversation_id is None:
-            yield
-            return
-        with reply_lock(self.store.path, self.conversation_id, on_wait=self.on_wait):
-            ours = max((m.id for m in self.messages if m.id is not None), default=None)
-            if self.store.last_message_id(self.conversation_id) != ours:
-                self.load(self.conversation_id)
+        with ExitStack() as self._held:
+            if self.store is not None and self.conversation_id is not None:
+                self._held.enter_context(reply_lock(self.store.path, self.conversation_id, on_wait=self.on_wait))
+                ours = max((m.id for m in self.messages if m.id is not None), default=None)
+                # A reply still being written when it was read ("interrupted" until it ends) is read again.
+                unfinished = any(m.status == "interrupted" for m in self.messages[-1:])
+                if self.store.last_message_id(self.conversation_id) != ours or unfinished:
+                    self.load(self.conversation_id)
             yield
 
     def _edit(self, index: int, text: str) -> Iterator[Chunk]:
@@ -167,11 +218,12 @@ class ChatSession:
         def fits(c: int) -> bool:
             if c not in tried:
                 window = messages[:n_system] + turns[cuts[c]:]
-                at_least = sum(len(m.content) for m in window) // TOKEN_CHARS_MAX
+                chars = sum(len(m.content) + sum(len(a.content) for a in m.attachments) for m in window)
+                at_least = chars // TOKEN_CHARS_MAX
                 if at_least + room > self.engine.n_ctx:  # cannot fit: not worth rendering (it may be huge)
                     tried[c], size = None, f"at least {at_least}"
                 else:
-                    prompt = self._encoder.encode([{"role": m.role, "content": m.content} for m in window])
+                    prompt = self._encoder.encode(files.model_messages(window))
                     fitted = len(prompt.tokens) + room <= self.engine.n_ctx
                     tried[c], size = _Fitted(prompt, cuts[c]) if fitted else None, str(len(prompt.tokens))
                 if c == len(cuts) - 1 and tried[c] is None:
@@ -247,6 +299,8 @@ class ChatSession:
             first = next((m.content for m in self.messages if m.role == "user"), "New chat")
             title = first.strip().splitlines()[0][:TITLE_CHARS] if first.strip() else "New chat"
             self.conversation_id = self.store.create(title=title, settings=settings)
+            # Held from the moment it exists: a second writer must not answer its first turn half-written.
+            self._held.enter_context(reply_lock(self.store.path, self.conversation_id))
         else:  # keep what others stored there (the app's own settings)
             stored = self.store.settings(self.conversation_id)
             if {**stored, **settings} != stored:
@@ -274,6 +328,8 @@ class ChatSession:
             "target": paths.get("target"), "draft": paths.get("draft"),
             "template": self.template.name, "params": dataclasses.asdict(self.params),
         }
+        if self.workspace is not None and any(m.attachments for m in self.messages):
+            settings["root"] = str(self.workspace.root)  # where `edgespec apply` writes its files
         return json.loads(json.dumps(settings, default=str))  # as the store gives it back
 
     @staticmethod

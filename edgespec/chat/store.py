@@ -16,11 +16,12 @@ import threading
 import time
 import unicodedata
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from edgespec.chat.attachments import Attachment
 from edgespec.errors import EdgespecError
 
 ROLES = ("system", "user", "assistant")
@@ -50,6 +51,19 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX messages_by_conversation ON messages (conversation_id, id);
     """,
+    # 2: files attached to messages (chat/attachments.py), each version kept whole.
+    """
+    CREATE TABLE attachments (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+        path       TEXT NOT NULL,
+        content    TEXT NOT NULL,
+        sha256     TEXT NOT NULL,
+        added      REAL NOT NULL,
+        origin     TEXT NOT NULL DEFAULT 'attached'
+    );
+    CREATE INDEX attachments_by_message ON attachments (message_id, id);
+    """,
 )
 
 
@@ -69,6 +83,8 @@ class Message:
     """Per generated token: True when it was an accepted draft token."""
     status: str = "done"
     """"done" | "stopped" | "interrupted" | "error"."""
+    attachments: list[Attachment] = field(default_factory=list)
+    """Files this message carries (chat/attachments.py), in order."""
 
 
 @dataclass
@@ -177,10 +193,11 @@ class ConversationStore:
                 (clean_title(title), created, updated, _dumps(settings or {})),
             )
             for m in messages:
-                db.execute(
+                row = db.execute(
                     "INSERT INTO messages (conversation_id, role, content, status, stats, from_draft, created) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (cur.lastrowid, m.role, m.content, m.status, *_message_extras(m), updated))
+                _insert_attachments(db, row.lastrowid, m.attachments)
             return cur.lastrowid
 
     def list(self, *, search: str | None = None) -> list[ConversationInfo]:
@@ -241,9 +258,21 @@ class ConversationStore:
             rows = db.execute(
                 "SELECT id, role, content, status, stats, from_draft FROM messages "
                 "WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
+            attached: dict[int, list[Attachment]] = {}
+            for mid, path, content, sha256, added, origin in db.execute(
+                    "SELECT a.message_id, a.path, a.content, a.sha256, a.added, a.origin FROM attachments a "
+                    "JOIN messages m ON m.id = a.message_id WHERE m.conversation_id = ? ORDER BY a.id",
+                    (conversation_id,)):
+                attached.setdefault(mid, []).append(Attachment(path, content, sha256, added=added, origin=origin))
         return [Message(role, content, id=mid, status=status, stats=json.loads(stats) if stats else None,
-                        from_draft=[c == "1" for c in from_draft] if from_draft is not None else None)
+                        from_draft=[c == "1" for c in from_draft] if from_draft is not None else None,
+                        attachments=attached.get(mid, []))
                 for mid, role, content, status, stats, from_draft in rows]
+
+    def attach(self, message_id: int, attachments: Iterable[Attachment]) -> None:
+        """Add `attachments` to stored message `message_id` (an edit applied from a reply)."""
+        with self._tx() as db:
+            _insert_attachments(db, message_id, attachments)
 
     def append(self, conversation_id: int, message: Message) -> int:
         """Add `message` at the end of the conversation; sets and returns its id."""
@@ -254,6 +283,7 @@ class ConversationStore:
                 "INSERT INTO messages (conversation_id, role, content, status, stats, from_draft, created) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (conversation_id, message.role, message.content, message.status, *_message_extras(message), now))
+            _insert_attachments(db, cur.lastrowid, message.attachments)
             db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
             message.id = cur.lastrowid
             return message.id
@@ -382,3 +412,9 @@ def _message_extras(m: Message) -> tuple[str | None, str | None]:
     stats = _dumps(m.stats) if m.stats is not None else None
     origins = "".join("1" if d else "0" for d in m.from_draft) if m.from_draft is not None else None
     return stats, origins
+
+
+def _insert_attachments(db: sqlite3.Connection, message_id: int, attachments: Iterable[Attachment]) -> None:
+    db.executemany(
+        "INSERT INTO attachments (message_id, path, content, sha256, added, origin) VALUES (?, ?, ?, ?, ?, ?)",
+        [(message_id, a.path, a.content, a.sha256, a.added, a.origin) for a in attachments])

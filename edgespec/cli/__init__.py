@@ -14,7 +14,7 @@ import sys
 from typing import Callable
 
 from edgespec import __version__
-from edgespec.cli import chats, generate, models, serve, worker
+from edgespec.cli import chats, files, generate, models, serve, worker
 from edgespec.cli.options import (add_cache_options, add_model_names, add_no_draft, add_rpc_options, cache_from_args,
                                   rpc_split)
 from edgespec.cli.output import quiet_stdout
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_rpc_options(app)
     add_cache_options(app)
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for family in (generate, models, chats, serve, worker):
+    for family in (generate, models, chats, files, serve, worker):
         family.add_parsers(sub)
     return parser
 

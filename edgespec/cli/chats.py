@@ -10,6 +10,7 @@ import sys
 from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, decoded,
                                   engine_from_args, params_from_args, text)
+from edgespec.cli.files import add_file_options, workspace_from_args
 from edgespec.cli.output import stderr_stats, note, print_table
 from edgespec.errors import EdgespecError
 
@@ -26,23 +27,30 @@ def add_parsers(sub) -> None:
     p.add_argument("--new", action="store_true", help="start a new conversation")
     p.add_argument("--system", metavar="TEXT", type=text("--system"), help="system prompt of a new conversation")
     add_template_option(p)
+    add_file_options(p)
     p.add_argument("--stats", action="store_true", help="print each reply's statistics to stderr")
     add_model_options(p)
     add_sampling_options(p)
     p.set_defaults(handler=_cmd_chat)
 
-    p = sub.add_parser("chats", help="list stored conversations, most recent first")
+    p = sub.add_parser("chats", help="list stored conversations, most recent first",
+                       description="List the stored conversations, most recently updated first: id, when, "
+                                   "how many messages, title. `edgespec chat --conversation ID` continues one.")
     p.add_argument("--search", metavar="TEXT", help="only those whose title or messages contain TEXT")
     p.set_defaults(handler=_cmd_chats)
 
-    p = sub.add_parser("export", help="print a stored conversation as Markdown or JSON")
-    p.add_argument("id", type=int, metavar="ID")
-    p.add_argument("--format", choices=("md", "json"), default="md")
+    p = sub.add_parser("export", help="print a stored conversation as Markdown or JSON",
+                       description="Print a stored conversation with its statistics: Markdown to read, or JSON "
+                                   "that `edgespec import` reads back (on this machine or another).")
+    p.add_argument("id", type=int, metavar="ID", help="the conversation (see `edgespec chats`)")
+    p.add_argument("--format", choices=("md", "json"), default="md", help="md (default) or json")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p.set_defaults(handler=_cmd_export)
 
-    p = sub.add_parser("import", help="store a conversation exported as JSON (`edgespec export ID --format json`)")
-    p.add_argument("file", metavar="FILE")
+    p = sub.add_parser("import", help="store a conversation exported as JSON (`edgespec export ID --format json`)",
+                       description="Store a conversation exported as JSON as a new conversation. The file is "
+                                   "checked whole first: nothing is stored from one that is not an edgespec export.")
+    p.add_argument("file", metavar="FILE", help="a file written by `edgespec export ID --format json`")
     p.set_defaults(handler=_cmd_import)
 
 
@@ -57,7 +65,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     if args.new and args.conversation is not None:
         raise EdgespecError("--new starts a conversation and --conversation continues one: pass one of them")
     params = params_from_args(args)
-    store = _open_store()
+    store = open_store()
     cid = None if args.new else (args.conversation or store.latest())
     stored = store.settings(cid) if cid is not None else {}
     gone = [role for role in ("target", "draft") if stored.get(role) and not Path(stored[role]).exists()]
@@ -70,27 +78,34 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         if not args.draft and stored.get("draft") and Path(stored["draft"]).exists():
             args.draft = stored["draft"]
     template = args.template or (stored.get("template") if stored.get("template") not in (None, "gguf") else None)
+    root = stored.get("root")
+    workspace = workspace_from_args(args, stored_root=root if root and Path(root).is_dir() else None)
     with engine_from_args(args, progress=stderr_progress()) as engine:
         name = Path(engine.describe().target.path).name
         session = ChatSession(engine, store=store, conversation_id=cid, system_prompt=args.system,
-                              params=params, template=template, model_name=name,
+                              params=params, template=template, model_name=name, workspace=workspace,
                               on_wait=lambda: note("another edgespec is replying in this conversation; waiting for "
                                                    "its reply to finish (Ctrl+C gives up)"))
+        attach = list(args.file)
         for text in [args.once] if args.once is not None else _stdin_lines():
             last = None
-            for last in session.send(text):
+            for last in session.send(text, attach):
                 sys.stdout.write(last.text)
                 sys.stdout.flush()
             print()
             if last is not None and (args.stats or last.stats.dropped_messages):
                 dropped = last.stats.dropped_messages
-                note = f" (the {dropped} oldest messages were left out to fit the context)" if dropped else ""
-                print(stderr_stats(last.stats) + note, file=sys.stderr)
+                left_out = f" (the {dropped} oldest messages were left out to fit the context)" if dropped else ""
+                print(stderr_stats(last.stats) + left_out, file=sys.stderr)
+            attach = []  # the files go with the first message
+            changed = [e.path for e in session.pending_edits()]
+            if changed:
+                note(f"the reply changes {', '.join(changed)}: `edgespec apply` shows the diff and writes it")
     print(f"[conversation {session.conversation_id}]", file=sys.stderr)
     return 0
 
 
-def _open_store():
+def open_store():
     """The conversation store; what opening it needed telling (a damaged file moved aside) goes to stderr."""
     from edgespec.chat import ConversationStore
 
@@ -119,7 +134,7 @@ def _cmd_chats(args: argparse.Namespace) -> int:
     from edgespec.chat.store import clean_title
 
     rows = [[str(c.id), f"{c.updated:%Y-%m-%d %H:%M}", str(c.n_messages), clean_title(c.title)]
-            for c in _open_store().list(search=args.search)]
+            for c in open_store().list(search=args.search)]
     if rows:
         print_table(["id", "updated", "messages", "title"], rows)
     else:
@@ -132,7 +147,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     from edgespec.chat.export import export_json, export_markdown
 
-    store = _open_store()
+    store = open_store()
     if args.format == "json":
         text = json.dumps(export_json(store, args.id), ensure_ascii=False, indent=2) + "\n"
     else:
@@ -159,6 +174,6 @@ def _cmd_import(args: argparse.Namespace) -> int:
         raise StoreError(f"cannot read {args.file}: {e}") from None
     except RecursionError:  # the parser recurses once per level of nesting
         raise StoreError(f"cannot read {args.file}: its JSON is nested too deeply to be an edgespec export") from None
-    print(f"imported as conversation {import_json(_open_store(), data)}")
+    print(f"imported as conversation {import_json(open_store(), data)}")
     return 0
 

@@ -11,6 +11,7 @@ from edgespec.bench import BASELINE, DEFAULT_MODES
 from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_limited, add_model_options, add_sampling_options, add_template_option, decoded,
                                   engine_from_args, params_from_args, text)
+from edgespec.cli.files import add_file_options, apply_edits, workspace_from_args
 from edgespec.cli.output import stderr_stats, note
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.limits import BENCH_MAX_TOKENS
@@ -34,18 +35,33 @@ def _add_generate(sub) -> None:
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is the model's input")
     p.add_argument("--system", metavar="TEXT", type=text("--system"), help="a system message (ignored with --raw)")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, tokens, flags, statistics")
+    add_file_options(p)
+    p.add_argument("--apply", action="store_true",
+                   help="show the reply's changes to the attached files as a diff and write them (asks first)")
+    p.add_argument("--yes", action="store_true", help="with --apply: write without asking (for scripts)")
     p.set_defaults(handler=_cmd_generate)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from edgespec.chat.prompt import encode_prompt
+    from edgespec.chat import attachments as files
+    from edgespec.chat.prompt import PromptEncoder, encode_prompt
 
     prompt = args.prompt if args.prompt is not None else _read_stdin()
     if not prompt.strip():
         raise EdgespecError("the prompt is empty: pass it as an argument or on stdin")
+    if (args.file or args.apply) and args.raw:
+        raise EdgespecError("--file and --apply need the chat template: leave out --raw")
+    if args.apply and not args.file:
+        raise EdgespecError("--apply writes changes to attached files: attach them with --file")
+    workspace = workspace_from_args(args) if args.file else None
+    messages = _messages(prompt, args.system, files.read_files(workspace, args.file)) if workspace else None
     params = params_from_args(args)
     with engine_from_args(args, progress=stderr_progress()) as engine:
-        tokens, stops = encode_prompt(engine, prompt, raw=args.raw, system=args.system, template=args.template)
+        if messages is not None:
+            encoded = PromptEncoder(engine, template=args.template).encode(files.model_messages(messages))
+            tokens, stops = encoded.tokens, encoded.stop
+        else:
+            tokens, stops = encode_prompt(engine, prompt, raw=args.raw, system=args.system, template=args.template)
         params.stop += stops
         text, ids, flags, last = [], [], [], None
         chunks = engine.generate(tokens, params)
@@ -72,7 +88,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     else:
         print(file=sys.stdout)
         print(stderr_stats(stats), file=sys.stderr)
+    if args.apply:
+        edits = files.pending_edits("".join(text), messages)
+        if not edits:
+            raise EdgespecError("the reply changes none of the attached files; nothing was applied")
+        apply_edits(edits, workspace, yes=args.yes, out=sys.stderr if args.json else None)
     return 0
+
+
+def _messages(prompt: str, system: str | None, attached: list) -> list:
+    from edgespec.chat.store import Message
+
+    return [*([Message("system", system)] if system else []), Message("user", prompt, attachments=attached)]
 
 
 def _read_stdin() -> str:
@@ -80,6 +107,20 @@ def _read_stdin() -> str:
     stdin = sys.stdin
     data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
     return decoded(data, "stdin")
+
+
+def models_line(info) -> str:
+    """Where each model runs, for the top of a benchmark: the layers a GPU (or a worker)
+    holds, as llama.cpp placed them, not as many as were asked for (a CPU build holds none)."""
+    from pathlib import Path
+
+    def offloaded(m) -> int:
+        if m.layers:
+            return sum(run.layers for run in m.layers if run.device != "CPU")
+        return m.n_gpu_layers if info.gpu_offload or info.workers else 0  # llama.cpp did not say where
+
+    return "; ".join(f"{role} {Path(m.path).name} ({offloaded(m)}/{m.n_layer + 1} layers on GPU, "
+                     f"flash attention {m.flash_attn})" for role, m in info.models.items())
 
 
 def _add_bench(sub) -> None:
@@ -118,10 +159,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     check_params(params)
     with engine_from_args(args, progress=stderr_progress()) as engine:
         info = engine.describe()
-        print(f"backend {info.backend}; {bench.machine()}; " + "; ".join(
-            f"{role} {Path(m.path).name} ({m.n_gpu_layers}/{m.n_layer + 1} layers on GPU, "
-            f"flash attention {m.flash_attn})"
-            for role, m in info.models.items()))
+        print(f"backend {info.backend}; {bench.machine()}; {models_line(info)}")
         if args.rpc:
             from edgespec.chat.words import placement_line
 

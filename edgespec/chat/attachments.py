@@ -1,0 +1,158 @@
+"""Files attached to a conversation: what each turn shows the model of them, and
+the edits a reply makes to them.
+
+The model reads a user message as its attached files first (each under its path,
+in a fenced block with the language's tag) and then the user's text, the order
+in which a reply that copies a file drafts best. What it reads is built from the
+stored attachments alone, so a conversation renders the same text every turn
+and the KV cache keeps its prefix:
+
+- a file is shown once per conversation: attached again unchanged, a later
+  message only names it;
+- a file that changed on disk since the conversation last saw it is attached
+  again by the next turn (origin "changed"), and that turn says so;
+- an edit the user applied is recorded on its reply (origin "applied"): the
+  reply already holds that content, so it is not shown again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+
+from edgespec.errors import ContextFullError, FileAccessError
+
+if TYPE_CHECKING:
+    from edgespec.workspace.edits import FileEdit
+    from edgespec.workspace.root import FileText, Workspace
+
+ORIGINS = ("attached", "changed", "applied")
+MAX_ATTACHMENTS = 32
+"""Files one message may attach: more than this is a folder, not a question about files."""
+
+
+class TooManyFilesError(FileAccessError):
+    """A message attaches more files than MAX_ATTACHMENTS."""
+
+
+class FilesDoNotFitError(ContextFullError):
+    """The attached files and the message need more tokens than the context has room for."""
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One version of a file, as a message carries it."""
+
+    path: str
+    """Relative to the project folder, POSIX."""
+    content: str
+    sha256: str
+    added: float = field(default_factory=time.time)
+    origin: str = "attached"
+    """"attached" (by the user), "changed" (sent again: the file changed on disk) or
+    "applied" (an edit of the reply it is recorded on, written to the file)."""
+
+    @classmethod
+    def of(cls, file: FileText, *, origin: str = "attached") -> Attachment:
+        return cls(file.path, file.text, file.sha256, origin=origin)
+
+
+@dataclass(frozen=True)
+class PendingEdit:
+    """A change a reply makes to a file, before the user applies it."""
+
+    edit: FileEdit
+    base_sha256: str | None
+    """The version the reply was based on (None: a file the conversation never had)."""
+    old_text: str
+    """The file's text that the diff is against (what the conversation last saw)."""
+
+    @property
+    def path(self) -> str:
+        return self.edit.path
+
+    @property
+    def diff(self) -> str:
+        from edgespec.workspace.edits import unified_diff
+
+        return unified_diff(self.edit.path, self.old_text, self.edit.new_text)
+
+
+def read_files(workspace: Workspace, paths: Iterable[str]) -> list[Attachment]:
+    """Attachments for `paths`, each read once (the same path twice is one
+    attachment); raises a FileAccessError naming the first file that cannot be."""
+    attachments: dict[str, Attachment] = {}
+    for path in paths:
+        file = workspace.read(path)
+        attachments.setdefault(file.path, Attachment.of(file))
+        if len(attachments) > MAX_ATTACHMENTS:
+            raise TooManyFilesError(f"A message can attach at most {MAX_ATTACHMENTS} files; attach the ones the "
+                                    f"question is about.")
+    return list(attachments.values())
+
+
+def latest(messages: Iterable) -> dict[str, Attachment]:
+    """The newest version of each file the conversation holds, by path."""
+    files: dict[str, Attachment] = {}
+    for message in messages:
+        for a in message.attachments:
+            files[a.path] = a
+    return files
+
+
+def changed_on_disk(workspace: Workspace, messages: Sequence) -> list[Attachment]:
+    """Files of the conversation whose bytes on disk differ from its newest version,
+    read again (origin "changed"); a file gone or no longer readable is left out."""
+    changed = []
+    for path, seen in latest(messages).items():
+        try:
+            if workspace.sha256_of(path) not in (None, seen.sha256):
+                changed.append(Attachment.of(workspace.read(path), origin="changed"))
+        except FileAccessError:
+            continue
+    return changed
+
+
+def model_messages(messages: Sequence) -> list[dict]:
+    """The messages as the chat template takes them, attachments rendered into the
+    user messages that carry them (see the module's docstring)."""
+    shown: dict[str, str] = {}  # path -> sha256 the model has seen, within these messages
+    out = []
+    for m in messages:
+        content = m.content
+        if m.role == "user" and m.attachments:
+            content = _with_files(m.content, m.attachments, shown, instruct=not shown)
+        for a in m.attachments:
+            shown[a.path] = a.sha256
+        out.append({"role": m.role, "content": content})
+    return out
+
+
+def _with_files(text: str, attachments: Sequence[Attachment], shown: Mapping[str, str], *, instruct: bool) -> str:
+    """The files, then how to answer with changed files (in the first message that shows any), then `text`."""
+    from edgespec.workspace.edits import EDIT_INSTRUCTIONS
+    from edgespec.workspace.root import fence_for, language_for
+
+    parts = []
+    for a in attachments:
+        if shown.get(a.path) == a.sha256:
+            parts.append(f"{a.path} (unchanged, as shown above)")
+            continue
+        fence = fence_for(a.content)
+        body = a.content if a.content.endswith("\n") or not a.content else a.content + "\n"
+        head = a.path if a.origin != "changed" else f"{a.path} (changed on disk since; this is its current content)"
+        parts.append(f"{head}\n{fence}{language_for(a.path)}\n{body}{fence}")
+    return "\n\n".join([*parts, *([EDIT_INSTRUCTIONS.rstrip("\n")] if instruct else []), text])
+
+
+def pending_edits(reply: str, messages: Sequence) -> list[PendingEdit]:
+    """The changes `reply` makes to the files `messages` hold (a path the conversation
+    never had is an edit with `edit.new` set, for the user to confirm)."""
+    from edgespec.workspace.edits import parse_edits
+
+    files = latest(messages)
+    edits = parse_edits(reply, {path: a.content for path, a in files.items()})
+    return [PendingEdit(e, files[e.path].sha256 if e.path in files else None,
+                        files[e.path].content if e.path in files else "")
+            for e in edits]

@@ -1,0 +1,103 @@
+"""Files on the command line: `--file`/`--root` for `chat` and `generate`, and
+`edgespec apply`, which shows a reply's changes to attached files and writes them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from edgespec.cli.output import note
+from edgespec.errors import EdgespecError
+
+
+def add_file_options(p: argparse.ArgumentParser) -> None:
+    """--file (repeatable) and --root: files of the project folder attached to the message."""
+    g = p.add_argument_group("files")
+    g.add_argument("--file", action="append", default=[], metavar="PATH",
+                   help="attach this file to the message (repeatable); its path is relative to --root")
+    g.add_argument("--root", metavar="DIR",
+                   help="the project folder files are read from and written to (default: the current folder); "
+                        "nothing outside it is read or written")
+
+
+def workspace_from_args(args: argparse.Namespace, *, stored_root: str | None = None):
+    """The project folder: --root, else the one a conversation was held in, else the current folder."""
+    from pathlib import Path
+
+    from edgespec.workspace.root import Workspace
+
+    return Workspace(args.root or stored_root or Path.cwd())
+
+
+def add_parsers(sub) -> None:
+    """`apply`, on the subparsers of the `edgespec` parser."""
+    p = sub.add_parser("apply", help="write a reply's changes to the files its conversation attached",
+                       description="Show the changes the last reply of a stored conversation (default: the latest) "
+                                   "makes to its attached files as a diff, and write them after you confirm (or at "
+                                   "once with --yes). A file changed on disk since the reply saw it is refused.")
+    p.add_argument("--conversation", type=int, metavar="ID", help="the conversation (see `edgespec chats`)")
+    p.add_argument("--root", metavar="DIR", help="the project folder (default: the conversation's)")
+    p.add_argument("--yes", action="store_true", help="apply without asking (for scripts)")
+    p.add_argument("--new", action="store_true", help="also create files the conversation never attached")
+    p.set_defaults(handler=_cmd_apply)
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    from edgespec.chat.attachments import pending_edits
+    from edgespec.cli.chats import open_store
+
+    store = open_store()
+    cid = args.conversation or store.latest()
+    if cid is None:
+        raise EdgespecError("there is no conversation yet: `edgespec chat --file PATH --once ...` starts one")
+    messages = store.messages(cid)
+    edits = pending_edits(messages[-1].content, messages[:-1]) if messages[-1:] and messages[-1].role == "assistant" else []
+    if not edits:
+        raise EdgespecError(f"the last reply of conversation {cid} changes none of its files")
+    workspace = workspace_from_args(args, stored_root=store.settings(cid).get("root"))
+    written = apply_edits(edits, workspace, yes=args.yes, allow_new=args.new)
+    if written:
+        store.attach(messages[-1].id, written)
+    return 0
+
+
+def apply_edits(edits: Sequence, workspace, *, yes: bool, allow_new: bool = False, out=None) -> list:
+    """Print each edit's diff, ask (unless `yes`), and write them; returns the
+    Attachments of what was written, origin "applied" (ChatSession.record_applied
+    keeps them with the reply). Every edit is
+    checked before any is written, so a refused one leaves all the files as they were."""
+    from edgespec.chat.attachments import Attachment
+    from edgespec.config import dirs
+    from edgespec.errors import EditError
+    from edgespec.workspace.apply import apply_edit
+
+    for pending in edits:  # the diffs go to stdout, or to `out` (stderr where stdout holds JSON)
+        (out or sys.stdout).write(pending.diff or f"{pending.path}: no change\n")
+    new = [p.path for p in edits if p.edit.new]
+    if new and not allow_new:
+        raise EditError(f"the reply creates {', '.join(new)}, which the conversation never attached; "
+                        f"pass --new to create {'it' if len(new) == 1 else 'them'}")
+    for pending in edits:  # stale files are refused before anything is written
+        if workspace.sha256_of(pending.path) != pending.base_sha256:
+            from edgespec.errors import StaleFileError
+
+            raise StaleFileError(f"{pending.path} changed on disk since the reply was written; nothing was applied. "
+                                 f"Send a message to show the model its current content.")
+    if not yes and not _confirm(f"apply {len(edits)} change{'s' if len(edits) != 1 else ''}?"):
+        note("nothing applied")
+        return []
+    written = []
+    for pending in edits:
+        applied = apply_edit(workspace, pending.edit, base_sha256=pending.base_sha256, allow_new=allow_new,
+                             backups=dirs().data / "undo")
+        written.append(Attachment(pending.path, pending.edit.new_text, applied.after_sha256, origin="applied"))
+        note(f"applied to {workspace.root / pending.path}")
+    return written
+
+
+def _confirm(question: str) -> bool:
+    if not sys.stdin.isatty():
+        raise EdgespecError("not applied: stdin is not a terminal to confirm on; pass --yes to apply")
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")

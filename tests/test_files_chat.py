@@ -1,0 +1,218 @@
+"""Files in a conversation: attached, shown to the model once, kept in the store and
+exports, and a reply's edits applied from the command line (fake engine)."""
+
+import json
+
+import pytest
+from tests.fakes import FakeEngine
+
+from edgespec import cli
+from edgespec.chat import ChatSession, ConversationStore
+from edgespec.chat.attachments import FilesDoNotFitError, TooManyFilesError, model_messages
+from edgespec.chat.export import export_json, export_markdown, import_json
+from edgespec.cli import chats, generate
+from edgespec.errors import FileAccessError, OutsideRootError
+from edgespec.workspace.root import Workspace
+
+APP = "def greet(name):\n    print('hi', name)\n"
+RENAMED = "def greet(person):\n    print('hi', person)\n"
+
+
+def _whole(path: str, text: str) -> str:
+    return f"Here it is.\n\n{path}\n```python\n{text}```\n"
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = tmp_path / "project"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_text(APP)
+    return root
+
+
+@pytest.fixture
+def store(tmp_path):
+    with ConversationStore(tmp_path / "chats.db") as s:
+        yield s
+
+
+def _session(engine, store, project, **kw):
+    return ChatSession(engine, store=store, template="chatml", workspace=Workspace(project), **kw)
+
+
+def _prompt(engine) -> str:
+    return engine.detokenize(engine.prompts[-1])
+
+
+def test_an_attached_file_is_shown_once_with_its_path_and_language_then_only_named(store, project):
+    engine = FakeEngine(reply=lambda p: "ok")
+    chat = _session(engine, store, project)
+    list(chat.send("Rename name to person", ["src/app.py"]))
+    first = _prompt(engine)
+    assert f"src/app.py\n```python\n{APP}```" in first
+    assert first.index("src/app.py") < first.index("Rename name to person")  # the file first, then the question
+    list(chat.send("And again", ["src/app.py"]))
+    second = _prompt(engine)
+    assert second.count(APP) == 1 and second.startswith(first)  # the cache keeps its prefix
+
+
+def test_a_file_changed_on_disk_is_sent_again_on_the_next_turn_and_says_so(store, project):
+    engine = FakeEngine(reply=lambda p: "ok")
+    chat = _session(engine, store, project)
+    list(chat.send("Look", ["src/app.py"]))
+    (project / "src" / "app.py").write_text(RENAMED)
+    list(chat.send("Now?"))
+    prompt = _prompt(engine)
+    assert APP in prompt and RENAMED in prompt
+    assert [a.origin for a in chat.messages[-2].attachments] == ["changed"]
+
+
+def test_an_applied_edit_is_not_sent_again(store, project):
+    engine = FakeEngine(reply=lambda p: _whole("src/app.py", RENAMED))
+    chat = _session(engine, store, project)
+    list(chat.send("Rename", ["src/app.py"]))
+    [edit] = chat.pending_edits()
+    assert edit.path == "src/app.py" and edit.edit.new_text == RENAMED and "+def greet(person):" in edit.diff
+    from edgespec.cli.files import apply_edits
+
+    written = apply_edits([edit], chat.workspace, yes=True)
+    chat.record_applied(written)
+    assert (project / "src" / "app.py").read_text() == RENAMED
+    list(chat.send("Thanks"))
+    assert chat.messages[-2].attachments == []  # nothing changed behind the conversation's back
+    assert _prompt(engine).count(RENAMED) == 1  # in the reply only
+
+
+def test_attachments_are_kept_in_the_store_and_shown_again_after_a_restart(tmp_path, project):
+    with ConversationStore(tmp_path / "c.db") as store:
+        chat = _session(FakeEngine(reply=lambda p: "ok"), store, project)
+        list(chat.send("Look", ["src/app.py"]))
+        cid = chat.conversation_id
+    with ConversationStore(tmp_path / "c.db") as store:
+        messages = store.messages(cid)
+        assert store.settings(cid)["root"] == str(project.resolve())
+    [attached] = messages[0].attachments
+    assert (attached.path, attached.content, attached.origin) == ("src/app.py", APP, "attached")
+    assert len(attached.sha256) == 64
+
+
+def test_export_and_import_keep_attachments(store, project):
+    chat = _session(FakeEngine(reply=lambda p: "ok"), store, project)
+    list(chat.send("Look", ["src/app.py"]))
+    data = export_json(store, chat.conversation_id)
+    assert data["version"] == 2
+    copy = import_json(store, json.loads(json.dumps(data)))
+    assert store.messages(copy)[0].attachments == store.messages(chat.conversation_id)[0].attachments
+    assert f"```python\n{APP.rstrip()}\n```" in export_markdown(store, copy)
+
+
+@pytest.mark.parametrize("attachment", [
+    "src/app.py", {"path": 1, "content": "", "sha256": ""}, {"path": "a", "content": "", "sha256": "", "origin": "x"},
+    {"path": "a", "content": "", "sha256": "", "added": "yesterday"},
+])
+def test_an_import_with_a_malformed_attachment_is_refused_whole(store, attachment):
+    from edgespec.chat import StoreError
+
+    data = {"format": "edgespec.conversation", "version": 2,
+            "messages": [{"role": "user", "content": "hi", "attachments": [attachment]}]}
+    with pytest.raises(StoreError):
+        import_json(store, data)
+    assert store.list() == []
+
+
+def test_a_conversation_without_files_exports_as_version_1(store):
+    chat = ChatSession(FakeEngine(), store=store, template="chatml")
+    list(chat.send("hi"))
+    assert export_json(store, chat.conversation_id)["version"] == 1
+
+
+def test_files_that_do_not_fit_are_refused_before_anything_is_stored(store, project):
+    (project / "big.py").write_text("x = 1\n" * 400)
+    chat = _session(FakeEngine(n_ctx=512), store, project)
+    with pytest.raises(FilesDoNotFitError):
+        list(chat.send("Look", ["big.py"]))
+    assert store.list() == [] and chat.messages == []
+
+
+def test_too_many_files_are_refused(store, project):
+    for i in range(40):
+        (project / f"f{i}.txt").write_text(str(i))
+    chat = _session(FakeEngine(), store, project)
+    with pytest.raises(TooManyFilesError):
+        list(chat.send("Look", [f"f{i}.txt" for i in range(40)]))
+
+
+def test_a_path_outside_the_project_is_refused(store, project, tmp_path):
+    (tmp_path / "secret.txt").write_text("secret")
+    chat = _session(FakeEngine(), store, project)
+    with pytest.raises(OutsideRootError):
+        list(chat.send("Look", ["../secret.txt"]))
+
+
+def test_a_session_without_a_project_folder_cannot_attach(store):
+    with pytest.raises(FileAccessError):
+        list(ChatSession(FakeEngine(), store=store, template="chatml").send("Look", ["x.py"]))
+
+
+def test_the_edit_instructions_come_once_per_window():
+    from edgespec.chat.attachments import Attachment
+    from edgespec.chat.store import Message
+    from edgespec.workspace.edits import EDIT_INSTRUCTIONS
+
+    a, b = Attachment("a.py", "a = 1\n", "1" * 64), Attachment("b.py", "b = 1\n", "2" * 64)
+    rendered = model_messages([Message("user", "one", attachments=[a]), Message("assistant", "ok"),
+                               Message("user", "two", attachments=[b])])
+    assert EDIT_INSTRUCTIONS.strip() in rendered[0]["content"]
+    assert EDIT_INSTRUCTIONS.strip() not in rendered[2]["content"] and "b = 1" in rendered[2]["content"]
+
+
+# -- the command line ---------------------------------------------------------------------
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+
+
+def _load(monkeypatch, engine):
+    for command in (generate, chats):
+        monkeypatch.setattr(command, "engine_from_args", lambda args, progress=None: engine)
+
+
+def test_generate_file_apply_yes_writes_the_edit_and_prints_the_diff(home, project, monkeypatch, capsys):
+    _load(monkeypatch, FakeEngine(reply=lambda p: _whole("src/app.py", RENAMED)))
+    argv = ["generate", "--template", "chatml", "--root", str(project), "--file", "src/app.py", "--apply", "--yes", "Rename name"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "-def greet(name):" in out and "+def greet(person):" in out
+    assert (project / "src" / "app.py").read_text() == RENAMED
+
+
+def test_generate_apply_refuses_without_a_terminal_and_writes_nothing(home, project, monkeypatch, capsys):
+    _load(monkeypatch, FakeEngine(reply=lambda p: _whole("src/app.py", RENAMED)))
+    monkeypatch.setattr("sys.stdin", open("/dev/null"))
+    argv = ["generate", "--template", "chatml", "--root", str(project), "--file", "src/app.py", "--apply", "Rename name"]
+    assert cli.main(argv) != 0
+    assert (project / "src" / "app.py").read_text() == APP
+
+
+def test_chat_file_then_apply_writes_the_reply_and_refuses_a_stale_file(home, project, monkeypatch, capsys):
+    _load(monkeypatch, FakeEngine(reply=lambda p: _whole("src/app.py", RENAMED)))
+    monkeypatch.chdir(project)
+    assert cli.main(["chat", "--new", "--template", "chatml", "--file", "src/app.py", "--once", "Rename name"]) == 0
+    assert "src/app.py" in capsys.readouterr().err  # it says the reply changes a file
+    (project / "src" / "app.py").write_text(APP + "# mine\n")
+    assert cli.main(["apply", "--yes"]) != 0  # changed on disk since the reply saw it
+    assert (project / "src" / "app.py").read_text() == APP + "# mine\n"
+    (project / "src" / "app.py").write_text(APP)
+    monkeypatch.chdir("/")
+    assert cli.main(["apply", "--yes"]) == 0, capsys.readouterr().err  # the conversation's own folder
+    assert (project / "src" / "app.py").read_text() == RENAMED
+    with ConversationStore() as store:
+        assert [a.origin for a in store.messages(1)[-1].attachments] == ["applied"]
+
+
+def test_apply_without_edits_is_a_clear_error(home, project, monkeypatch):
+    _load(monkeypatch, FakeEngine(reply=lambda p: "No change needed."))
+    monkeypatch.chdir(project)
+    assert cli.main(["chat", "--new", "--template", "chatml", "--file", "src/app.py", "--once", "Anything?"]) == 0
+    assert cli.main(["apply", "--yes"]) == 1
