@@ -201,6 +201,16 @@ def test_chat_says_nothing_when_the_conversations_models_are_there(engine, capsy
     assert engine.args.target == str(here) and str(here) not in capsys.readouterr().err
 
 
+# -- should-fix: option ranges and words ---------------------------------------------------
+
+@pytest.mark.parametrize("value", ["-1", "0"])
+def test_parallel_below_one_is_refused_naming_one(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["generate", "hi", "--parallel", value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "at least 1" in err and "at least 0" not in err
+
+
 def stats(**kw) -> dict:
     from edgespec.engine.events import Stats
 

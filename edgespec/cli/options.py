@@ -140,19 +140,20 @@ def cache_from_args(args: argparse.Namespace):
 
 
 def _positive(text: str) -> int:
-    value = _non_negative(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return value
+    return _whole(text, least=1)
 
 
 def _non_negative(text: str) -> int:
+    return _whole(text, least=0)
+
+
+def _whole(text: str, *, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 0, got {text!r}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least {least}, got {text!r}")
     return value
 
 
