@@ -724,3 +724,24 @@ async def test_choosing_a_chat_hands_the_keys_to_the_prompt_and_enter_in_search_
         app.query_one("#search").value = ""
         await pilot.press("ctrl+f", *"rst", "enter")  # the match is the chat already open
         assert app.chat.conversation_id == first and isinstance(app.focused, PromptInput)
+
+
+async def test_a_reply_that_waits_for_another_edgespec_in_the_same_chat_says_so(store):
+    from edgespec.chat.reply_lock import reply_lock
+
+    cid = store.create(title="Shared")
+    store.append(cid, Message("user", "one"))
+    store.append(cid, Message("assistant", "uno"))
+    app = make_app(store, reply="dos")
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await app.chat.open_conversation(cid)
+        status = app.query_one(StatusLine)
+        notes = len(app.notes)
+        with reply_lock(store.path, cid):  # another process is replying in this conversation
+            await send(pilot, "two", key=False)
+            await wait_for(pilot, lambda: len(app.notes) == notes + 1)
+            assert app.chat.generating and status.detail and boxes(app)[-1].content == ""
+        await wait_for(pilot, lambda: not app.chat.generating)
+        assert [m.content for m in store.messages(cid)] == ["one", "uno", "two", "dos"]
+        assert "tok/pass" in status.detail  # the wait's words gave way to the reply's statistics

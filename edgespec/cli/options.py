@@ -87,8 +87,11 @@ def check_model_options(args: argparse.Namespace) -> None:
         args.threads = cores
     if args.exact and args.flash_attn == "off":
         raise ValueError("--exact needs flash attention (its Q8_0 KV cache): leave out --flash-attn off")
-    if ((args.n_gpu_layers and not args.rpc) or args.n_gpu_layers_draft) and not system_info()["gpu_offload"]:
-        note("this llama.cpp build has no GPU backend, so --n-gpu-layers is ignored and the models run on "
+    asked = [option for option, value in (("--n-gpu-layers", args.n_gpu_layers and not args.rpc),
+                                          ("--n-gpu-layers-draft", args.n_gpu_layers_draft)) if value]
+    if asked and not system_info()["gpu_offload"]:
+        note(f"this llama.cpp build has no GPU backend, so {' and '.join(asked)} "
+             f"{'is' if len(asked) == 1 else 'are'} ignored and the models run on "
              "the CPU. To use the GPU, rebuild llama-cpp-python for it (README, \"Installing for your "
              "hardware\"): CMAKE_ARGS=\"-DGGML_METAL=on\" (Apple Silicon) or CMAKE_ARGS=\"-DGGML_CUDA=on\" "
              "(NVIDIA) pip install --force-reinstall --no-cache-dir llama-cpp-python")

@@ -18,6 +18,7 @@ from rich.text import Text
 from textual import on
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
@@ -62,6 +63,9 @@ class ChatScreen(Screen):
 
     generating: reactive[bool] = reactive(False)
     """Whether a reply is being generated."""
+
+    class ReplyWaits(Message):
+        """The reply waits for another edgespec replying in this conversation (posted from the reply's thread)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -152,6 +156,7 @@ class ChatScreen(Screen):
                 app.engine, store=app.store, conversation_id=conversation_id,
                 system_prompt=self.settings.system_prompt or None, params=self.settings.params(),
                 template=app.template, model_name=app.choice.label or "the model",
+                on_wait=lambda: self.post_message(self.ReplyWaits()),
             )
         except EdgespecError as e:  # e.g. no chat template in the GGUF
             app.models_failed(str(e))
@@ -309,6 +314,12 @@ class ChatScreen(Screen):
                 return
             self.generating = True
             await self.log_view.send(self.session, text)
+
+    @on(ReplyWaits)
+    def _reply_waits(self, event: ReplyWaits) -> None:
+        self.status.detail = "waiting for another edgespec replying in this conversation"
+        self.notify("Another edgespec is replying in this conversation: this reply starts once that one is stored.",
+                    title="Waiting", timeout=10)
 
     @on(Conversation.ReplyProgressed)
     def _reply_progressed(self, event: Conversation.ReplyProgressed) -> None:
