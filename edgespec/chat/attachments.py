@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
 
-from edgespec.errors import ContextFullError, FileAccessError
-
-if TYPE_CHECKING:
-    from edgespec.workspace.edits import FileEdit
-    from edgespec.workspace.root import FileText, Workspace
+from edgespec.errors import ContextFullError, FileAccessError, StaleFileError
+from edgespec.workspace.apply import Applied, apply_edit, undo
+from edgespec.workspace.edits import EDIT_INSTRUCTIONS, FileEdit, parse_edits, unified_diff
+from edgespec.workspace.root import FileText, Workspace, fence_for, language_for
 
 ORIGINS = ("attached", "changed", "applied")
 MAX_ATTACHMENTS = 32
@@ -74,8 +74,6 @@ class PendingEdit:
 
     @property
     def diff(self) -> str:
-        from edgespec.workspace.edits import unified_diff
-
         return unified_diff(self.edit.path, self.old_text, self.edit.new_text)
 
 
@@ -131,8 +129,6 @@ def model_messages(messages: Sequence) -> list[dict]:
 
 def _with_files(text: str, attachments: Sequence[Attachment], shown: Mapping[str, str], *, instruct: bool) -> str:
     """The files, then how to answer with changed files (in the first message that shows any), then `text`."""
-    from edgespec.workspace.edits import EDIT_INSTRUCTIONS
-    from edgespec.workspace.root import fence_for, language_for
 
     parts = []
     for a in attachments:
@@ -149,10 +145,32 @@ def _with_files(text: str, attachments: Sequence[Attachment], shown: Mapping[str
 def pending_edits(reply: str, messages: Sequence) -> list[PendingEdit]:
     """The changes `reply` makes to the files `messages` hold (a path the conversation
     never had is an edit with `edit.new` set, for the user to confirm)."""
-    from edgespec.workspace.edits import parse_edits
-
     files = latest(messages)
     edits = parse_edits(reply, {path: a.content for path, a in files.items()})
     return [PendingEdit(e, files[e.path].sha256 if e.path in files else None,
                         files[e.path].content if e.path in files else "")
             for e in edits]
+
+
+def apply_edits(workspace: Workspace, edits: Sequence[PendingEdit], *, allow_new: bool,
+                backups: Path) -> tuple[list[Applied], list[Attachment]]:
+    """Write `edits`: what undo needs, and the Attachments (origin "applied") that
+    ChatSession.record_applied keeps with the reply. Every file is checked before
+    any is written, so a stale one leaves them all as they were."""
+    for pending in edits:
+        if workspace.sha256_of(pending.path) != pending.base_sha256:
+            raise StaleFileError(f"{pending.path} changed on disk since the reply was written; nothing was applied. "
+                                 f"Send a message to show the model its current content.")
+    applied, written = [], []
+    for pending in edits:
+        done = apply_edit(workspace, pending.edit, base_sha256=pending.base_sha256, allow_new=allow_new,
+                          backups=backups)
+        applied.append(done)
+        written.append(Attachment(pending.path, pending.edit.new_text, done.after_sha256, origin="applied"))
+    return applied, written
+
+
+def undo_edits(workspace: Workspace, applied: Sequence[Applied]) -> None:
+    """Put the files `applied` wrote back as they were, last first."""
+    for done in reversed(applied):
+        undo(workspace, done)

@@ -16,6 +16,7 @@ from pathlib import Path
 from edgespec.chat.attachments import ORIGINS, Attachment
 from edgespec.chat.store import ROLES, STATUSES, ConversationStore, Message, StoreError
 from edgespec.chat.words import stats_line
+from edgespec.workspace.root import fence_for, language_for
 
 EXPORT_FORMAT = "edgespec.conversation"
 EXPORT_VERSION = 2
@@ -50,8 +51,6 @@ def export_markdown(store: ConversationStore, conversation_id: int) -> str:
     models = [data["settings"].get(k) for k in ("target", "draft")]
     if models[0]:
         lines[-1] += " · " + " + ".join(Path(str(m)).name for m in models if m)
-    from edgespec.workspace.root import fence_for, language_for
-
     for m in data["messages"]:
         lines += ["", f"## {m['role'].capitalize()}", ""]
         for a in m.get("attachments", ()):

@@ -18,7 +18,7 @@ import json
 import time
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from edgespec.chat import attachments as files
 from edgespec.chat.attachments import Attachment, PendingEdit, changed_on_disk as files_changed
@@ -28,9 +28,7 @@ from edgespec.chat.store import ConversationStore, Message
 from edgespec.engine.events import Chunk, GenerationParams
 from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import ContextFullError, FileAccessError
-
-if TYPE_CHECKING:
-    from edgespec.workspace.root import Workspace
+from edgespec.workspace.root import Workspace
 
 SAVE_EVERY_S = 0.5
 """How often a streaming reply is written to the store (and always at its end)."""

@@ -65,12 +65,10 @@ def _cmd_apply(args: argparse.Namespace) -> int:
 def apply_edits(edits: Sequence, workspace, *, yes: bool, allow_new: bool = False, out=None) -> list:
     """Print each edit's diff, ask (unless `yes`), and write them; returns the
     Attachments of what was written, origin "applied" (ChatSession.record_applied
-    keeps them with the reply). Every edit is
-    checked before any is written, so a refused one leaves all the files as they were."""
-    from edgespec.chat.attachments import Attachment
+    keeps them with the reply)."""
+    from edgespec.chat import attachments
     from edgespec.config import dirs
     from edgespec.errors import EditError
-    from edgespec.workspace.apply import apply_edit
 
     for pending in edits:  # the diffs go to stdout, or to `out` (stderr where stdout holds JSON)
         (out or sys.stdout).write(pending.diff or f"{pending.path}: no change\n")
@@ -78,21 +76,12 @@ def apply_edits(edits: Sequence, workspace, *, yes: bool, allow_new: bool = Fals
     if new and not allow_new:
         raise EditError(f"the reply creates {', '.join(new)}, which the conversation never attached; "
                         f"pass --new to create {'it' if len(new) == 1 else 'them'}")
-    for pending in edits:  # stale files are refused before anything is written
-        if workspace.sha256_of(pending.path) != pending.base_sha256:
-            from edgespec.errors import StaleFileError
-
-            raise StaleFileError(f"{pending.path} changed on disk since the reply was written; nothing was applied. "
-                                 f"Send a message to show the model its current content.")
     if not yes and not _confirm(f"apply {len(edits)} change{'s' if len(edits) != 1 else ''}?"):
         note("nothing applied")
         return []
-    written = []
-    for pending in edits:
-        applied = apply_edit(workspace, pending.edit, base_sha256=pending.base_sha256, allow_new=allow_new,
-                             backups=dirs().data / "undo")
-        written.append(Attachment(pending.path, pending.edit.new_text, applied.after_sha256, origin="applied"))
-        note(f"applied to {workspace.root / pending.path}")
+    _, written = attachments.apply_edits(workspace, edits, allow_new=allow_new, backups=dirs().data / "undo")
+    for a in written:
+        note(f"applied to {workspace.root / a.path}")
     return written
 
 
