@@ -224,7 +224,28 @@ def test_gpu_layers_on_a_cpu_build_name_the_option_given(capsys, monkeypatch, ar
     assert named in err and not_named not in err
 
 
+def test_bench_counts_the_layers_a_gpu_holds_not_those_asked_for():
+    from edgespec.engine.info import LayerRun
+    from tests.fakes import engine_info, model_info
+
+    cpu = model_info("t.gguf", n_layer=30, n_gpu_layers=31, layers=(LayerRun("CPU", None, 31),))
+    gpu = model_info("d.gguf", n_layer=30, n_gpu_layers=31,
+                     layers=(LayerRun("CPU", None, 1), LayerRun("CUDA0", None, 30)))
+    line = generate.models_line(engine_info({"target": cpu, "draft": gpu}, backend="cpu"))
+    assert "0/31 layers on GPU" in line and "30/31 layers on GPU" in line
+
+
 def stats(**kw) -> dict:
     from edgespec.engine.events import Stats
 
     return Stats(**kw).to_dict()
+
+
+@pytest.mark.parametrize("command", ["chat", "chats", "export", "import", "generate", "paths"])
+def test_every_command_and_each_of_its_arguments_is_described(command):
+    import argparse
+
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices[command]
+    assert parser.description and next(c.help for c in sub._choices_actions if c.dest == command)
+    assert [a.dest for a in parser._actions if not a.help] == []
