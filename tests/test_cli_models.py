@@ -10,7 +10,6 @@ import yaml
 
 from edgespec.cli import main
 from edgespec.models.registry import DEFAULT_PAIR
-from tests.bundled_models import qwen_pair  # noqa: F401  (a session fixture)
 from tests.fake_hub import FakeHub
 
 CONTENT = b"GGUF" + b"x" * 200_000

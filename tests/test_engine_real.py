@@ -10,7 +10,6 @@ from edgespec.engine.events import GenerationParams
 from edgespec.engine.exact import PROBE_LIMIT
 from edgespec.engine.choice import FAST_MAX_BATCH
 from edgespec.engine.runtime import Engine, ModelSettings
-from tests.bundled_models import qwen_pair  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,6 @@ import pytest
 from edgespec.errors import ModelFileError
 from edgespec.models.compat import pairing_problems
 from edgespec.models.gguf_header import read_metadata, read_vocab_info
-from tests.bundled_models import qwen_pair  # noqa: F401  (a session fixture)
 
 
 def write_header(path: Path, *, tokens=("<unk>", "<s>", "</s>", "a", "b"), model="llama", pre=None,

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -147,8 +148,6 @@ def test_a_body_that_is_not_a_json_object_says_so(body):
 
 
 def test_a_wrong_method_says_which_are_allowed_and_head_works_where_get_does():
-    import urllib.request
-
     served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
     try:
         served.wait_ready(30)
