@@ -80,8 +80,11 @@ def test_long_drafts_when_acceptance_is_high_and_passes_are_cheap():
 
 
 def test_lookup_with_a_long_match_can_pay_even_on_this_cpu():
+    """On a fresh reply with one token at stake; longer once a cycle has saved something."""
     p = policy(CPU, 0.010, prior=0.9)
     history = [9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8, 7]
+    assert p.plan(history).name == "lookup"
+    p.ledger.saved = CPU[1]
     plan = p.plan(history)
     assert plan.drafter.name == "lookup" and plan.k >= 2
 
@@ -480,3 +483,54 @@ def test_k_caps_every_drafter_auto_uses():
     history = list(range(40)) + list(range(20))  # the reply copies what came before: lookup could propose 20
     plan = p.plan(history)
     assert plan.name == "lookup" and plan.k == 2 and len(plan.proposal) <= 2
+
+
+def test_a_probe_asks_for_what_the_ledger_can_pay():
+    """On a CPU a 2-token probe risks more than a fresh reply lends: it asks for 1 instead of none."""
+    p = policy(CPU, 0.010, prior=0.6)
+    p.prefill([1, 2, 3, 4, 5, 6])
+    assert p._worst_loss(p.drafters[1], AutoPolicy.PROBE_K, 0.0) > p.ledger.credit
+    plans = [p.plan([1, 2, 3, 4, 5, 6]) for _ in range(AutoPolicy.PROBE_FIRST)]
+    assert (plans[-1].kind, plans[-1].name, plans[-1].k) == ("probe", "draft", 1)
+
+
+def test_a_long_draft_leaves_the_ledger_the_means_to_win_its_loss_back():
+    """A bet the credit just covers is not taken when losing it would leave no
+    credit for a 1-token draft; the 1-token draft itself may use it all."""
+    costs = Costs({1: 0.030, 2: 0.040, 5: 0.070}, {"draft": 0.0, "lookup": 0.0})
+    p = AutoPolicy(costs, [PromptLookup()], k_max=4, priors={"lookup": 0.5})
+    p.acceptance[Bucket("lookup", "8-gram")] = Acceptance(0.95, weight=100.0)
+    history = list(range(40)) + list(range(20))
+    lent = p.ledger.credit
+    p.ledger.saved = 0.045 - lent  # covers a 4-token draft's worst loss (40 ms), not it and a 1-token one's (10)
+    assert p.plan(history).k == 3
+    p.ledger.saved = 0.055 - lent
+    assert p.plan(history).k == 4
+    p.ledger.saved = 0.015 - lent
+    assert p.plan(history).k == 1
+
+
+def test_a_new_reply_starts_between_what_the_last_taught_and_the_prior():
+    """What a chat reply taught of a draft model (rarely sure, often wrong) counts
+    beside the prior again when a new reply, maybe code, begins."""
+    a = Acceptance(0.7)
+    for _ in range(40):
+        a.observe(asked=3, drafted=0, accepted=0)
+    assert a.rate < 0.01 and a.continuation < 0.01
+    a.forget(2.0, prior=0.7)
+    assert a.rate == pytest.approx(0.35, abs=0.01) and a.continuation == pytest.approx(0.5, abs=0.01)
+    assert a.accepted + a.ended == pytest.approx(4.0)
+
+
+def test_warming_is_priced_on_the_acceptance_this_reply_may_have():
+    """At the prior a draft model saves nothing on this CPU; but a reply it is
+    nearly always right on (code) would: warming it is worth a little, and less
+    once many replies have shown it is not such a draft model."""
+    costs = Costs(CPU, {"draft": 0.010, "lookup": 0.0}, {"draft": 0.003})
+    p = AutoPolicy(costs, [PromptLookup(), FakeDraftModel()], k_max=4, priors={"draft": 0.6, "lookup": 0.5})
+    draft = p.drafters[1]
+    assert p._best_rate(draft, Acceptance(0.6)) < 1 / CPU[1]  # the point estimate saves nothing
+    unsure = p._expected_saving(draft)
+    assert unsure > 0
+    p.acceptance[Bucket("draft")] = Acceptance(0.6, weight=200.0)
+    assert p._expected_saving(draft) < unsure / 10

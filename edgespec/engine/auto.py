@@ -40,7 +40,9 @@ class Acceptance:
     tokens plus stops). A draft model that stops when unsure is right more
     often on what it does draft; both rates are needed to price it."""
 
-    def __init__(self, prior: float, *, weight: float = 2.0, decay: float = 0.9):
+    PRIOR_WEIGHT = 2.0
+
+    def __init__(self, prior: float, *, weight: float = PRIOR_WEIGHT, decay: float = 0.9):
         self.accepted = prior * weight
         self.ended = (1.0 - prior) * weight
         self.drafted = weight
@@ -55,11 +57,26 @@ class Acceptance:
     def continuation(self) -> float:
         return self.drafted / (self.drafted + self.stops)
 
-    def forget(self, weight: float) -> None:
+    QUANTILES = (-1.28, -0.52, 0.0, 0.52, 1.28)
+    """Standard scores of five equally likely acceptances (a normal distribution's quintiles' middles)."""
+
+    def spread(self) -> list[float]:
+        """Acceptances this drafter may have on a new reply, equally likely: the rate
+        give or take what the evidence behind it allows (wide after a `forget`)."""
+        n = self.accepted + self.ended
+        sd = (self.rate * (1.0 - self.rate) / (n + 1.0)) ** 0.5
+        return [min(max(self.rate + z * sd, 0.0), 0.99) for z in self.QUANTILES]
+
+    def forget(self, weight: float, prior: float | None = None) -> None:
         """Keep the rates but as the evidence of `weight` cycles at most, so that
-        new cycles quickly outweigh them."""
+        new cycles quickly outweigh them; with a prior, beside the prior's own
+        weight again (as when the drafter was new)."""
         self.accepted, self.ended = _scaled_to(weight, self.accepted, self.ended)
         self.drafted, self.stops = _scaled_to(weight, self.drafted, self.stops)
+        if prior is not None:
+            self.accepted += prior * self.PRIOR_WEIGHT
+            self.ended += (1.0 - prior) * self.PRIOR_WEIGHT
+            self.drafted += self.PRIOR_WEIGHT
 
     def observe(self, asked: int, drafted: int, accepted: int) -> None:
         if asked <= 0:
@@ -90,7 +107,10 @@ class Ledger:
     decode time, half of it lent at the start (from the length of earlier
     replies) and half earned as the reply goes on. So a reply of the usual
     length never falls more than ALLOWANCE behind plain decoding, whatever the
-    estimates said, and long drafts are paid from what shorter ones saved."""
+    estimates said, and long drafts are paid from what shorter ones saved.
+    A long draft must also leave, if lost, the credit for a 1-token one
+    (AutoPolicy._affordable): else one lost bet early in a reply would leave it
+    plain to its end, the credit coming back at ALLOWANCE of each plain pass."""
 
     ALLOWANCE = 0.02
 
@@ -195,8 +215,10 @@ class AutoPolicy(Policy):
 
     FORGET_WEIGHT = 2.0
     """At a new reply, a drafter rated below its prior gets a fresh chance: what
-    earlier replies taught counts as this many cycles, so that a draft model rated
-    low on a chat reply wins back its place on a code reply in a probe or two. One
+    earlier replies taught counts as this many cycles, beside the prior's own
+    weight again (how often it guesses at all, too), so that a draft model rated
+    low on a chat reply is warmed for a code reply and wins back its place there
+    in a probe or two. One
     rated high keeps its standing: a reply often starts unsure (a code fence, a
     name) before the stretch the draft model predicts well."""
 
@@ -229,7 +251,7 @@ class AutoPolicy(Policy):
         self.ledger = Ledger(self._reply_s)
         for bucket, acceptance in self.acceptance.items():
             if acceptance.rate < self._prior(bucket):
-                acceptance.forget(self.FORGET_WEIGHT)
+                acceptance.forget(self.FORGET_WEIGHT, self._prior(bucket))
         for drafter in self.drafters:
             if self._could_pay(drafter) and self._worth_warming(drafter, prompt, last):
                 drafter.prefill(prompt)
@@ -249,12 +271,17 @@ class AutoPolicy(Policy):
 
     def _expected_saving(self, drafter: Drafter) -> float:
         """Seconds a warm drafter is expected to save over a reply of the usual
-        length at its acceptance so far: what warming it for a first reply may cost
-        (on a GPU the reading is cheap and the saving large; on a compute-bound CPU
-        it saves nothing, and a short reply must not wait for the reading)."""
+        length: what warming it for a reply may cost (on a GPU the reading is cheap
+        and the saving large; on a compute-bound CPU it saves only where the draft
+        model is nearly always right, and a short reply must not wait for the reading).
+
+        This reply's acceptance is not known yet: the saving is averaged over the
+        acceptances it may have (`Acceptance.spread`), each counted only where it
+        pays, since auto drops a drafter that turns out not to."""
         plain = 1.0 / self.costs.target_pass(1)
-        rate = self._best_rate(drafter, self._acceptance(Bucket(drafter.name)))
-        return self._reply_s * max(0.0, 1.0 - plain / rate)
+        acceptance = self._acceptance(Bucket(drafter.name))
+        rates = [self._best_rate(drafter, Acceptance(a)) for a in acceptance.spread()]
+        return self._reply_s * sum(max(0.0, 1.0 - plain / rate) for rate in rates) / len(rates)
 
     def _could_pay(self, drafter: Drafter) -> bool:
         """Whether the drafter, warm and right OPTIMISTIC of the time, beats plain
@@ -283,8 +310,9 @@ class AutoPolicy(Policy):
         offers = [(d, self._offer(d, history)) for d in self.drafters]
         plain_rate = 1.0 / self.costs.target_pass(1)
         options = list(self._options(history, offers, plain_rate))
+        reserve = min((loss for plan, _, loss in options if plan.k == 1), default=0.0)
         safe = [(plan, rate) for plan, rate, worst_loss in options
-                if rate > plain_rate * (1.0 + self.MARGIN) and worst_loss <= self.ledger.credit]
+                if rate > plain_rate * (1.0 + self.MARGIN) and self._affordable(plan.k, worst_loss, reserve)]
         best = max(safe, key=_second, default=(Plan(None, 0), plain_rate))[0]  # of equal rates, the first
         self.probes.cycle(used=best.drafter.name if best.drafter else None)
         self._shadow = next(((len(history), offer.proposal, Bucket(d.name, offer.key)) for d, offer in offers
@@ -325,8 +353,10 @@ class AutoPolicy(Policy):
                                and self.probes.due(d.name) and self._could_pay(d)), (None, None))
         if drafter is None:
             return None
-        k = min(self.PROBE_K, offer.k_max)
-        if self._worst_loss(drafter, k, self._catch_up(drafter, history)) > self.ledger.credit:
+        catch_up = self._catch_up(drafter, history)
+        k = next((k for k in range(min(self.PROBE_K, offer.k_max), 0, -1)
+                  if self._worst_loss(drafter, k, catch_up) <= self.ledger.credit), 0)
+        if k == 0:
             return None
         self.probes.probed(drafter.name)
         bucket = Bucket(drafter.name, offer.key)
@@ -352,6 +382,13 @@ class AutoPolicy(Policy):
         if plan.p_draft is not None:
             text += f", drafting while {plan.p_draft:.0%} sure"
         return text
+
+    def _affordable(self, k: int, worst_loss: float, reserve: float) -> bool:
+        """Whether the ledger can pay for a cycle's worst loss and still for the
+        smallest bet after it (`reserve`: the least a 1-token draft risks): a lost
+        long draft must not leave the rest of the reply without the means to win
+        its loss back."""
+        return worst_loss <= self.ledger.credit - (reserve if k > 1 else 0.0)
 
     def _worst_loss(self, drafter: Drafter, k: int, catch_up_s: float) -> float:
         """What a cycle drafting k tokens loses against plain decoding if every
