@@ -745,3 +745,23 @@ async def test_a_reply_that_waits_for_another_edgespec_in_the_same_chat_says_so(
         await wait_for(pilot, lambda: not app.chat.generating)
         assert [m.content for m in store.messages(cid)] == ["one", "uno", "two", "dos"]
         assert "tok/pass" in status.detail  # the wait's words gave way to the reply's statistics
+
+
+@pytest.mark.parametrize("width", [110, 120])
+async def test_the_quit_key_is_shown_in_the_footer_and_the_help(store, width):
+    from textual.widgets import Markdown
+    from textual.widgets._footer import FooterKey
+
+    app = make_app(store)
+    async with app.run_test(size=(width, 40)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await pilot.pause()
+        keys = sorted(app.query(FooterKey), key=lambda k: k.region.x)
+        assert [k for k in keys if k.key == "ctrl+q"]
+        assert keys[-1].region.right <= width  # every key drawn whole: none covered by another or cut off
+        assert all(a.region.right <= b.region.x for a, b in zip(keys, keys[1:]))
+        await pilot.press("f1")
+        assert "`ctrl+q`" in app.screen.query_one(Markdown).source
+        await pilot.press("escape")
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert sum(t.startswith("Quit") for t in titles) == 1  # Textual's own, not a second one

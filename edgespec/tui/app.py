@@ -299,13 +299,15 @@ class EdgespecApp(App):
         self.load_models(choice)
 
     def get_system_commands(self, screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
+        textuals = list(super().get_system_commands(screen))
+        yield from textuals
+        listed = {command.title for command in textuals}  # Textual's own (Quit) are not listed twice
         seen = set()
         for binding in ChatScreen.BINDINGS:
             node, action = (self, binding.action[4:]) if binding.action.startswith("app.") else (self._chat,
                                                                                                 binding.action)
             method = getattr(node, f"action_{action}", None)
-            if method is None or action in seen:
+            if method is None or action in seen or binding.description in listed:
                 continue
             seen.add(action)
             doc = (method.__doc__ or "").strip().splitlines()[0] if method.__doc__ else ""

@@ -47,6 +47,8 @@ class ChatScreen(Screen):
         Binding("ctrl+r", "regenerate", "Regenerate", priority=True),
         Binding("ctrl+g", "edit", "Edit & resend", priority=True),
         Binding("ctrl+t", "toggle_origin", "Token colours", priority=True),
+        # Textual's quit key (which it leaves out of the footer), shown in the footer and the help table
+        Binding("ctrl+q", "app.quit", "Quit", priority=True),
         Binding("ctrl+s", "app.settings", "Settings"),
         Binding("ctrl+o", "app.models", "Models", priority=True),
         Binding("ctrl+f", "search", "Search chats", show=False, priority=True),
@@ -95,7 +97,7 @@ class ChatScreen(Screen):
                 yield Static("", id="banner")
                 yield PromptInput(id="prompt")
         yield StatusLine(id="status")
-        yield Footer()
+        yield Footer(compact=True)  # every key of the chat in 110 columns, quit among them
 
     def on_mount(self) -> None:
         self.log_view.anchor()
