@@ -765,3 +765,21 @@ async def test_the_quit_key_is_shown_in_the_footer_and_the_help(store, width):
         await pilot.press("escape")
         titles = [c.title for c in app.get_system_commands(app.screen)]
         assert sum(t.startswith("Quit") for t in titles) == 1  # Textual's own, not a second one
+
+
+async def test_export_names_its_full_path_and_never_overwrites_an_earlier_one(store, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    app = make_app(store, export_dir=".")  # the current folder, as the app's default
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "code please")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        await pilot.press("f3")
+        [first] = tmp_path.glob("edgespec-*.md")
+        assert str(first) in app.notes[-1]  # the full path, not a name relative to somewhere
+        first.write_bytes(b"edited by hand")
+        await pilot.press("f3")
+        second = first.with_name(f"{first.stem}-2.md")
+        assert set(tmp_path.glob("edgespec-*.md")) == {first, second}
+        assert first.read_bytes() == b"edited by hand"
+        assert "code please" in second.read_text() and str(second) in app.notes[-1]

@@ -8,6 +8,7 @@ trips on its shape.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from datetime import datetime
@@ -70,13 +71,21 @@ def export_markdown(store: ConversationStore, conversation_id: int) -> str:
 
 
 def write_markdown(store: ConversationStore, conversation_id: int, directory: str | Path) -> Path:
-    """Write export_markdown() to a file in `directory` named after the conversation's id
-    and title; returns its path (raises OSError when it cannot be written)."""
+    """Write export_markdown() to a new file in `directory` named after the conversation's
+    id and title, `-2`, `-3`, ... added while that name is taken (an earlier export is
+    never overwritten); returns its absolute path (raises OSError when it cannot be written)."""
     title = store.title(conversation_id) or "chat"
     safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in title).strip("-")[:40] or "chat"
-    path = Path(directory) / f"edgespec-{conversation_id}-{safe}.md"
-    path.write_text(export_markdown(store, conversation_id), encoding="utf-8")
-    return path
+    text = export_markdown(store, conversation_id)
+    stem = Path(directory).resolve() / f"edgespec-{conversation_id}-{safe}"
+    for n in itertools.count(1):
+        path = stem.with_name(stem.name + (f"-{n}" if n > 1 else "") + ".md")
+        try:
+            with path.open("x", encoding="utf-8") as f:  # "x": created here, or FileExistsError
+                f.write(text)
+            return path
+        except FileExistsError:
+            continue
 
 
 def import_json(store: ConversationStore, data: dict) -> int:
