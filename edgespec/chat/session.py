@@ -20,7 +20,7 @@ from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from edgespec.chat import attachments as files
+from edgespec.chat import attachments
 from edgespec.chat.attachments import Attachment, PendingEdit, changed_on_disk as files_changed
 from edgespec.chat.prompt import Prompt, PromptEncoder
 from edgespec.chat.reply_lock import reply_lock
@@ -121,7 +121,7 @@ class ChatSession:
         conversation does not end with a reply)."""
         if not self.messages or self.messages[-1].role != "assistant":
             return []
-        return files.pending_edits(self.messages[-1].content, self.messages[:-1])
+        return attachments.pending_edits(self.messages[-1].content, self.messages[:-1])
 
     def record_applied(self, written: Sequence[Attachment]) -> None:
         """Remember that the files in `written` now hold what the last reply made of
@@ -138,12 +138,12 @@ class ChatSession:
             return []
         if self.workspace is None:
             raise FileAccessError("This session has no project folder to attach files from.")
-        attached = files.read_files(self.workspace, paths)
+        attached = attachments.read_files(self.workspace, paths)
         room = min(self.params.max_tokens, self.engine.n_ctx // REPLY_SHARE)
         sizes = {a.path: len(self.engine.tokenize(a.content, special=False)) for a in attached}
         if sum(sizes.values()) + room > self.engine.n_ctx:
             listed = ", ".join(f"{path} {n:,}" for path, n in sizes.items())
-            raise files.FilesDoNotFitError(
+            raise attachments.FilesDoNotFitError(
                 f"The attached files need {sum(sizes.values()):,} tokens ({listed}) and a reply needs room for "
                 f"{room:,}, but the context holds {self.engine.n_ctx:,}: attach at most "
                 f"{self.engine.n_ctx - room:,} tokens of files, or load the model with a larger context.")
@@ -221,7 +221,7 @@ class ChatSession:
                 if at_least + room > self.engine.n_ctx:  # cannot fit: not worth rendering (it may be huge)
                     tried[c], size = None, f"at least {at_least}"
                 else:
-                    prompt = self._encoder.encode(files.model_messages(window))
+                    prompt = self._encoder.encode(attachments.model_messages(window))
                     fitted = len(prompt.tokens) + room <= self.engine.n_ctx
                     tried[c], size = _Fitted(prompt, cuts[c]) if fitted else None, str(len(prompt.tokens))
                 if c == len(cuts) - 1 and tried[c] is None:

@@ -9,7 +9,7 @@ import sys
 
 from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, decoded,
-                                  engine_from_args, params_from_args, text)
+                                  engine_from_args, model_text, open_store, params_from_args)
 from edgespec.cli.files import add_file_options, workspace_from_args
 from edgespec.cli.output import stderr_stats, note, print_table
 from edgespec.errors import EdgespecError
@@ -21,11 +21,11 @@ def add_parsers(sub) -> None:
                        description="Send a message to a stored conversation (default: the latest) and stream "
                                    "the reply to stdout. Without --once, reads messages from stdin, one per line. "
                                    "The conversation's models are used again unless --pair/--target is given.")
-    p.add_argument("--once", metavar="MESSAGE", type=text("--once"),
+    p.add_argument("--once", metavar="MESSAGE", type=model_text("--once"),
                    help="send this one message, print the reply, exit")
     p.add_argument("--conversation", type=int, metavar="ID", help="conversation to continue (see `edgespec chats`)")
     p.add_argument("--new", action="store_true", help="start a new conversation")
-    p.add_argument("--system", metavar="TEXT", type=text("--system"), help="system prompt of a new conversation")
+    p.add_argument("--system", metavar="TEXT", type=model_text("--system"), help="system prompt of a new conversation")
     add_template_option(p)
     add_file_options(p)
     p.add_argument("--stats", action="store_true", help="print each reply's statistics to stderr")
@@ -103,16 +103,6 @@ def _cmd_chat(args: argparse.Namespace) -> int:
                 note(f"the reply changes {', '.join(changed)}: `edgespec apply` shows the diff and writes it")
     print(f"[conversation {session.conversation_id}]", file=sys.stderr)
     return 0
-
-
-def open_store():
-    """The conversation store; what opening it needed telling (a damaged file moved aside) goes to stderr."""
-    from edgespec.chat import ConversationStore
-
-    store = ConversationStore()
-    if store.notice:
-        note(store.notice)
-    return store
 
 
 def _stdin_lines():

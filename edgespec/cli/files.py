@@ -45,7 +45,7 @@ def add_parsers(sub) -> None:
 
 def _cmd_apply(args: argparse.Namespace) -> int:
     from edgespec.chat.attachments import pending_edits
-    from edgespec.cli.chats import open_store
+    from edgespec.cli.options import open_store
 
     store = open_store()
     cid = args.conversation or store.latest()

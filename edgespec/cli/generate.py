@@ -10,7 +10,7 @@ import sys
 from edgespec.bench import BASELINE, DEFAULT_MODES
 from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_limited, add_model_options, add_sampling_options, add_template_option, decoded,
-                                  engine_from_args, params_from_args, text)
+                                  engine_from_args, model_text, params_from_args)
 from edgespec.cli.files import add_file_options, apply_edits, workspace_from_args
 from edgespec.cli.output import stderr_stats, note
 from edgespec.engine.events import GenerationParams
@@ -28,12 +28,12 @@ def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="one completion, streamed to stdout (headless; for scripts and benchmarks)",
                        description="Generate one reply. The prompt comes from the argument or stdin and is "
                                    "wrapped as one user message with the target's chat template unless --raw.")
-    p.add_argument("prompt", nargs="?", type=text("the prompt"), help="the prompt (default: read stdin)")
+    p.add_argument("prompt", nargs="?", type=model_text("the prompt"), help="the prompt (default: read stdin)")
     add_model_options(p)
     add_sampling_options(p)
     add_template_option(p)
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is the model's input")
-    p.add_argument("--system", metavar="TEXT", type=text("--system"), help="a system message (ignored with --raw)")
+    p.add_argument("--system", metavar="TEXT", type=model_text("--system"), help="a system message (ignored with --raw)")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, tokens, flags, statistics")
     add_file_options(p)
     p.add_argument("--apply", action="store_true",

@@ -1,5 +1,6 @@
 """The options the commands share (models, caches, RPC workers, sampling): each
-is added to a parser here, and read back and checked here before any model loads."""
+is added to a parser here, and read back and checked here before any model loads;
+and what the commands open from them: the engine, the conversation store."""
 
 from __future__ import annotations
 
@@ -117,6 +118,16 @@ def engine_from_args(args: argparse.Namespace, *, progress=None):
             progress.close()  # a failed download leaves its bar drawn, and the terminal usable
 
 
+def open_store():
+    """The conversation store; what opening it needed telling (a damaged file moved aside) goes to stderr."""
+    from edgespec.chat import ConversationStore
+
+    store = ConversationStore()
+    if store.notice:
+        note(store.notice)
+    return store
+
+
 # -- caches ------------------------------------------------------------------------------
 
 def add_cache_options(g) -> None:
@@ -219,7 +230,7 @@ def rpc_split(args: argparse.Namespace):
 
 # -- text for the model -----------------------------------------------------------------
 
-def text(name: str):
+def model_text(name: str):
     """An argparse type for text that goes to the model (the prompt, --system, --once,
     --stop): bytes of the command line that are not UTF-8 become U+FFFD, with a note
     naming `name`, as stdin's do (decoded())."""
@@ -258,7 +269,7 @@ def add_sampling_options(p: argparse.ArgumentParser, *, max_tokens: int | None =
     add_limited(g, "top_p", float)
     add_limited(g, "seed", int)
     add_limited(g, "max_tokens", int, default=max_tokens, none="until the context is full")
-    g.add_argument("--stop", action="append", default=[], type=text("--stop"), metavar="TEXT",
+    g.add_argument("--stop", action="append", default=[], type=model_text("--stop"), metavar="TEXT",
                    help="stop at this text (repeatable)")
 
 
