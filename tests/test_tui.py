@@ -694,7 +694,7 @@ async def test_a_paste_typed_as_keys_costs_no_whole_text_work_per_key(store, mon
 
 async def test_undoing_a_long_line_lets_the_prompt_wrap_again(store):
     app = make_app(store)
-    async with app.run_test() as pilot:
+    async with app.run_test():
         prompt = app.query_one(PromptInput)
         prompt.insert("x" * 2_000)
         assert not prompt.soft_wrap
