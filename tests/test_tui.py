@@ -783,3 +783,43 @@ async def test_export_names_its_full_path_and_never_overwrites_an_earlier_one(st
         assert set(tmp_path.glob("edgespec-*.md")) == {first, second}
         assert first.read_bytes() == b"edited by hand"
         assert "code please" in second.read_text() and str(second) in app.notes[-1]
+
+
+async def test_a_new_or_another_chat_starts_without_the_last_replys_statistics(store):
+    other = store.create(title="Other")
+    store.append(other, Message("user", "x"))
+    app = make_app(store)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        status = app.query_one(StatusLine)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.chat.generating and "tok/pass" in status.detail)
+        await pilot.press("ctrl+n")
+        assert status.detail == ""
+        await send(pilot, "again")
+        await wait_for(pilot, lambda: not app.chat.generating and "tok/pass" in status.detail)
+        app.query_one(ConversationList).post_message(ConversationList.Selected(other))
+        await wait_for(pilot, lambda: app.chat.conversation_id == other)
+        assert status.detail == ""
+
+
+@pytest.mark.parametrize("width", [120, 80, 40])
+async def test_the_status_line_fits_its_width(store, width):
+    """Long model names, where they run, the colour legend and every statistic: more
+    than 120 columns. The label is shortened first, then the last statistics go."""
+    app = make_app(store)
+    async with app.run_test(size=(width, 30)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        status = app.query_one(StatusLine)
+        stats = Stats(mode="auto", k=6, generated_tokens=412, drafted=520, accepted=390, target_passes=150,
+                      decode_s=20.6, prompt_tokens=3_000, prompt_cached=2_800, drafter="draft",
+                      reason="draft model: acceptance 75% over the last 64 tokens")
+        status.model_label = ("qwen2.5-coder-7b-instruct-q4_k_m + qwen2.5-coder-0.5b-instruct-q8_0 "
+                              "(cuda · target 29/29, draft 25/25 layers on GPU)")
+        status.detail = format_live(stats, plain_tps=9.0)
+        status.origin_view = True
+        await pilot.pause()
+        line = status.render()
+        assert line.cell_len <= status.content_size.width == width - 2  # padding 0 1
+        assert str(line).startswith("● ready qwen2.5")
+        assert width < 80 or format_live(stats).split(" │ ")[0] in str(line)  # the mode stays while there is room

@@ -195,6 +195,8 @@ class ChatScreen(Screen):
             store_failed(self, e)
             return
         self.conversation_id = conversation_id
+        if app.model_state == "ready":  # the last reply's statistics are another chat's (loading or failed: kept)
+            self.status.detail = ""
         try:
             self.settings = ChatSettings.from_dict(stored, defaults=app.defaults)
         except ValueError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
@@ -9,6 +10,13 @@ from textual.widgets import Static
 from edgespec.engine.events import Stats, cache_note
 from edgespec.engine.info import EngineInfo
 from edgespec.tui.origin import DRAFT_STYLE
+
+
+SEP = " │ "
+"""Between the parts of the status line."""
+
+LABEL_MIN = 24
+"""The cells of the model label kept, at least, when the line is too wide for all of it."""
 
 
 def hardware_label(info: EngineInfo | None) -> str:
@@ -39,7 +47,7 @@ def format_live(stats: Stats, *, plain_tps: float | None = None) -> str:
     until the first token, how far reading the prompt has got."""
     if not stats.target_passes and stats.prompt_evaluated:
         to_read = max(stats.prompt_tokens - stats.prompt_cached, stats.prompt_evaluated)
-        return (f"mode {stats.mode} │ reading the prompt: {stats.prompt_evaluated:,} of {to_read:,} tokens "
+        return (f"mode {stats.mode}{SEP}reading the prompt: {stats.prompt_evaluated:,} of {to_read:,} tokens "
                 f"({stats.prompt_evaluated / to_read:.0%})")
     parts = [f"mode {stats.mode}", f"k {stats.k}"]
     if stats.tokens_per_s:
@@ -56,7 +64,7 @@ def format_live(stats: Stats, *, plain_tps: float | None = None) -> str:
     if stats.reason:
         drafter += f" ({stats.reason})"
     parts.append(drafter)
-    return " │ ".join(parts)
+    return SEP.join(parts)
 
 
 class StatusLine(Static):
@@ -72,14 +80,36 @@ class StatusLine(Static):
     """Whether replies are coloured by token origin (adds a legend)."""
 
     def render(self) -> Text:
+        """The line, fitted to the width: the statistics come before the end of a long model
+        label, so the last statistics are left out only while even a label shortened to
+        LABEL_MIN leaves them no room; the label then takes the room left, and what still
+        overflows is cut with an ellipsis."""
+        label, parts = self.model_label, self.detail.split(SEP) if self.detail else []
+        line = self._line(label, parts)
+        width = self.content_size.width
+        if not width or line.cell_len <= width:
+            return line
+
+        def others() -> int:
+            return self._line(label, parts).cell_len - cell_len(label)
+
+        while len(parts) > 1 and others() + min(LABEL_MIN, cell_len(label)) > width:
+            parts.pop()
+        short = Text(label)
+        short.truncate(max(LABEL_MIN, width - others()), overflow="ellipsis")
+        line = self._line(short.plain, parts)
+        line.truncate(width, overflow="ellipsis")
+        return line
+
+    def _line(self, label: str, parts: list[str]) -> Text:
         state = {"loading": "⏳ loading", "ready": "● ready", "failed": "✖ failed"}.get(self.model_state, self.model_state)
-        text = Text(f"{state} {self.model_label}".rstrip())
+        text = Text(f"{state} {label}".rstrip())
         if self.origin_view:
-            text.append(" │ ")
+            text.append(SEP)
             text.append(" draft ", style=DRAFT_STYLE)
             text.append(" target")
-        if self.detail:
-            text.append(f" │ {self.detail}")
+        if parts:
+            text.append(SEP + SEP.join(parts))
         return text
 
     def watch_model_state(self, state: str) -> None:
