@@ -44,23 +44,37 @@ def test_auto_is_never_slower_than_plain_decoding(machine):
         assert r.auto_s - r.plain_s <= Ledger.ALLOWANCE * r.plain_s + 2 * single, table(rows)
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: the issue 'auto takes what pays'")
-@pytest.mark.parametrize("machine", ["cpu 2 threads", "cpu 1 thread", "cpu exact kernels", "dear draft", "cheap draft"])
-def test_auto_reaches_the_best_fixed_mode_of_each_reply_wip(machine):
-    test_auto_reaches_the_best_fixed_mode_of_each_reply(machine)
+NOT_YET = pytest.mark.xfail(strict=True, reason="the goal of the issue 'auto takes what pays', not reached yet")
 
 
-@pytest.mark.parametrize("machine", ["no batching gain", "gpu", "slow link"])
+def machines(*not_yet: str) -> list:
+    return [pytest.param(m, marks=NOT_YET) if m in not_yet else m for m in MACHINES]
+
+
+@pytest.mark.parametrize("machine", machines("cpu 2 threads", "cpu 1 thread", "cpu exact kernels", "dear draft"))
 def test_auto_reaches_the_best_fixed_mode_of_each_reply(machine):
-    """Per reply at least 0.9x the fixed mode and k that was fastest for it; over
-    the suite at least 0.97x those modes together."""
+    """Per reply at least 0.9x the fixed mode and k that was fastest for it, in hindsight."""
     rows = replayed(machine)
-    for r in rows:
-        assert r.auto >= 0.9 * r.fixed, table(rows)
+    assert min(r.auto / r.fixed for r in rows) >= 0.9, table(rows)
+
+
+@pytest.mark.parametrize("machine", machines("cpu 2 threads", "cpu 1 thread", "cpu exact kernels", "cheap draft"))
+def test_auto_reaches_the_best_fixed_modes_over_the_suite(machine):
+    """Over the suite at least 0.97x the fixed modes fastest for each reply, together."""
+    rows = replayed(machine)
     assert sum(r.fixed_s for r in rows) >= 0.97 * sum(r.auto_s for r in rows), table(rows)
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: the issue 'auto takes what pays'")
+@pytest.mark.parametrize("machine", MACHINES)
+def test_auto_keeps_what_it_reached(machine):
+    """Where the goals above are not reached yet, what is: over the suite 0.92x
+    the best fixed modes, per reply 0.75x."""
+    rows = replayed(machine)
+    assert sum(r.fixed_s for r in rows) >= 0.92 * sum(r.auto_s for r in rows), table(rows)
+    assert min(r.auto / r.fixed for r in rows) >= 0.75, table(rows)
+
+
+@NOT_YET
 def test_auto_pays_on_a_two_thread_cpu():
     rows = replayed("cpu 2 threads")
     assert sum(r.plain_s for r in rows) >= 1.2 * sum(r.auto_s for r in rows), table(rows)
