@@ -5,9 +5,10 @@ A snapshot is the bytes of `llama_state_seq_get_data` with the tokens they
 hold and the key of the model and cache settings they were made with. The
 cache keeps them in RAM, least recently used out past a budget, and on disk
 (between runs), least recently used out past a disk budget. A snapshot is only
-used for the same key and for a prompt that starts with (part of) its tokens;
-a file that is short, corrupt or for another key is an ordinary read and a
-line in the log, never an error.
+used for the same key and for a prompt that starts with (part of) its tokens.
+A file that is short, corrupt, forged or for another key is deleted with a
+line in the log and the prompt is read: never an error. Every count a file
+states is checked against its size before anything is read.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import os
 import struct
 import zlib
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import BinaryIO, Iterator, Sequence
 
 import numpy as np
 
@@ -214,35 +216,41 @@ class SnapshotCache:
         return sorted(found, key=lambda f: -f[1])
 
     def _read_header(self, path: Path) -> tuple[str, np.ndarray, int] | None:
-        """A file's key, tokens and size, its length checked against its header; None
-        (and the file gone, with a line in the log) when it is not a whole snapshot."""
+        """A file's key, tokens and size; None (and the file gone, with a line in
+        the log) when it is not a whole snapshot."""
         try:
-            with open(path, "rb") as f:
-                header, tokens = _header(f)
-                size = os.fstat(f.fileno()).st_size
-                if size != f.tell() + int(header["data_bytes"]):
-                    raise ValueError("truncated")
+            with self._open(path) as (f, size):
+                header, tokens = _header(f, size)
             return str(header["key"]), tokens, size
-        except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
+        except _NOT_A_SNAPSHOT as e:
             self._discard(path, e)
             return None
 
     def _read(self, path: Path, key: str) -> Snapshot | None:
         """The snapshot in `path`, checked whole (size, key, checksum), or None."""
         try:
-            with open(path, "rb") as f:
-                header, tokens = _header(f)
-                size = int(header["data_bytes"])
-                data = f.read(size + 1)
-            if header["key"] != key or len(data) != size:
+            with self._open(path) as (f, size):
+                header, tokens = _header(f, size)
+                data = f.read(header["data_bytes"])  # bounded by the file's size in _header
+            if header["key"] != key or len(data) != header["data_bytes"]:
                 raise ValueError("truncated or not for this model")
             if zlib.crc32(data) != header["crc32"]:
                 raise ValueError("checksum mismatch")
             os.utime(path)  # recently used: last out of the disk budget
             return Snapshot(key, tokens, data, on_disk=True)
-        except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
+        except _NOT_A_SNAPSHOT as e:
             self._discard(path, e)
             return None
+
+    @contextmanager
+    def _open(self, path: Path) -> Iterator[tuple[BinaryIO, int]]:
+        """`path` open for reading, and its size, if it may be a snapshot this cache
+        wrote: no larger than the disk budget (save never writes past it)."""
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > self.disk_bytes:
+                raise ValueError(f"{size} bytes, more than the disk budget")
+            yield f, size
 
     def _discard(self, path: Path, why: BaseException) -> None:
         log.warning("ignoring KV snapshot %s (%s): the prompt is read instead", path.name, why)
@@ -272,14 +280,32 @@ class SnapshotCache:
             total -= size
 
 
-def _header(f) -> tuple[dict, np.ndarray]:
-    """A snapshot file's JSON header and tokens; the file is left at its state data."""
+_NOT_A_SNAPSHOT = (OSError, ValueError, KeyError, TypeError, RecursionError, struct.error)
+"""What reading a file that is not a whole snapshot raises (RecursionError: json's
+nesting limit)."""
+
+
+def _header(f: BinaryIO, size: int) -> tuple[dict, np.ndarray]:
+    """A snapshot file's JSON header and tokens, every count it states checked
+    against the file's `size` before anything is read; the file is left at its
+    state data."""
     magic, n = _HEADER.unpack(f.read(_HEADER.size))
     if magic != MAGIC or n > 4096:
         raise ValueError("not an edgespec KV snapshot")
     header = json.loads(f.read(n))
-    count = int(header["n_tokens"])
+    if not isinstance(header, dict):
+        raise ValueError("not an edgespec KV snapshot")
+    count, data_bytes = _count(header, "n_tokens"), _count(header, "data_bytes")
+    if _HEADER.size + n + 4 * count + data_bytes != size:
+        raise ValueError(f"{size} bytes, not the length its header states")
     tokens = np.frombuffer(f.read(4 * count), dtype="<i4").astype(np.int32)
     if tokens.size != count:
         raise ValueError("truncated")
     return header, tokens
+
+
+def _count(header: dict, name: str) -> int:
+    value = header[name]
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{name} is not a count")
+    return value

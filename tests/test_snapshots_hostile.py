@@ -1,0 +1,113 @@
+"""KV snapshot files that edgespec did not write, or that llama.cpp will not take:
+whatever sits in the cache folder, a run answers, and a file that cannot serve
+is gone after one run (with one line in the log), never retried."""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec.engine.snapshots import MAGIC, Snapshot, SnapshotCache
+
+KEY = "k" * 32
+
+
+def write_file(path: Path, header: dict | bytes, tokens: np.ndarray, data: bytes) -> Path:
+    """A snapshot file as SnapshotCache.save lays it out, with any header."""
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(struct.pack("<8sI", MAGIC, len(raw)) + raw + tokens.astype("<i4").tobytes() + data)
+    return path
+
+
+def whole_header(tokens: np.ndarray, data: bytes, **forged) -> dict:
+    return {"key": KEY, "n_tokens": int(tokens.size), "data_bytes": len(data), "crc32": zlib.crc32(data)} | forged
+
+
+TOKENS = np.arange(100, 164, dtype=np.int32)
+DATA = bytes(range(256)) * 4
+
+FORGED = {
+    "a trillion tokens": whole_header(TOKENS, DATA, n_tokens=10**12),
+    "a terabyte of state": whole_header(TOKENS, DATA, data_bytes=10**12),
+    "negative tokens": whole_header(TOKENS, DATA, n_tokens=-4),
+    "negative state": whole_header(TOKENS, DATA, data_bytes=-1),
+    "infinite tokens": json.dumps(whole_header(TOKENS, DATA)).replace('"n_tokens": 64', '"n_tokens": 1e999').encode(),
+    "tokens as text": whole_header(TOKENS, DATA, n_tokens="64"),
+    "tokens as a fraction": whole_header(TOKENS, DATA, n_tokens=64.5),
+    "a header of nested lists": b"[" * 2000 + b"]" * 2000,
+    "a header that is a list": b"[1, 2, 3]",
+    "not utf-8": b"\xff\xfe{}",
+}
+
+
+@pytest.fixture
+def disk(tmp_path) -> Path:
+    return tmp_path / "kv"
+
+
+def cache(disk: Path) -> SnapshotCache:
+    return SnapshotCache(ram_bytes=1 << 20, disk=disk, disk_bytes=1 << 20)
+
+
+def warnings(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "edgespec.cache" and r.levelno >= logging.WARNING]
+
+
+# -- item 4: every count a file states is bounded by the file's size ---------------------------------
+
+@pytest.mark.parametrize("forged", FORGED.values(), ids=FORGED.keys())
+def test_a_forged_header_is_dropped_with_a_line_in_the_log_and_nothing_allocated(disk, caplog, forged):
+    path = write_file(disk / KEY / "forged.kv", forged, TOKENS, DATA)
+    with caplog.at_level(logging.WARNING, logger="edgespec.cache"):
+        assert cache(disk).find(KEY, TOKENS.tolist(), more_than=0) is None
+    assert not path.exists()
+    assert len(warnings(caplog)) == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="edgespec.cache"):  # the next run: nothing left to say
+        assert cache(disk).find(KEY, TOKENS.tolist(), more_than=0) is None
+    assert warnings(caplog) == []
+
+
+def test_a_forged_file_beside_a_whole_one_does_not_hide_it(disk):
+    good = Snapshot(KEY, TOKENS, DATA)
+    assert cache(disk).save(good)
+    forged = write_file(disk / KEY / "forged.kv", FORGED["a trillion tokens"], TOKENS, DATA)
+    found = cache(disk).find(KEY, TOKENS.tolist() + [7], more_than=0)
+    assert found is not None and found.source == "disk" and found.snapshot.data == DATA
+    assert not forged.exists()
+
+
+def test_a_file_larger_than_the_disk_budget_was_not_written_by_edgespec(disk):
+    """save() never writes past the budget, so a bigger file is dropped unread."""
+    data = b"x" * 4096
+    path = write_file(disk / KEY / "big.kv", whole_header(TOKENS, data), TOKENS, data)
+    small = SnapshotCache(ram_bytes=1 << 20, disk=disk, disk_bytes=2048)
+    assert small.find(KEY, TOKENS.tolist(), more_than=0) is None
+    assert not path.exists()
+
+
+def test_a_run_answers_over_a_forged_file_and_it_is_gone_after(synth_target, disk):
+    from edgespec.engine.events import GenerationParams
+    from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings
+
+    def load():
+        return Engine.load(ModelSettings(synth_target, n_ctx=512, flash_attn=True),
+                           cache=CacheSettings(slots=1, disk=disk))
+
+    prompt = [1, *range(10, 200)]
+    with load() as engine:
+        key = engine._target.pool.key
+    forged = write_file(disk / key / "forged.kv", whole_header(np.asarray(prompt), DATA, key=key, n_tokens=10**12),
+                        np.asarray(prompt, dtype=np.int32), DATA)
+    with load() as engine:
+        chunks = list(engine.generate(prompt, GenerationParams(mode="plain", max_tokens=4)))
+    assert sum(len(c.tokens) for c in chunks) == 4 and chunks[-1].stats.prompt_evaluated == len(prompt)
+    assert not forged.exists()
+
