@@ -111,3 +111,56 @@ def test_a_run_answers_over_a_forged_file_and_it_is_gone_after(synth_target, dis
     assert sum(len(c.tokens) for c in chunks) == 4 and chunks[-1].stats.prompt_evaluated == len(prompt)
     assert not forged.exists()
 
+
+# -- item 7: what a path is, before it is opened ------------------------------------------------
+
+def find_within(snapshots: SnapshotCache, tokens, seconds: float = 30):
+    """find() in a thread, failing if it has not returned in `seconds` (a blocked open)."""
+    import threading
+
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(found=snapshots.find(KEY, tokens, more_than=0)),
+                              daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return worker.is_alive(), result.get("found")
+
+
+def unblock(fifo: Path) -> None:
+    """Open the FIFO for writing and close it, so that a reader blocked on it returns."""
+    import os
+
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+@pytest.mark.parametrize("where", ["in the folder", "behind a symlink"])
+def test_a_fifo_named_kv_does_not_block_a_run(disk, tmp_path, where):
+    import os
+
+    assert cache(disk).save(Snapshot(KEY, TOKENS, DATA))
+    fifo = (disk / KEY / "fifo.kv") if where == "in the folder" else (tmp_path / "fifo")
+    os.mkfifo(fifo)
+    if where == "behind a symlink":
+        (disk / KEY / "link.kv").symlink_to(fifo)
+    try:
+        blocked, found = find_within(cache(disk), TOKENS.tolist() + [7])
+        assert not blocked
+        assert found is not None and found.source == "disk" and found.snapshot.data == DATA
+        disk_cache = cache(disk)
+        disk_cache.save(Snapshot(KEY, TOKENS[:40], DATA))  # trimming the disk walks the folder too
+    finally:
+        unblock(fifo)
+
+
+def test_a_folder_named_kv_is_left_alone_and_says_nothing(disk, caplog):
+    assert cache(disk).save(Snapshot(KEY, TOKENS, DATA))
+    (disk / KEY / "x.kv").mkdir()
+    with caplog.at_level(logging.INFO, logger="edgespec.cache"):
+        found = cache(disk).find(KEY, TOKENS.tolist() + [7], more_than=0)
+    assert found is not None and found.source == "disk"
+    assert warnings(caplog) == []
+    assert (disk / KEY / "x.kv").is_dir()
+

@@ -8,7 +8,8 @@ cache keeps them in RAM, least recently used out past a budget, and on disk
 used for the same key and for a prompt that starts with (part of) its tokens.
 A file that is short, corrupt, forged or for another key is deleted with a
 line in the log and the prompt is read: never an error. Every count a file
-states is checked against its size before anything is read.
+states is checked against its size before anything is read, and only regular
+files are opened.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import struct
 import zlib
 from collections import OrderedDict
@@ -194,7 +196,7 @@ class SnapshotCache:
     def _files(self) -> list[Path]:
         if self.disk is None or not self.disk.is_dir():
             return []
-        return [p for p in self.disk.glob("*/*.kv") if p.is_file()]
+        return [p for p in self.disk.glob("*/*.kv") if _is_file(p)]
 
     def _disk_candidates(self, key: str, want: np.ndarray, *, more_than: int) -> list[tuple[Path, int]]:
         """Files for `key` sharing more than `more_than` tokens with `want`, best first."""
@@ -203,6 +205,8 @@ class SnapshotCache:
         folder = self.disk / key
         found = []
         for path in folder.glob("*.kv") if folder.is_dir() else []:
+            if not _is_file(path):  # not one this cache wrote (a folder, a FIFO, a link): left alone, unopened
+                continue
             entry = self._index.get(path)
             if entry is None:
                 entry = self._read_header(path)
@@ -246,14 +250,18 @@ class SnapshotCache:
     def _open(self, path: Path) -> Iterator[tuple[BinaryIO, int]]:
         """`path` open for reading, and its size, if it may be a snapshot this cache
         wrote: no larger than the disk budget (save never writes past it)."""
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > self.disk_bytes:
-                raise ValueError(f"{size} bytes, more than the disk budget")
-            yield f, size
+        # never blocks (on a FIFO put there since it was listed) nor follows a link
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError("not a file")
+            if st.st_size > self.disk_bytes:
+                raise ValueError(f"{st.st_size} bytes, more than the disk budget")
+            yield f, st.st_size
 
     def _discard(self, path: Path, why: BaseException) -> None:
-        log.warning("ignoring KV snapshot %s (%s): the prompt is read instead", path.name, why)
+        log.warning("ignoring KV snapshot %s (%s); it is deleted", path.name, why)
         self._index.pop(path, None)
         try:
             path.unlink()
@@ -278,6 +286,15 @@ class SnapshotCache:
                 continue
             self._index.pop(p, None)
             total -= size
+
+
+def _is_file(path: Path) -> bool:
+    """Whether `path` itself (not what a link points to) is a regular file: only
+    those are opened, so a FIFO never blocks a run."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 _NOT_A_SNAPSHOT = (OSError, ValueError, KeyError, TypeError, RecursionError, struct.error)
