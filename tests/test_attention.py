@@ -61,28 +61,49 @@ def test_off_only_where_it_reads_no_slower_and_makes_a_turn_cheaper():
 def test_the_measured_choice_is_kept_on_disk_and_used_without_measuring_again(probe, tmp_path):
     kept = tmp_path / "attention"
     probe.times = ON_READS_FASTER
-    assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=2, kept=kept) is True
+    assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, kept=kept) is True
     assert probe.calls == 1 and len(list(kept.glob("*.json"))) == 1
     attention._measured.clear()  # a new process
     probe.times = OFF_PASSES_FASTER
-    assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=2, kept=kept) is True
+    assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, kept=kept) is True
     assert probe.calls == 1
-    # other threads are another machine's worth of measuring
-    assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=1, kept=kept) is False
+    # another batch size is another measurement
+    assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=256, kept=kept) is False
     assert probe.calls == 2 and len(list(kept.glob("*.json"))) == 2
+
+
+def test_the_choice_is_one_per_machine_whatever_threads_a_model_runs_with(synth_target, monkeypatch, tmp_path):
+    """It decides the layout of the V cache, so of every KV snapshot: a conversation
+    read at one thread count is restored, not read again, at another."""
+    class ByThreads:
+        calls = 0
+
+        def __call__(self, shape, *, n_threads, **kw):
+            self.calls += 1
+            return ON_READS_FASTER if n_threads == 1 else OFF_PASSES_FASTER
+
+    measure = ByThreads()
+    monkeypatch.setattr(attention, "measure", measure)
+    keys = set()
+    for threads in (1, 2):
+        monkeypatch.setattr(attention, "_measured", {})  # a new process each time
+        with Engine.load(ModelSettings(synth_target, n_ctx=512, n_threads=threads),
+                         cache=CacheSettings(measured=tmp_path / "measured", disk=tmp_path / "kv")) as engine:
+            keys.add(engine._target.pool.key)
+    assert measure.calls == 1 and len(keys) == 1
 
 
 @pytest.mark.parametrize("damage", ["", "not json", '{"on": {}}', json.dumps({"on": {"read": 1, "passes": {"3": 1}},
                                                                                "off": {"read": 1, "passes": {}}})])
 def test_a_damaged_measurement_is_measured_again_with_a_log_line(probe, tmp_path, caplog, damage):
     kept = tmp_path / "attention"
-    choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=2, kept=kept)
+    choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, kept=kept)
     [path] = kept.glob("*.json")
     path.write_text(damage)
     attention._measured.clear()
     probe.times = ON_READS_FASTER
     with caplog.at_level(logging.INFO, logger="edgespec.attention"):
-        assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=2, kept=kept) is True
+        assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, kept=kept) is True
     assert probe.calls == 2 and "measuring flash attention again" in caplog.text
     assert FlashAttnTimes.from_json(json.loads(path.read_text())) == ON_READS_FASTER
 
@@ -93,7 +114,7 @@ def test_a_cache_folder_that_cannot_be_written_leaves_the_choice_to_llama_cpp(mo
     blocked = tmp_path / "a file"
     blocked.write_text("")
     with caplog.at_level(logging.WARNING, logger="edgespec.attention"):
-        assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=2, kept=blocked / "attention") is None
+        assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, kept=blocked / "attention") is None
     assert "could not measure flash attention" in caplog.text
 
 
@@ -104,7 +125,7 @@ def test_a_probe_that_fails_leaves_the_choice_to_llama_cpp_and_says_so(monkeypat
     monkeypatch.setattr(attention, "measure", broken)
     monkeypatch.setattr(attention, "_measured", {})
     with caplog.at_level(logging.WARNING, logger="edgespec.attention"):
-        assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, n_threads=2, kept=tmp_path) is None
+        assert choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, kept=tmp_path) is None
     assert "could not measure flash attention (No space left on device)" in caplog.text
 
 
@@ -112,9 +133,9 @@ def test_where_the_scores_of_a_batch_would_take_too_much_memory_flash_attention_
     """Without it llama.cpp holds n_ctx x n_batch x n_head floats of attention scores:
     fine at a 12k context for a 1.5B model (12 heads), not at 32k."""
     qwen = AttentionShape(12, 2, 128, 128)
-    assert choose_cpu_flash_attn(qwen, n_ctx=32768, n_batch=512, n_threads=2, kept=None) is None
+    assert choose_cpu_flash_attn(qwen, n_ctx=32768, n_batch=512, kept=None) is None
     assert probe.calls == 0
-    assert choose_cpu_flash_attn(qwen, n_ctx=12288, n_batch=512, n_threads=2, kept=None) is False
+    assert choose_cpu_flash_attn(qwen, n_ctx=12288, n_batch=512, kept=None) is False
     assert probe.calls == 1
 
 
@@ -161,3 +182,4 @@ def test_a_model_all_on_the_cpu_runs_with_the_flash_attention_measured_cheaper_h
         with Engine.load(settings) as engine:
             assert engine.describe().target.flash_attn == asked
     assert probe.calls == 1
+

@@ -164,3 +164,82 @@ def test_a_folder_named_kv_is_left_alone_and_says_nothing(disk, caplog):
     assert warnings(caplog) == []
     assert (disk / KEY / "x.kv").is_dir()
 
+
+# -- item 8: a snapshot llama.cpp refuses is deleted; the key holds what makes one unusable ----------
+
+def load_synth(model, disk, **settings):
+    from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings
+
+    settings = {"n_ctx": 512, "flash_attn": True} | settings
+    return Engine.load(ModelSettings(model, **settings), cache=CacheSettings(slots=1, disk=disk))
+
+
+def answer(engine, prompt):
+    from edgespec.engine.events import GenerationParams
+
+    chunks = list(engine.generate(prompt, GenerationParams(mode="plain", max_tokens=4)))
+    assert sum(len(c.tokens) for c in chunks) == 4
+    return chunks[-1].stats
+
+
+PROMPT = [1, *range(10, 200)]
+
+
+@pytest.mark.parametrize("refused", ["random state", "a q8_0 cache relabelled"])
+def test_a_snapshot_llama_cpp_refuses_is_deleted_and_logged_once(synth_target, disk, caplog, refused):
+    with load_synth(synth_target, disk) as engine:
+        key = engine._target.pool.key
+    tokens = np.asarray(PROMPT, dtype=np.int32)
+    if refused == "random state":
+        data = np.random.default_rng(0).bytes(4096)
+    else:  # --exact's cache (Q8_0), its header's key rewritten to the F16 cache's
+        with load_synth(synth_target, disk / "exact", exact=True) as engine:
+            answer(engine, PROMPT)
+        (made,) = (disk / "exact").glob("*/*.kv")
+        raw = made.read_bytes()
+        n = struct.unpack("<I", raw[8:12])[0]
+        header = json.loads(raw[12:12 + n])
+        tokens = np.frombuffer(raw[12 + n:12 + n + 4 * header["n_tokens"]], dtype="<i4")
+        data = raw[12 + n + 4 * header["n_tokens"]:]
+    path = write_file(disk / key / "refused.kv", whole_header(tokens, data, key=key), tokens, data)
+    with caplog.at_level(logging.WARNING, logger="edgespec.cache"):
+        with load_synth(synth_target, disk) as engine:
+            stats = answer(engine, PROMPT)
+            assert (stats.prompt_cache, stats.prompt_evaluated) == ("", len(PROMPT))
+            assert not any(s.data == data for s in engine._cache.snapshots())
+            assert not path.exists()
+            engine.reset()
+            answer(engine, PROMPT)  # read again, not tried again
+    assert len(warnings(caplog)) == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="edgespec.cache"):
+        with load_synth(synth_target, disk) as engine:
+            assert answer(engine, PROMPT).prompt_cache == "disk"  # the one that run wrote
+    assert warnings(caplog) == []
+
+
+def test_a_snapshot_too_long_for_this_context_is_kept_for_a_context_it_fits(synth_target, disk, caplog):
+    long = [1, *(10 + i % 300 for i in range(600))]  # the synthetic vocabulary has 317 tokens
+    with load_synth(synth_target, disk, n_ctx=1024) as engine:
+        answer(engine, long)
+    (kept,) = disk.glob("*/*.kv")
+    with caplog.at_level(logging.WARNING, logger="edgespec.cache"):
+        with load_synth(synth_target, disk, n_ctx=512) as engine:
+            assert answer(engine, long[:400]).prompt_cache == ""
+    assert warnings(caplog) == [] and kept.exists()
+    with load_synth(synth_target, disk, n_ctx=1024) as engine:
+        stats = answer(engine, long)
+    assert (stats.prompt_cache, stats.prompt_evaluated) == ("disk", 1)
+
+
+def test_settings_that_leave_the_cache_bytes_as_they_are_share_a_key(synth_target, disk):
+    """Threads and batch size change how fast a prompt is read, not what a snapshot
+    of it holds; the cache's type and layout (flash attention) do."""
+    def key(**settings):
+        with load_synth(synth_target, disk, **settings) as engine:
+            return engine._target.pool.key
+
+    same = key(n_threads=1, n_batch=512, n_ctx=512)
+    assert key(n_threads=2, n_batch=256, n_ctx=1024) == same
+    assert key(flash_attn=False) != same
+    assert key(exact=True) != same  # a Q8_0 cache

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 import tempfile
 import time
@@ -45,6 +46,13 @@ off on others (scripts/bench_flash_attn.py compares both on the real model)."""
 
 PROBE_ROUNDS = 3
 """Interleaved rounds of the probe, on and off in turn; medians."""
+
+PROBE_THREADS = os.cpu_count() or 1
+"""Threads the probe runs on, whatever a model runs with: the choice is one per
+machine, not per thread count, because it decides what a KV snapshot holds
+(flash attention lays the V cache out otherwise, and llama.cpp refuses a
+snapshot of the other layout), so a conversation read with --threads 1 is
+restored, not read again, at 2 threads."""
 
 
 @dataclass(frozen=True)
@@ -95,22 +103,22 @@ def _scores_fit(n_ctx: int, n_batch: int, n_head: int) -> bool:
     return n_ctx * n_batch * n_head * 4 <= CPU_SCORES_MAX_BYTES
 
 
-def choose_cpu_flash_attn(shape: AttentionShape, *, n_ctx: int, n_batch: int, n_threads: int,
+def choose_cpu_flash_attn(shape: AttentionShape, *, n_ctx: int, n_batch: int,
                           kept: Path | None = None) -> bool | None:
     """Flash attention for a model all on the CPU, as the probe measured it here
-    (FlashAttnTimes.prefer_on; None: on, llama.cpp's choice, where the scores
-    would not fit). The probe's times are kept in `kept` (a folder) and
-    for the process, per shape, context, threads, CPU and llama.cpp; a probe
-    that fails leaves the choice to llama.cpp."""
+    on PROBE_THREADS (FlashAttnTimes.prefer_on; None: on, llama.cpp's choice,
+    where the scores would not fit). The probe's times are kept in `kept` (a
+    folder) and for the process, per shape, context, batch, CPU and llama.cpp;
+    a probe that fails leaves the choice to llama.cpp."""
     if not _scores_fit(n_ctx, n_batch, shape.n_head):
         return None
     depth = max(1, min(PROBE_DEPTH, n_ctx - max(TURN_PASSES)))  # as deep as a conversation gets
-    key = cache_key(shape=shape, depth=depth, n_batch=n_batch, threads=n_threads, cpu=cpu_name(),
+    key = cache_key(shape=shape, depth=depth, n_batch=n_batch, threads=PROBE_THREADS, cpu=cpu_name(),
                     system=system_info()["system_info"], llama_cpp=llama_cpp.__version__, passes=TURN_PASSES)
     times = _measured.get(key) or _load(kept, key)
     if times is None:
         try:
-            times = measure(shape, depth=depth, n_batch=n_batch, n_threads=n_threads, scratch=kept)
+            times = measure(shape, depth=depth, n_batch=n_batch, n_threads=PROBE_THREADS, scratch=kept)
         except Exception as e:  # a choice of kernels must never stop a load
             log.warning("could not measure flash attention (%s): llama.cpp chooses", e)
             return None

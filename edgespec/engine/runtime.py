@@ -133,10 +133,14 @@ class _Loaded:
 
     def _cache_key(self) -> str:
         """What a KV snapshot of this model must have been made with to be used here:
-        the same file and everything that changes what its cache holds."""
+        the same file and llama.cpp, the cache's type (Q8_0 for exact kernels) and
+        layout (flash attention on or off: llama.cpp refuses a snapshot of the other),
+        and where the layers run (which decides llama.cpp's own choice). Threads,
+        batch size and context size leave a snapshot's bytes usable: it is passed
+        over only where it holds more tokens than the context (SnapshotCache.find)."""
         s, c = self.settings, self.ctx
-        return cache_key(model=file_identity(s.path), kv=c.kv_type, flash_attn=c.flash_attn, exact=s.exact,
-                         n_batch=c.n_batch, n_gpu_layers=s.n_gpu_layers, rpc=str(s.rpc) if s.rpc else None,
+        return cache_key(model=file_identity(s.path), kv=c.kv_type, flash_attn=c.flash_attn,
+                         n_gpu_layers=s.n_gpu_layers, rpc=str(s.rpc) if s.rpc else None,
                          llama_cpp=llama_cpp.__version__)
 
     def _context(self, slots: int) -> LlamaContext:
@@ -169,8 +173,7 @@ class _Loaded:
             on_cpu = devices == {"CPU"}
         if not on_cpu:
             return None
-        return choose_cpu_flash_attn(self.model.attention_shape(), n_ctx=s.n_ctx, n_batch=s.n_batch,
-                                     n_threads=s.n_threads or os.cpu_count() or 1, kept=kept)
+        return choose_cpu_flash_attn(self.model.attention_shape(), n_ctx=s.n_ctx, n_batch=s.n_batch, kept=kept)
 
     def close(self) -> None:
         self.pool.close()
@@ -298,7 +301,8 @@ class Engine:
         if self._cache is None or self._cache.disk is None:
             return None
         key = cache_key(target=self._target.pool.key, draft=self._draft.pool.key if self._draft else None,
-                        threads=self._target.settings.n_threads or os.cpu_count(), k_max=k_max)
+                        threads=self._target.settings.n_threads or os.cpu_count(), k_max=k_max,
+                        n_batch=self._target.ctx.n_batch, exact=self._target.exact)
         return self._cache.disk / "costs" / f"{key}.json"
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:

@@ -112,14 +112,18 @@ class SequencePool:
         self.keep(seq, beyond=held)
         if self.cache is None:
             return None
-        found = self.cache.find(self.key, tokens, more_than=held + RECALL_MIN - 1)  # one that spares a real read
+        # one that spares a real read and fits this context
+        found = self.cache.find(self.key, tokens, more_than=held + RECALL_MIN - 1, room=seq.n_ctx)
         if found is None:
             return None
         snap = found.snapshot
         seq.reset()
         self.make_room(snap.tokens.size, seq)
         if not self.ctx.state_seq_set_data(seq.seq_id, snap.data):
-            log.warning("llama.cpp refused a KV snapshot of %d tokens; reading them instead", snap.tokens.size)
+            # the other sequences made room for it: it is not a cache of this model and settings
+            log.warning("llama.cpp refused a KV snapshot of %d tokens (made with other cache settings, "
+                        "or damaged); it is deleted and they are read", snap.tokens.size)
+            self.cache.drop(snap)
             seq.reset()
             return None
         seq.restored(snap.tokens.tolist())

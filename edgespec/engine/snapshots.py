@@ -5,11 +5,11 @@ A snapshot is the bytes of `llama_state_seq_get_data` with the tokens they
 hold and the key of the model and cache settings they were made with. The
 cache keeps them in RAM, least recently used out past a budget, and on disk
 (between runs), least recently used out past a disk budget. A snapshot is only
-used for the same key and for a prompt that starts with (part of) its tokens.
-A file that is short, corrupt, forged or for another key is deleted with a
-line in the log and the prompt is read: never an error. Every count a file
-states is checked against its size before anything is read, and only regular
-files are opened.
+used for the same key, for a prompt that starts with (part of) its tokens and
+in a context that holds all of them. A file that is short, corrupt, forged or
+for another key, or that llama.cpp refuses, is deleted with a line in the log
+and the prompt is read: never an error. Every count a file states is checked
+against its size before anything is read, and only regular files are opened.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator, Sequence
+from typing import BinaryIO, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -71,8 +71,9 @@ class Snapshot:
     tokens: np.ndarray
     """The tokens the state holds (int32), in order from position 0."""
     data: bytes
-    on_disk: bool = field(default=False)
-    """Written to disk already (a snapshot is never changed, so it need not be again)."""
+    file: Path | None = field(default=None)
+    """Its file, once written to disk or read from there (a snapshot is never
+    changed, so it need not be written again)."""
 
     @property
     def nbytes(self) -> int:
@@ -137,21 +138,26 @@ class SnapshotCache:
         self._ram.clear()
 
     # -- finding ------------------------------------------------------------------------
-    def find(self, key: str, tokens: Sequence[int], *, more_than: int) -> Found | None:
+    def find(self, key: str, tokens: Sequence[int], *, more_than: int, room: int | None = None) -> Found | None:
         """The snapshot for `key` that shares the longest prefix with `tokens`, if
         it shares more than `more_than` of them: from RAM, else from disk (loaded,
-        checked and then held in RAM too)."""
+        checked and then held in RAM too). One of more than `room` tokens (the
+        context's size) is passed over: it is kept for a larger context."""
         want = np.asarray(tokens, dtype=np.int32)
+
+        def fits(held: np.ndarray) -> bool:
+            return room is None or held.size <= room
+
         best: Found | None = None
         for sid, snap in self._ram.items():
-            if snap.key == key:
+            if snap.key == key and fits(snap.tokens):
                 n = prefix_length(snap.tokens, want)
                 if n > more_than and (best is None or n > best.shared):
                     best = Found(snap, n, "ram")
         if best is not None:
             self._ram.move_to_end(id(best.snapshot))
         floor = best.shared if best else more_than
-        for path, n in self._disk_candidates(key, want, more_than=floor):
+        for path, n in self._disk_candidates(key, want, more_than=floor, fits=fits):
             snap = self._read(path, key)
             if snap is not None:
                 self.keep(snap)
@@ -166,7 +172,7 @@ class SnapshotCache:
         loses the snapshot, nothing else)."""
         if self.disk is None or snapshot.nbytes > self.disk_bytes:
             return False
-        if snapshot.on_disk:
+        if snapshot.file is not None:
             return True
         folder = self.disk / snapshot.key
         path = folder / (hashlib.sha256(snapshot.tokens.tobytes()).hexdigest()[:32] + ".kv")
@@ -188,7 +194,7 @@ class SnapshotCache:
                         "its cached reading is lost", folder, e.strerror or e)
             tmp.unlink(missing_ok=True)
             return False
-        snapshot.on_disk = True
+        snapshot.file = path
         self._index[path] = (snapshot.key, snapshot.tokens, path.stat().st_size)
         self._trim_disk()
         return True
@@ -198,8 +204,18 @@ class SnapshotCache:
             return []
         return [p for p in self.disk.glob("*/*.kv") if _is_file(p)]
 
-    def _disk_candidates(self, key: str, want: np.ndarray, *, more_than: int) -> list[tuple[Path, int]]:
-        """Files for `key` sharing more than `more_than` tokens with `want`, best first."""
+    def drop(self, snapshot: Snapshot) -> None:
+        """Forget `snapshot` in RAM and delete its file: llama.cpp refused it."""
+        self._ram.pop(id(snapshot), None)
+        if snapshot.file is not None:
+            self._index.pop(snapshot.file, None)
+            snapshot.file.unlink(missing_ok=True)
+            snapshot.file = None
+
+    def _disk_candidates(self, key: str, want: np.ndarray, *, more_than: int,
+                         fits: Callable[[np.ndarray], bool]) -> list[tuple[Path, int]]:
+        """Files for `key` whose tokens `fit` sharing more than `more_than` tokens
+        with `want`, best first."""
         if self.disk is None:
             return []
         folder = self.disk / key
@@ -213,7 +229,7 @@ class SnapshotCache:
                 if entry is None:
                     continue
                 self._index[path] = entry
-            if entry[0] == key:
+            if entry[0] == key and fits(entry[1]):
                 n = prefix_length(entry[1], want)
                 if n > more_than:
                     found.append((path, n))
@@ -241,7 +257,7 @@ class SnapshotCache:
             if zlib.crc32(data) != header["crc32"]:
                 raise ValueError("checksum mismatch")
             os.utime(path)  # recently used: last out of the disk budget
-            return Snapshot(key, tokens, data, on_disk=True)
+            return Snapshot(key, tokens, data, file=path)
         except _NOT_A_SNAPSHOT as e:
             self._discard(path, e)
             return None
