@@ -183,3 +183,41 @@ def test_a_model_all_on_the_cpu_runs_with_the_flash_attention_measured_cheaper_h
             assert engine.describe().target.flash_attn == asked
     assert probe.calls == 1
 
+
+KILLED_PROBE = """
+import pathlib, sys
+from edgespec.engine import attention
+from edgespec.llama.model import AttentionShape
+attention.measure(AttentionShape(9, 3, 64, 64), depth=4096, n_batch=512, n_threads=1, rounds=100,
+                  scratch=pathlib.Path(sys.argv[1]))
+"""
+
+
+def test_a_probe_killed_while_it_runs_leaves_nothing_past_the_next_probe(tmp_path):
+    """SIGKILL runs no cleanup: the next probe removes the scratch of a process that
+    is gone, and any older than a probe takes, and leaves a running one's alone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    scratch = tmp_path / "kept"
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_PROBE, str(scratch)])
+    try:
+        deadline = time.monotonic() + 120
+        while not list(scratch.glob("probe-*/probe.gguf")):  # the probe's file is being written or read
+            assert killed.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+    assert list(scratch.iterdir())
+    running = scratch / f"probe-{os.getppid()}-now"  # a live process's, fresh
+    old = scratch / f"probe-{os.getppid()}-old"  # a live process's, older than any probe
+    for folder in (running, old):
+        folder.mkdir()
+        (folder / "probe.gguf").write_bytes(b"GGUF")
+    os.utime(old, (time.time() - 2 * 86400,) * 2)
+    attention.measure(SHAPE, depth=128, n_batch=512, n_threads=1, rounds=1, scratch=scratch)
+    assert sorted(scratch.iterdir()) == [running]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -139,10 +140,12 @@ def measure(shape: AttentionShape, *, depth: int, n_batch: int, n_threads: int,
     """Time the probe model of `shape` with flash attention on and off: a read of
     `depth` tokens and TURN_PASSES' sizes at that depth, interleaved, medians.
     The probe's file lives in `scratch` (edgespec's own folder) while it runs,
-    or in the system's temporary folder where there is none."""
+    or in the system's temporary folder where there is none; what killed probes
+    left there goes first."""
     if scratch is not None:
         scratch.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="probe-", dir=scratch) as folder:
+        _remove_left_over(scratch)
+    with tempfile.TemporaryDirectory(prefix=f"probe-{os.getpid()}-", dir=scratch) as folder:
         model = LlamaModel(write_attention_model(Path(folder) / "probe.gguf", shape))
         seqs: dict[bool, KVSequence] = {}
         try:
@@ -169,6 +172,42 @@ def measure(shape: AttentionShape, *, depth: int, n_batch: int, n_threads: int,
                 seq.close()
                 seq.ctx.close()
             model.close()
+
+
+PROBE_LEFT_OVER_S = 3600
+"""A probe's folder older than this was left by a killed probe, whichever process
+made it: a probe takes seconds, minutes on a slow machine."""
+
+
+def _remove_left_over(scratch: Path) -> None:
+    """Remove the folders of probes that were killed (SIGKILL runs no cleanup):
+    those of a process that is gone, and any older than PROBE_LEFT_OVER_S."""
+    for folder in scratch.glob("probe-*"):
+        parts = folder.name.split("-")  # probe-<pid>-<random>; an older edgespec's has no pid
+        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+        if (pid is not None and not _running(pid)) or _age(folder) > PROBE_LEFT_OVER_S:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _age(path: Path) -> float:
+    """Seconds since `path` was modified (0 if it is gone)."""
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` is running (on Windows, where a signal would end it: assumed)."""
+    if os.name == "nt" or pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _timed(fn) -> float:
