@@ -241,6 +241,25 @@ def stats(**kw) -> dict:
     return Stats(**kw).to_dict()
 
 
+def test_a_plain_reply_ending_on_eos_shows_one_token_per_pass():
+    from edgespec.chat.words import stats_line
+
+    plain = stats(generated_tokens=10, target_passes=11, stop_reason="eog", decode_s=1.0)
+    assert "1.00 tok/pass" in stats_line(plain)
+    cut = stats(generated_tokens=10, target_passes=10, stop_reason="max_tokens", decode_s=1.0)
+    assert "1.00 tok/pass" in stats_line(cut)
+    speculated = stats(generated_tokens=11, target_passes=4, stop_reason="eog", drafted=9, accepted=8, decode_s=1.0)
+    assert "3.00 tok/pass" in stats_line(speculated)  # 11 tokens and the EOS in 4 passes
+
+
+def test_a_speed_over_a_moment_is_not_shown():
+    from edgespec.chat.words import stats_line
+
+    assert "tok/s" not in stats_line(stats(generated_tokens=1, target_passes=2, stop_reason="eog", decode_s=0.00016))
+    assert "tok/s" not in stats_line(stats(generated_tokens=3, target_passes=3, decode_s=0.001))
+    assert "20.0 tok/s" in stats_line(stats(generated_tokens=20, target_passes=20, decode_s=1.0))
+
+
 @pytest.mark.parametrize("command", ["chat", "chats", "export", "import", "generate", "paths"])
 def test_every_command_and_each_of_its_arguments_is_described(command):
     import argparse
