@@ -7,7 +7,10 @@ chosen per reply in hindsight, reaches."""
 from __future__ import annotations
 
 import functools
+import json
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from edgespec.engine.drafters import PromptLookup
 from edgespec.engine.replay import MACHINES, ReplayedDraft, SuiteRow, load_traces, machine_costs, replay, replay_suite
 
 TRACES = Path(__file__).parent / "data" / "bundled_traces.json"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "speculation_ceiling.py"
 K = 8
 """--k's default."""
 
@@ -103,3 +107,29 @@ def test_no_cycle_of_auto_drafts_more_than_k(machine):
     for trace in load_traces(TRACES):
         replay(auto, trace, truth, draft)
     assert max(drafted) == 2
+
+
+def ceiling_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--traces", str(TRACES), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_ceiling_script_prints_what_the_replay_measures_as_json():
+    done = ceiling_script("--machine", "gpu", "--machine", "cpu 2 threads", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [m["machine"] for m in report] == ["gpu", "cpu 2 threads"]
+    rows = replayed("cpu 2 threads")
+    prompts = report[1]["prompts"]
+    assert [p["id"] for p in prompts] == [r.name for r in rows]
+    assert {p["category"] for p in prompts} == {"free-form", "code", "grounded"}
+    for p, r in zip(prompts, rows):
+        assert (p["plain_s"], p["auto"], p["best_fixed"], p["ceiling"]) == pytest.approx((r.plain_s, r.auto, r.fixed,
+                                                                                          r.ceiling))
+        assert (p["best_fixed_mode"], p["best_fixed_k"]) == (r.fixed_mode, r.fixed_k)
+    assert report[1]["suite"]["auto"] == pytest.approx(sum(r.plain_s for r in rows) / sum(r.auto_s for r in rows))
+
+
+def test_recorded_traces_need_a_machine_to_be_replayed_on():
+    done = ceiling_script()
+    assert done.returncode != 0 and done.stderr and "Traceback" not in done.stderr
