@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_no_draft(app)
     add_rpc_options(app)
     add_cache_options(app)
+    app.add_argument("--root", metavar="DIR", help="the project folder files are attached from and edits written "
+                                                   "to (default: the current folder)")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     for family in (generate, models, chats, files, serve, worker):
         family.add_parsers(sub)
@@ -77,5 +79,5 @@ def _cmd_app(args: argparse.Namespace) -> int:
     from edgespec.tui import run_app
 
     run_app(pair=args.pair, target=args.target, draft=args.draft, no_draft=args.no_draft, rpc=rpc_split(args),
-            cache=cache_from_args(args))
+            cache=cache_from_args(args), root=args.root)
     return 0

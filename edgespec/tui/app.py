@@ -42,6 +42,7 @@ from edgespec.tui.screens.settings import SettingsResult, SettingsScreen
 from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
 from edgespec.tui.stream import RENDER_SHARE, redraw_share
 from edgespec.tui.widgets.status import hardware_label
+from edgespec.workspace.root import Workspace
 
 
 class EngineLoader(Protocol):
@@ -95,7 +96,7 @@ class EdgespecApp(App):
                  library: Library | Callable[[], Library] | None = None,
                  defaults: ChatSettings | None = None, defaults_path: str | Path | None = None,
                  export_dir: str | Path | None = None, template: str | None = None,
-                 rpc: str | None = None, cache=None) -> None:
+                 rpc: str | None = None, cache=None, root: str | Path | None = None) -> None:
         super().__init__()
         self.choice = choice or ModelChoice()
         self._store = store
@@ -105,6 +106,8 @@ class EdgespecApp(App):
         self.defaults_path = defaults_path
         self.defaults = defaults
         self.export_dir = Path(export_dir) if export_dir else Path.cwd()
+        self.workspace = Workspace(root or Path.cwd())
+        """The project folder: files are attached from it and edits written to it, nothing outside."""
         self.template = template
         """A built-in chat format's name (or Jinja source) instead of the GGUF's own."""
         self.rpc = rpc

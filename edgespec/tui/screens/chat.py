@@ -21,15 +21,19 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Footer, Header, OptionList, Static, TextArea
 
+from edgespec.chat import attachments
 from edgespec.chat.export import write_markdown
 from edgespec.chat.store import StoreError
 from edgespec.errors import EdgespecError
 from edgespec.tui.library import PullProgress
 from edgespec.tui.screens.dialogs import ConfirmScreen, TextPromptScreen
+from edgespec.tui.screens.diff import DiffScreen
+from edgespec.tui.screens.picker import FilePickerScreen
 from edgespec.tui.screens.models import describe_progress
 from edgespec.tui.settings import ChatSettings, give_session, store_settings
+from edgespec.tui.widgets.chips import AttachmentBar, Chip
 from edgespec.tui.widgets.conversation import Conversation
 from edgespec.tui.widgets.prompt import PromptInput
 from edgespec.tui.widgets.sidebar import ConversationList, store_failed
@@ -43,12 +47,12 @@ class ChatScreen(Screen):
         Binding("escape", "stop", "Stop reply", show=False),
         # the app's own help key, listed here too so that it leads the footer and the help table
         Binding("f1,question_mark", "app.help", "Help"),
+        # Textual's quit key (which it leaves out of the footer), shown in the footer and the help table
+        Binding("ctrl+q", "app.quit", "Quit", priority=True),
         Binding("ctrl+n", "new_chat", "New chat", priority=True),
         Binding("ctrl+r", "regenerate", "Regenerate", priority=True),
         Binding("ctrl+g", "edit", "Edit & resend", priority=True),
         Binding("ctrl+t", "toggle_origin", "Token colours", priority=True),
-        # Textual's quit key (which it leaves out of the footer), shown in the footer and the help table
-        Binding("ctrl+q", "app.quit", "Quit", priority=True),
         Binding("ctrl+s", "app.settings", "Settings"),
         Binding("ctrl+o", "app.models", "Models", priority=True),
         Binding("ctrl+f", "search", "Search chats", show=False, priority=True),
@@ -58,6 +62,9 @@ class ChatScreen(Screen):
         Binding("f5", "copy_reply", "Copy reply", show=False, priority=True),
         Binding("f6", "copy_code", "Copy code block", show=False, priority=True),
         Binding("f8", "delete", "Delete chat", show=False, priority=True),
+        Binding("f4", "attach", "Attach file", show=False, priority=True),
+        Binding("f7", "review_edits", "Review edits", show=False, priority=True),
+        Binding("f9", "undo_apply", "Undo apply", show=False, priority=True),
     ]
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (60, "-wide")]
@@ -80,6 +87,8 @@ class ChatScreen(Screen):
         """The settings of this conversation (or, for a new chat, the defaults)."""
         self.plain_tps: float | None = None
         """Decode speed of the last plain reply: the baseline for the speedup."""
+        self.applied: list = []
+        """The edits written by the last apply (workspace.apply.Applied), for F9 to undo."""
 
     def check_action(self, action: str, parameters) -> bool | None:
         """Chat actions only act on this screen, not behind a dialog (the footer hides them there)."""
@@ -95,13 +104,18 @@ class ChatScreen(Screen):
                 self._conversation = Conversation(self.app.decoding, id="log")
                 yield self._conversation
                 yield Static("", id="banner")
-                yield PromptInput(id="prompt")
+                yield OptionList(id="completions")
+                yield AttachmentBar(id="attachments")
+                yield PromptInput(id="prompt", placeholder="Message (Enter sends; @path or F4 attaches a file)")
         yield StatusLine(id="status")
         yield Footer(compact=True)  # every key of the chat in 110 columns, quit among them
 
     def on_mount(self) -> None:
         self.log_view.anchor()
-        self.query_one(PromptInput).focus()
+        prompt = self.query_one(PromptInput)
+        prompt.attach_path = self._attach_pasted
+        prompt.focus()
+        self.query_one("#completions", OptionList).display = False
         self.watch(self.app, "model_state", self._show_model_state)
         self.watch(self.app, "load_progress", self._show_load_progress)
 
@@ -158,7 +172,7 @@ class ChatScreen(Screen):
                 app.engine, store=app.store, conversation_id=conversation_id,
                 system_prompt=self.settings.system_prompt or None, params=self.settings.params(),
                 template=app.template, model_name=app.choice.label or "the model",
-                on_wait=lambda: self.post_message(self.ReplyWaits()),
+                on_wait=lambda: self.post_message(self.ReplyWaits()), workspace=app.workspace,
             )
         except EdgespecError as e:  # e.g. no chat template in the GGUF
             app.models_failed(str(e))
@@ -312,12 +326,15 @@ class ChatScreen(Screen):
         if not self._ready_to_generate():
             return
         text = event.text
+        bar = self.query_one(AttachmentBar)
+        files = [*bar.paths, *(p for p in self._at_paths(text) if p not in bar.paths)]
         self.query_one(PromptInput).remember(text)
+        await bar.clear_chips()
         async with self._view:
             if not self._ready_to_generate():  # the conversation opened meanwhile may not be usable
                 return
             self.generating = True
-            await self.log_view.send(self.session, text)
+            await self.log_view.send(self.session, text, files)
 
     @on(ReplyWaits)
     def _reply_waits(self, event: ReplyWaits) -> None:
@@ -350,6 +367,8 @@ class ChatScreen(Screen):
         self._follow_new_conversation()
         self._save_settings()
         self.query_one(ConversationList).refresh_list()
+        if event.status == "done":
+            self.action_review_edits(quiet=True)
 
     def stop_reply(self) -> None:
         """Ask the reply worker to stop at its next chunk (or batch of the prompt)."""
@@ -396,3 +415,128 @@ class ChatScreen(Screen):
     def action_toggle_origin(self) -> None:
         """Colour replies by token origin: accepted draft tokens vs the target's own."""
         self.log_view.show_origin = self.status.origin_view = not self.log_view.show_origin
+
+    # -- files: attach, review a reply's edits, apply, undo -------------------------------
+    def _attach_file(self, path: str) -> None:
+        """Show `path` (relative to the project folder) as a chip on the message being written."""
+        try:
+            file = self.app.workspace.read(path)
+        except EdgespecError as e:
+            self.notify(str(e), title="Not attached", severity="error")
+            return
+        engine = self.app.engine
+        tokens = len(engine.tokenize(file.text, special=False)) if engine is not None else None
+        self.run_worker(self.query_one(AttachmentBar).add(Chip(file.path, file.size, tokens)))
+
+    def _attach_pasted(self, line: str) -> bool:
+        """A pasted line that names a file of the project folder attaches it (False: it is text)."""
+        workspace = self.app.workspace
+        try:
+            if not workspace.resolve(line).is_file():
+                return False
+        except (EdgespecError, OSError, ValueError):
+            return False
+        self._attach_file(workspace.relative(workspace.resolve(line)))
+        return True
+
+    def _at_paths(self, text: str) -> list[str]:
+        """The files that `@path` words of `text` name in the project folder."""
+        paths = []
+        for word in text.split():
+            if word.startswith("@") and len(word) > 1:
+                try:
+                    if self.app.workspace.resolve(word[1:]).is_file():
+                        paths.append(self.app.workspace.relative(self.app.workspace.resolve(word[1:])))
+                except (EdgespecError, OSError, ValueError):
+                    continue
+        return paths
+
+    @on(AttachmentBar.Removed)
+    async def _chip_removed(self, event: AttachmentBar.Removed) -> None:
+        await self.query_one(AttachmentBar).remove_path(event.path)
+        self.query_one(PromptInput).focus()
+
+    def action_attach(self) -> None:
+        """Attach a file of the project folder to the message (a tree to choose from)."""
+        def done(path: str | None) -> None:
+            if path:
+                self._attach_file(path)
+            self.query_one(PromptInput).focus()
+
+        self.app.push_screen(FilePickerScreen(self.app.workspace), done)
+
+    @on(TextArea.Changed, "#prompt")
+    def _complete(self, event: TextArea.Changed) -> None:
+        """Offer the paths that complete an `@path` being typed."""
+        prompt, options = self.query_one(PromptInput), self.query_one("#completions", OptionList)
+        word = prompt.at_word()
+        found = self.app.workspace.complete(word[0], limit=8) if word is not None else []
+        options.clear_options()
+        options.add_options(found)
+        if found:
+            options.highlighted = 0
+        options.display = prompt.completing = bool(found)
+
+    @on(PromptInput.CompletionChosen)
+    def _completion_chosen(self, event: PromptInput.CompletionChosen) -> None:
+        """Tab: a folder completes the `@path`, a file becomes a chip and leaves the text."""
+        prompt, options = self.query_one(PromptInput), self.query_one("#completions", OptionList)
+        word = prompt.at_word()
+        if word is None or options.highlighted is None:
+            return
+        choice = str(options.get_option_at_index(options.highlighted).prompt)
+        row, column = prompt.cursor_location
+        if choice.endswith("/"):
+            prompt.replace(f"@{choice}", (row, word[1]), (row, column))
+        else:
+            prompt.replace("", (row, word[1]), (row, column))
+            self._attach_file(choice)
+
+    def action_review_edits(self, quiet: bool = False) -> None:
+        """Show the last reply's changes to attached files as a diff, to apply them."""
+        edits = self.session.pending_edits() if self.session is not None else []
+        if not edits:
+            if not quiet:
+                self.notify("The last reply changes none of the attached files.")
+            return
+        if self.app.screen is not self:
+            return
+
+        def done(apply: bool | None) -> None:
+            if not apply:
+                return
+            new = [p.path for p in edits if p.edit.new]
+            if new:
+                self.app.push_screen(ConfirmScreen(f"Create {', '.join(new)}? The conversation never attached "
+                                                   f"{'it' if len(new) == 1 else 'them'}.", yes="Create"),
+                                     lambda yes: self._apply(edits) if yes else None)
+            else:
+                self._apply(edits)
+
+        self.app.push_screen(DiffScreen(self.app.workspace, edits), done)
+
+    def _apply(self, edits) -> None:
+        from edgespec.config import dirs
+
+        try:
+            applied, written = attachments.apply_edits(self.app.workspace, edits, allow_new=True,
+                                                       backups=dirs().data / "undo")
+            self.session.record_applied(written)
+        except (EdgespecError, StoreError) as e:
+            self.notify(str(e), title="Not applied", severity="error", timeout=10)
+            return
+        self.applied = applied
+        self.notify(f"Applied to {', '.join(a.path for a in applied)} (F9 undoes).", title="Edits applied")
+
+    def action_undo_apply(self) -> None:
+        """Put back the files the last apply wrote (while nobody changed them since)."""
+        if not self.applied:
+            self.notify("Nothing applied to undo.")
+            return
+        try:
+            attachments.undo_edits(self.app.workspace, self.applied)
+        except EdgespecError as e:
+            self.notify(str(e), title="Not undone", severity="error", timeout=10)
+            return
+        self.notify(f"Undone: {', '.join(a.path for a in self.applied)} restored.", title="Undo")
+        self.applied = []

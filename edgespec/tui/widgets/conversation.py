@@ -80,7 +80,8 @@ class Conversation(VerticalScroll):
                 continue
             runs = stored_spans(self.engine, m.content, m.from_draft) if m.role == "assistant" else None
             yield MessageBox(m.role, m.content, status=m.status, stats=m.stats, runs=runs,
-                             show_origin=self.show_origin)
+                             show_origin=self.show_origin, attachments=[a.path for a in m.attachments
+                                                                        if a.origin != "applied"])
 
     @property
     def boxes(self) -> list[MessageBox]:
@@ -117,10 +118,10 @@ class Conversation(VerticalScroll):
             box.set_show_origin(show)
 
     # -- replies --------------------------------------------------------------------------
-    async def send(self, session, text: str) -> None:
-        """Show `text` as the user's and reply to it."""
-        await self.mount(MessageBox("user", text))
-        await self._reply(session, lambda: session.send(text))
+    async def send(self, session, text: str, files: list[str] | None = None) -> None:
+        """Show `text` as the user's, attaching `files` (paths in the session's project folder), and reply to it."""
+        await self.mount(MessageBox("user", text, attachments=files))
+        await self._reply(session, lambda: session.send(text, files or ()))
 
     async def regenerate(self, session) -> bool:
         """Generate the last reply again (False: the last message is not a reply)."""

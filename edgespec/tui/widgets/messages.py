@@ -45,8 +45,10 @@ class MessageBox(Vertical, can_focus=True):
 
     def __init__(self, role: str, content: str = "", *, index: int | None = None, status: str = "done",
                  stats: dict | None = None, runs: list[tuple[str, bool]] | None = None,
-                 show_origin: bool = False) -> None:
+                 show_origin: bool = False, attachments: list[str] | None = None) -> None:
         super().__init__(classes=f"message {role}")
+        self.attachments = list(attachments or [])
+        """Paths of the files the message carries."""
         self.role = role
         self.content = content
         self.index = index
@@ -60,6 +62,8 @@ class MessageBox(Vertical, can_focus=True):
 
     def compose(self):
         yield Static(self._header_text(), classes="header")
+        if self.attachments:
+            yield Static(Text("  ".join(f"📎 {path}" for path in self.attachments)), classes="attachments")
         if self.role == "user":  # as typed or pasted: code without a fence keeps its lines
             yield Static(Text(self.content), classes="body")
         else:

@@ -1,13 +1,20 @@
 """The message input: multi-line, Enter sends, Shift+Enter or Ctrl+J adds a line,
-Up/Down on the first/last line walk through what was sent before."""
+Up/Down on the first/last line walk through what was sent before; `@path`
+completes a file's path with Tab, and a pasted path of a file attaches it."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Callable
 
+from textual import events
 from textual.message import Message
 
 from edgespec.tui.widgets.long_text import LongTextArea
+
+
+_AT_WORD = re.compile(r"(?:^|\s)@([^\s@]*)$")
 
 
 class PromptInput(LongTextArea):
@@ -19,13 +26,39 @@ class PromptInput(LongTextArea):
 
         text: str
 
+    @dataclass
+    class CompletionChosen(Message):
+        """Tab while completions of an `@path` are shown: take the highlighted one."""
+
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
         self.sent: list[str] = []
         self._history_pos: int | None = None
         self._draft = ""
+        self.completing = False
+        """Whether completions of an `@path` are shown (the screen sets it): Tab takes one."""
+        self.attach_path: Callable[[str], bool] | None = None
+        """Given a pasted line, attaches the file it names and says so (the screen sets it)."""
+
+    def at_word(self) -> tuple[str, int] | None:
+        """The `@path` being typed at the cursor: the path so far and the column of its `@`."""
+        row, column = self.cursor_location
+        match = _AT_WORD.search(self.document.get_line(row)[:column])
+        return (match.group(1), column - len(match.group(1)) - 1) if match else None
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        """A path of a file attaches it; other text goes on to TextArea's own handler (Textual calls it next)."""
+        line = event.text.strip()
+        if self.attach_path is not None and line and "\n" not in line and self.attach_path(line):
+            event.stop()
+            event.prevent_default()
 
     async def _on_key(self, event) -> None:
+        if event.key == "tab" and self.completing:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.CompletionChosen())
+            return
         if event.key == "enter":
             event.stop()
             event.prevent_default()

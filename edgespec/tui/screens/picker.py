@@ -1,0 +1,45 @@
+"""The file picker: a tree of the project folder; Enter on a file attaches it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DirectoryTree, Label
+
+from edgespec.workspace.root import Workspace
+
+SKIPPED = frozenset({".git", "__pycache__", "node_modules", ".venv", ".mypy_cache", ".pytest_cache"})
+"""Folders the picker does not show (as `@` completion does not offer them)."""
+
+
+class ProjectTree(DirectoryTree):
+    """The project folder without hidden entries and build folders."""
+
+    def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
+        return [p for p in paths if not p.name.startswith(".") and p.name not in SKIPPED]
+
+
+class FilePickerScreen(ModalScreen[str | None]):
+    """Choose a file of the project folder; dismissed with its path relative to the folder (None: cancelled)."""
+
+    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
+
+    def __init__(self, workspace: Workspace) -> None:
+        super().__init__(classes="dialog")
+        self.workspace = workspace
+
+    def compose(self):
+        with Vertical(classes="dialog-box picker"):
+            yield Label(f"Attach a file from {self.workspace.root}  (Enter attaches, Esc cancels)")
+            yield ProjectTree(self.workspace.root, id="tree")
+
+    def on_mount(self) -> None:
+        self.query_one(ProjectTree).focus()
+
+    def on_directory_tree_file_selected(self, event: DirectoryTree.FileSelected) -> None:
+        event.stop()
+        self.dismiss(self.workspace.relative(event.path))

@@ -1,0 +1,135 @@
+"""The app on the user's files (Pilot, fake engine): attach by `@` with completion,
+by the picker and by pasting a path; remove a chip; the reply's diff; apply and
+undo byte for byte; a file changed on disk is refused; reopening shows them."""
+
+import pytest
+from textual.widgets import OptionList
+
+from edgespec.chat import ConversationStore
+from edgespec.tui.screens.diff import DiffScreen
+from edgespec.tui.screens.picker import FilePickerScreen, ProjectTree
+from edgespec.tui.widgets.chips import AttachmentBar, ChipView
+from edgespec.tui.widgets.prompt import PromptInput
+from tests.app_helpers import boxes, make_app, send, wait_for
+
+APP = "def greet(name):\n    print('hi', name)\n"
+RENAMED = "def greet(person):\n    print('hi', person)\n"
+REPLY = f"Renamed.\n\nsrc/app.py\n```python\n{RENAMED}```\n"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    root = tmp_path / "project"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_bytes(APP.encode())
+    (root / "notes.txt").write_text("notes\n")
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    return root
+
+
+@pytest.fixture
+def store(tmp_path):
+    with ConversationStore(tmp_path / "chats.db") as s:
+        yield s
+
+
+async def _ready(pilot):
+    await wait_for(pilot, lambda: pilot.app.model_state == "ready")
+
+
+def _chips(app) -> list[str]:
+    return app.query_one(AttachmentBar).paths
+
+
+async def test_at_completion_attaches_a_file_as_a_chip_and_sends_it(store, project):
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press("@", "s")
+        await wait_for(pilot, lambda: prompt.completing)
+        assert [str(o.prompt) for o in app.query_one("#completions", OptionList).options] == ["src/"]
+        await pilot.press("tab")  # a folder completes the path
+        await wait_for(pilot, lambda: prompt.text == "@src/")
+        await pilot.press("tab")  # its one file becomes a chip and leaves the text
+        await wait_for(pilot, lambda: _chips(app) == ["src/app.py"])
+        assert prompt.text == ""
+        await send(pilot, "Rename name")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        assert _chips(app) == [] and boxes(app)[0].attachments == ["src/app.py"]
+        assert APP in app.engines[0].detokenize(app.engines[0].prompts[-1])
+
+
+async def test_the_picker_attaches_and_a_chip_can_be_removed_before_sending(store, project):
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: isinstance(app.screen, FilePickerScreen))
+        tree = app.screen.query_one(ProjectTree)
+        await wait_for(pilot, lambda: tree.root.children)
+        notes = next(n for n in tree.root.children if n.data.path.name == "notes.txt")
+        tree.select_node(notes)
+        await wait_for(pilot, lambda: _chips(app) == ["notes.txt"])
+        app.query_one(ChipView).focus()
+        await pilot.press("delete")
+        await wait_for(pilot, lambda: _chips(app) == [])
+
+
+async def test_pasting_a_path_attaches_the_file_and_other_text_is_pasted(store, project):
+    from textual import events
+
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        app.post_message(events.Paste("src/app.py"))
+        await wait_for(pilot, lambda: _chips(app) == ["src/app.py"])
+        app.post_message(events.Paste("src/none.py"))
+        await pilot.pause()
+        assert prompt.text == "src/none.py"
+
+
+async def test_the_diff_appears_after_a_reply_and_apply_then_undo_restore_the_bytes(store, project):
+    app = make_app(store, reply=REPLY, root=project)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await send(pilot, "Rename name @src/app.py")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen) and app.screen.query(".diff-body"))
+        assert "+def greet(person):" in str(app.screen.query(".diff-body").first().render())
+        await pilot.press("a")
+        await wait_for(pilot, lambda: (project / "src" / "app.py").read_bytes() == RENAMED.encode())
+        await pilot.press("f9")
+        await wait_for(pilot, lambda: (project / "src" / "app.py").read_bytes() == APP.encode())
+
+
+async def test_a_file_changed_on_disk_before_apply_is_refused(store, project):
+    app = make_app(store, reply=REPLY, root=project)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await send(pilot, "Rename name @src/app.py")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen))
+        await pilot.press("escape")
+        (project / "src" / "app.py").write_text(APP + "# mine\n")
+        await pilot.press("f7")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen) and app.screen.query(".diff-body"))
+        assert app.screen.problems
+        await pilot.press("a")
+        await pilot.pause()
+        assert (project / "src" / "app.py").read_text() == APP + "# mine\n"
+
+
+async def test_a_reopened_conversation_shows_its_attachments(store, project):
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await send(pilot, "Look @notes.txt")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+    again = make_app(store, reply="ok", root=project)
+    async with again.run_test() as pilot:
+        await _ready(pilot)
+        await again.chat.open_conversation(store.latest())
+        await wait_for(pilot, lambda: len(boxes(again)) == 2)
+        assert boxes(again)[0].attachments == ["notes.txt"]
