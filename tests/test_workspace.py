@@ -298,7 +298,7 @@ def test_unified_diff():
 def test_instructions_parse_as_a_whole_file_edit():
     example = EDIT_INSTRUCTIONS.split("like this:\n\n", 1)[1].split("\nRules:", 1)[0]
     (edit,) = parse_edits(example, {})
-    assert (edit.path, edit.kind, edit.new) == ("hello.py", "whole", True)
+    assert (edit.path, edit.kind, edit.new) == ("shapes.py", "whole", True)
 
 
 # ---------------------------------------------------------------------------
@@ -421,6 +421,18 @@ def test_search_replace_blocks_after_the_first_keep_its_path():
         "```python\n<<<<<<< SEARCH\ny = 2\n=======\ny = 20\n>>>>>>> REPLACE\n```\n"
     )
     assert parse_edits(reply, files) == [FileEdit("a.py", "x = 10\ny = 20\n", "replace")]
+
+
+def test_an_attached_file_under_a_made_up_name_is_that_file():
+    # Qwen2.5-Coder 1.5B, asked to change util.py beside greet.py, named its whole new util.py "mean.py"
+    util = "def clamp(value, low, high):\n    return max(low, min(high, value))\n\n\ndef mean(values):\n    return sum(values) / len(values)\n"
+    new = util.replace("def mean(values):\n", "def mean(values):\n    if not values:\n        return 0.0\n")
+    files = {"greet.py": MAIN, "util.py": util}
+    assert parse_edits(f"mean.py\n```python\n{new}```\n", files) == [FileEdit("util.py", new, "whole")]
+    test_file = "from util import mean\n\n\ndef test_mean():\n    assert mean([]) == 0.0\n"
+    assert parse_edits(f"tests/test_util.py\n```python\n{test_file}```\n", files) == [
+        FileEdit("tests/test_util.py", test_file, "whole", new=True)
+    ]
 
 
 def test_a_pathless_block_goes_to_the_attached_file_it_resembles():

@@ -43,17 +43,14 @@ EDIT_INSTRUCTIONS = """\
 When you change a file, write its path alone on one line, then the complete new content of \
 the file in a fenced code block, like this:
 
-hello.py
+shapes.py
 ```python
-import sys
+def area(width, height):
+    return width * height
 
 
-def greet(name):
-    print(f"Hey {name}")
-
-
-if __name__ == "__main__":
-    greet(sys.argv[1])
+def perimeter(width, height):
+    return 2 * (width + height)
 ```
 
 Rules:
@@ -215,6 +212,8 @@ class _Scan:
         target, attached = _match(path, self.files)
         if inferred and (not closed or not _same_language(info, target)):
             return
+        if not attached and closed and (resembled := _resembled(_Whole(body, info=info), self.files)):
+            target, attached = resembled, True  # a small model's slip: an attached file under a made-up name
         if not closed:
             raise EditError(f"The reply ends inside the code block for {target}, so it was cut short; ask the model to finish it.")
         if named and attached and _match(named, self.files) == (target, True) and _split(self.files[target])[:1] != body[:1]:
