@@ -268,3 +268,16 @@ def test_every_command_and_each_of_its_arguments_is_described(command):
     parser = sub.choices[command]
     assert parser.description and next(c.help for c in sub._choices_actions if c.dest == command)
     assert [a.dest for a in parser._actions if not a.help] == []
+
+
+@pytest.mark.parametrize("modes", [("plain",), ("plain", "draft", "lookup", "auto")])
+def test_bench_chart_leaks_no_warning(tmp_path, recwarn, modes):
+    """`bench --modes plain` has nothing to compare: its chart has no legend to warn about."""
+    pytest.importorskip("matplotlib")
+    from edgespec import bench
+
+    results = [bench.Result(p.id, p.category, mode, tokens_per_s=[10.0], speedup=[] if mode == "plain" else [1.2])
+               for p in bench.load_prompts() for mode in modes]
+    bench.write_chart(results, tmp_path / "speedup.png")
+    assert (tmp_path / "speedup.png").stat().st_size > 0
+    assert [str(w.message) for w in recwarn] == []
