@@ -162,3 +162,66 @@ def test_bounds_leave_real_templates_on_long_conversations_alone():
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " * 20} for i in range(4000)]
     text = _render_in_time(QWEN_LIKE, messages)
     assert isinstance(text, str) and text.count("<|im_start|>") == 4001
+
+
+# -- where each content sits in the rendered text -------------------------------------------
+
+def _placed(rendered):
+    return [rendered.text[p.start:p.end] if p else None for p in rendered.placed]
+
+
+@pytest.mark.parametrize("name", [*BUILTIN_FORMATS, "gguf"])
+def test_each_content_is_placed_where_the_template_put_it(name):
+    """Even a content that also spells the template's own text ("user", one letter of a marker)."""
+    t = chat_template(FakeEngine(chat_template=QWEN_LIKE), template=None if name == "gguf" else name)
+    conversation = [{"role": "system", "content": "s"}, {"role": "user", "content": "user"},
+                    {"role": "assistant", "content": " Hello! "}, {"role": "user", "content": "<|im_end|>\n"}]
+    rendered = t.render_placed(conversation)
+    assert rendered.aligned and rendered.text == t.render(conversation)
+    assert _placed(rendered) == [m["content"] for m in conversation]
+    assert all(p.verbatim for p in rendered.placed)
+    starts = [p.start for p in rendered.placed]
+    assert starts == sorted(starts)
+
+
+def test_a_trimmed_content_is_placed_stripped_and_a_dropped_one_not_at_all():
+    t = chat_template(FakeEngine(chat_template=(
+        "{% for m in messages %}{% if m.role != 'system' %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}"
+        "<|im_end|>\n{% endif %}{% endfor %}")))
+    rendered = t.render_placed([{"role": "system", "content": "dropped"}, {"role": "user", "content": "\n hi  "}])
+    assert rendered.aligned and _placed(rendered) == [None, "hi"]
+
+
+def test_a_rewritten_content_is_placed_between_the_templates_texts_and_not_as_verbatim():
+    t = chat_template(FakeEngine(chat_template=(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content.split('</think>')[-1] }}<|im_end|>\n"
+        "{% endfor %}")))
+    rendered = t.render_placed([{"role": "assistant", "content": "<think>a</think>b"},
+                                {"role": "user", "content": "c"}])
+    assert rendered.aligned and _placed(rendered) == ["b", "c"]
+    assert [p.verbatim for p in rendered.placed] == [False, True]
+
+
+def test_a_template_whose_own_text_depends_on_a_content_places_nothing():
+    t = chat_template(FakeEngine(chat_template=(
+        "{% for m in messages %}{% if m.content == 'Hi' %}<|im_start|>{% endif %}[{{ m.content }}]{% endfor %}")))
+    rendered = t.render_placed([{"role": "user", "content": "Hi"}])
+    assert rendered.text == "<|im_start|>[Hi]"
+    assert not rendered.aligned and rendered.placed == (None,)
+
+
+def test_contents_holding_the_stand_ins_characters_are_still_placed():
+    t = chat_template(FakeEngine(chat_template=QWEN_LIKE))
+    conversation = [{"role": "user", "content": "\ue000" + "0\ue001"}, {"role": "user", "content": "\ue0021\ue003"}]
+    rendered = t.render_placed(conversation)
+    assert rendered.aligned and _placed(rendered) == [m["content"] for m in conversation]
+
+
+def test_an_empty_content_is_not_placed_and_a_template_testing_for_it_still_reads():
+    """Qwen2.5's template writes an assistant turn's newline only when it has content."""
+    t = chat_template(FakeEngine(chat_template=(
+        "{% for m in messages %}<|im_start|>{{ m.role }}{% if m.content %}\n{{ m.content }}{% endif %}<|im_end|>\n"
+        "{% endfor %}")))
+    rendered = t.render_placed([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""},
+                                {"role": "user", "content": "Again"}])
+    assert rendered.aligned and _placed(rendered) == ["Hi", None, "Again"]

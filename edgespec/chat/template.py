@@ -89,6 +89,9 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
         """The prompt text for `messages` (dicts with "role" and "content")."""
+        return self._render(messages, add_generation_prompt)
+
+    def _render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
         try:
             return _render(
                 _compile(self.source),
@@ -110,6 +113,134 @@ class ChatTemplate:
                 f"The chat template of {self.model} failed to render ({type(e).__name__}: {e}). "
                 f"Choose a built-in format with --template instead: {', '.join(BUILTIN_FORMATS)}."
             ) from None
+
+    def render_placed(self, messages: Sequence[Mapping[str, str]], *,
+                      add_generation_prompt: bool = True) -> Rendered:
+        """The prompt text for `messages`, and where each message's content sits in it.
+
+        The template is rendered a second time with each content replaced by a
+        stand-in (keeping its surrounding whitespace, which templates test and
+        trim). Between the stand-ins lies the template's own text. The real text
+        must then read as that text with each content in its stand-in's place, as
+        it is or stripped of surrounding whitespace; a content the template
+        rewrote (a reasoning block cut out, say) is placed as whatever stands
+        between the template's texts, with `verbatim` false. Where the real text
+        does not read that way (the template's own text depends on the contents)
+        nothing is placed and `aligned` is false.
+        """
+        text = self.render(messages, add_generation_prompt=add_generation_prompt)
+        contents = [m["content"] if isinstance(m["content"], str) else None for m in messages]
+        stand = _StandIns(contents, self.source + self.bos_token + self.eos_token)
+        stand_ins = [{"role": m["role"], "content": m["content"] if c is None else stand.stand_in(i, c)}
+                     for i, (m, c) in enumerate(zip(messages, contents))]
+        try:
+            marked = self._render(stand_ins, add_generation_prompt)
+        except TemplateError:  # the template refused the stand-ins: its text depends on the contents
+            return Rendered(text, (None,) * len(messages), aligned=False)
+        placed = _align(text, stand.split(marked, contents), contents)
+        if placed is None:
+            return Rendered(text, (None,) * len(messages), aligned=False)
+        return Rendered(text, placed, aligned=True)
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where the template put one message's content: characters [start, end) of the text."""
+
+    start: int
+    end: int
+    verbatim: bool
+    """The content itself (or stripped of surrounding whitespace), not a text the template made of it."""
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A rendered prompt text and where each message's content sits in it."""
+
+    text: str
+    placed: tuple[Placed | None, ...]
+    """One per message: None where the template left the message out, its content is empty,
+    or nothing could be placed."""
+    aligned: bool
+    """Whether the text was read as the template's own texts and the contents; when not, nothing is placed."""
+
+
+class _StandIns:
+    """Stand-ins for contents: the message's index between two private-use characters
+    that neither a content nor the template holds, in the content's surrounding
+    whitespace, which templates test and trim."""
+
+    def __init__(self, contents: Sequence[str | None], source: str):
+        taken = set(source).union(*(c for c in contents if c))
+        free = (chr(c) for c in range(0xE000, 0xF900) if chr(c) not in taken)
+        self.open, self.close = next(free), next(free)
+        self._pattern = re.compile(re.escape(self.open) + r"(\d+)" + re.escape(self.close))
+
+    def stand_in(self, index: int, content: str) -> str:
+        """An empty content stands for itself: templates test for it, and it needs no place."""
+        return _lead(content) + f"{self.open}{index}{self.close}" + _trail(content) if content else ""
+
+    def split(self, marked: str, contents: Sequence[str | None]) -> tuple[list[str], list[int]] | None:
+        """The template's own texts around the stand-ins in `marked` (one more than there
+        are stand-ins), and the messages the stand-ins are of; None unless each message
+        appears at most once, in order. A stand-in's whitespace counts as its own where
+        the template kept it."""
+        texts, indices, last = [], [], 0
+        for m in self._pattern.finditer(marked):
+            index, start, end = int(m.group(1)), m.start(), m.end()
+            if indices and index <= indices[-1] or index >= len(contents) or contents[index] is None:
+                return None
+            lead, trail = _lead(contents[index]), _trail(contents[index])
+            if lead and start - len(lead) >= last and marked.startswith(lead, start - len(lead)):
+                start -= len(lead)
+            if trail and marked.startswith(trail, end):
+                end += len(trail)
+            texts.append(marked[last:start])
+            indices.append(index)
+            last = end
+        texts.append(marked[last:])
+        return texts, indices
+
+
+def _align(text: str, split: tuple[list[str], list[int]] | None,
+           contents: Sequence[str | None]) -> tuple[Placed | None, ...] | None:
+    """Read `text` as the template's own texts with the contents between them: each
+    content as it is or stripped, else (rewritten by the template) whatever stands
+    before the next of the template's texts. None where `text` does not read so."""
+    if split is None:
+        return None
+    texts, indices = split
+    if not text.startswith(texts[0]):
+        return None
+    placed: list[Placed | None] = [None] * len(contents)
+    pos = len(texts[0])
+    for n, (index, after) in enumerate(zip(indices, texts[1:]), start=1):
+        content = contents[index]
+        last = n == len(indices)
+        found = next((c for c in (content, content.strip(), content.lstrip(), content.rstrip())
+                      if text.startswith(c, pos) and _ends_with_at(text, after, pos + len(c), last)), None)
+        if found is not None:
+            placed[index] = Placed(pos, pos + len(found), verbatim=True)
+        else:
+            end = len(text) - len(after) if last else text.find(after, pos)
+            if end < pos or not text.startswith(after, end):
+                return None
+            placed[index] = Placed(pos, end, verbatim=False)
+        pos = placed[index].end + len(after)
+    return tuple(placed) if pos == len(text) else None
+
+
+def _ends_with_at(text: str, after: str, pos: int, last: bool) -> bool:
+    """Whether `after` stands at `pos` in `text` (and ends it, when it is the last of the template's texts)."""
+    return text.startswith(after, pos) and (not last or pos + len(after) == len(text))
+
+
+def _lead(text: str) -> str:
+    return text[:len(text) - len(text.lstrip())]
+
+
+def _trail(text: str) -> str:
+    return text[len(text.rstrip()):]
 
 
 def chat_template(engine: ChatEngine, *, template: str | None = None, model: str = "the model") -> ChatTemplate:
