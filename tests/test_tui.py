@@ -647,6 +647,7 @@ async def test_a_paste_typed_as_keys_costs_no_whole_text_work_per_key(store, mon
     the keys after it (Esc, Ctrl+Q) still act."""
     from textual import events
 
+    from edgespec.tui.app import EdgespecApp
     from edgespec.tui.widgets import long_text
 
     edits, measured = [], []  # the edits made, and the lines read to measure the text
@@ -662,6 +663,14 @@ async def test_a_paste_typed_as_keys_costs_no_whole_text_work_per_key(store, mon
             return function(lines)
         return counted
 
+    searches = []  # Textual's searches of every binding for one that has the key
+    check_bindings = EdgespecApp._check_bindings
+
+    async def counting_check(self, key, priority=False):
+        searches.append(key)
+        return await check_bindings(self, key, priority)
+
+    monkeypatch.setattr(EdgespecApp, "_check_bindings", counting_check)
     monkeypatch.setattr(long_text.LongTextArea, "edit", counting_edit)
     monkeypatch.setattr(long_text, "measure", counting(measure), raising=False)
     monkeypatch.setattr(long_text, "should_wrap", counting(should_wrap))
@@ -677,6 +686,7 @@ async def test_a_paste_typed_as_keys_costs_no_whole_text_work_per_key(store, mon
         await pilot.pause()
         edits.clear()
         measured.clear()
+        searches.clear()
         typed = ("paste me " * 5 + "\n") * 44  # 2,024 keys
         for ch in typed:
             app.post_message(events.Key({" ": "space", "\n": "ctrl+j"}.get(ch, ch), ch))
@@ -686,6 +696,7 @@ async def test_a_paste_typed_as_keys_costs_no_whole_text_work_per_key(store, mon
         assert prompt.text == before + typed and prompt.soft_wrap
         assert len(edits) <= len(typed) // 20
         assert sum(measured) <= typed.count("\n") + 2 * len(edits)  # the lines edits touched, not the 450 before
+        assert len(searches) <= 2 * (typed.count("\n") + 1)  # for Ctrl+J and Esc, not for the characters
         await pilot.press("x")  # a key on its own shows at once
         assert prompt.text == before + typed + "x"
         app.post_message(events.Key("ctrl+q", None))

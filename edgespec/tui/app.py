@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
@@ -41,6 +41,7 @@ from edgespec.tui.screens.help import HelpScreen
 from edgespec.tui.screens.settings import SettingsResult, SettingsScreen
 from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
 from edgespec.tui.stream import RENDER_SHARE, redraw_share
+from edgespec.tui.widgets.long_text import LongTextArea
 from edgespec.tui.widgets.status import hardware_label
 from edgespec.workspace.root import Workspace
 
@@ -169,6 +170,19 @@ class EdgespecApp(App):
 
             self._library = self._library() if callable(self._library) else RegistryLibrary()
         return self._library
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key) and not event.is_forwarded:
+            focused = self.focused
+            if isinstance(focused, LongTextArea) and focused.typing_only(event):
+                # A character typed into a text goes straight to it: Textual would first search
+                # every binding on the way for a priority one, which a text area that takes the
+                # key overrides anyway (a paste that arrives as keys is thousands of them).
+                if not self.app_focus:
+                    self.app_focus = True
+                focused._forward_event(event)
+                return
+        await super().on_event(event)
 
     def on_mount(self) -> None:
         self.sub_title = f"v{__version__}"

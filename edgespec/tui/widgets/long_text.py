@@ -76,6 +76,7 @@ class LongTextArea(TextArea):
         if self._is_typed(event):
             event.stop()
             event.prevent_default()
+            self._restart_blink()  # as TextArea does for a key it inserts: the cursor shows while typing
             if not self._typed:
                 self.call_later(self.flush_typed)
             self._typed.append(self.typed_text(event))
@@ -85,6 +86,13 @@ class LongTextArea(TextArea):
     def typed_text(self, event: events.Key) -> str | None:
         """What the key `event` writes into the text (None: it writes nothing)."""
         return event.character if event.is_printable else None
+
+    def typing_only(self, event: events.Key) -> bool:
+        """Whether the key `event` only writes into this text: it writes a character that
+        this text area takes (Textual then lets no binding above it have the key) and no
+        binding of its own has it."""
+        return (self.check_consume_key(event.key, event.character) and self._is_typed(event)
+                and not self._bindings.key_to_bindings.get(event.key))
 
     def _is_typed(self, event: events.Event) -> bool:
         return isinstance(event, events.Key) and not self.read_only and self.typed_text(event) is not None
