@@ -14,30 +14,28 @@ from typing import Callable
 from edgespec.config import dirs
 from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings
 from edgespec.errors import ModelFileError
-from edgespec.net import Split
-from edgespec.placement import ModelNeed, Placement, free_cap, place
+from edgespec.load_settings import LoadSettings
+from edgespec.placement import MIB, ContextNeed, ModelNeed, Placement, fit_context, free_cap, place
 
 log = logging.getLogger("edgespec.placement")
 
 
 def load_engine(target: str | None, draft: str | None = None, *, pair: str | None = None, no_draft: bool = False,
                 resolve: Callable[[str], str | Path], pair_models: Callable[[str], tuple[str, str | None]] | None = None,
-                n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int | None = None,
-                n_gpu_layers_draft: int | None = None, exact: bool = False, rpc: Split | None = None,
-                flash_attn: bool | None = None, cache: CacheSettings | None = None) -> Engine:
+                settings: LoadSettings | None = None) -> Engine:
     """Load `target` (and `draft`), or else the pair's target and draft (`draft`
-    replaces the pair's; `no_draft`: none at all). `resolve` turns a name or path
-    into a local file, `pair_models` a pair name into its (target, draft) names
-    (default: `registry_pair`, from models.yaml).
-    `n_gpu_layers`, `n_gpu_layers_draft`: layers offloaded (-1: all); None: as
-    many as fit on this machine's GPUs (`placement`; none without a GPU).
-    `rpc`: RPC workers for the target's n_gpu_layers (None: all of them; the draft stays local);
-    `flash_attn`: ModelSettings.flash_attn, for both; `cache`: conversations held at
-    once and their snapshots (`kv_cache()`; None: one, and none kept).
+    replaces the pair's; `no_draft`: none at all), as `settings` say (default:
+    LoadSettings()). `resolve` turns a name or path into a local file,
+    `pair_models` a pair name into its (target, draft) names (default:
+    `registry_pair`, from models.yaml).
+    What the settings leave to the load is chosen here: the context size
+    (`context_size`), the layers offloaded (`placement`; none without a GPU; with
+    RPC workers, all of the target's go to them).
 
     Slow: call it from a worker. Raises ModelFileError (missing model, with how to
     get it), ModelLoadError, IncompatibleDraftError.
     """
+    s = settings or LoadSettings()
     if target is None:
         if pair is None:
             raise ModelFileError("No model chosen: pass --pair NAME or --target PATH (see `edgespec models`)")
@@ -47,21 +45,43 @@ def load_engine(target: str | None, draft: str | None = None, *, pair: str | Non
         draft = None
     target_path = resolve(target)
     draft_path = resolve(draft) if draft else None
-    if rpc is not None and n_gpu_layers is None:
+    n_ctx = s.n_ctx or context_size(target_path, draft_path, exact=s.exact)
+    n_gpu_layers, n_gpu_layers_draft = s.n_gpu_layers, s.n_gpu_layers_draft
+    if s.rpc is not None and n_gpu_layers is None:
         n_gpu_layers = -1  # workers are named to hold the target: every layer goes to them (and local GPUs)
-    if rpc is None:
+    if s.rpc is None:
         found = placement(target_path, draft_path, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
-                          n_ctx=n_ctx, exact=exact)
+                          n_ctx=n_ctx, exact=s.exact)
         if found is not None:
             log.info("%s", found.describe())
             n_gpu_layers, n_gpu_layers_draft = found.target, found.draft
     return Engine.load(
-        ModelSettings(target_path, n_gpu_layers=n_gpu_layers or 0, exact=exact, n_ctx=n_ctx, n_threads=n_threads,
-                      rpc=rpc, flash_attn=flash_attn),
+        ModelSettings(target_path, n_gpu_layers=n_gpu_layers or 0, exact=s.exact, n_ctx=n_ctx,
+                      n_threads=s.n_threads, rpc=s.rpc, flash_attn=s.flash_attn),
         ModelSettings(draft_path, n_gpu_layers=n_gpu_layers_draft or 0, n_ctx=n_ctx,
-                      n_threads=n_threads, flash_attn=flash_attn) if draft_path else None,
-        cache=cache,
+                      n_threads=s.n_threads, flash_attn=s.flash_attn) if draft_path else None,
+        cache=s.cache,
     )
+
+
+def context_size(target: str | Path, draft: str | Path | None = None, *, exact: bool = False,
+                 available: int | None = ...) -> int:
+    """The context size for `target` and `draft` when none is given: fit_context on
+    their GGUF headers and this machine's available memory (`available`: instead
+    of edgespec.machine.available_memory()), keeping to the contexts at which the
+    CPU's attention kernel chosen for this machine still holds."""
+    from edgespec.engine.attention import CPU_SCORES_MAX_BYTES
+    from edgespec.machine import available_memory
+    from edgespec.models.gguf_header import read_tensor_sizes
+
+    needs = [ContextNeed.from_gguf(read_tensor_sizes(path)[0], kv_type=kv_type)
+             for path, kv_type in ((target, "q8_0" if exact else "f16"), (draft, "f16")) if path]
+    memory = available_memory() if available is ... else available
+    n_ctx = fit_context(needs, memory, scores_max=CPU_SCORES_MAX_BYTES)
+    log.info("context size %d (models trained for %s; %s available)", n_ctx,
+             "/".join(str(n.n_ctx_train or "?") for n in needs),
+             f"{memory / MIB:,.0f} MiB" if memory else "memory unknown")
+    return n_ctx
 
 
 def registry_pair(name: str, *, registry=None) -> tuple[str, str | None]:
@@ -74,7 +94,7 @@ def registry_pair(name: str, *, registry=None) -> tuple[str, str | None]:
 
 
 def placement(target: str | Path, draft: str | Path | None = None, *, n_gpu_layers: int | None = None,
-              n_gpu_layers_draft: int | None = None, n_ctx: int = 4096, exact: bool = False,
+              n_gpu_layers_draft: int | None = None, n_ctx: int, exact: bool = False,
               devices=None) -> Placement | None:
     """The layers of `target` and `draft` to offload to this machine's GPUs
     (edgespec.placement.place; counts given are kept), or None where llama.cpp

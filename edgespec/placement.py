@@ -87,10 +87,7 @@ class ModelNeed:
         n_layer = key("block_count", 0)
         n_embd = key("embedding_length", 0)
         n_head = key("attention.head_count", 1) or 1
-        n_head_kv = key("attention.head_count_kv", n_head)
-        head_k = key("attention.key_length", n_embd // n_head)
-        head_v = key("attention.value_length", n_embd // n_head)
-        kv_layer = int(n_ctx * n_head_kv * (head_k + head_v) * KV_BYTES.get(kv_type, 2.0))
+        kv_layer = int(n_ctx * _kv_values_per_token_layer(meta) * KV_BYTES.get(kv_type, 2.0))
         weights = [0] * n_layer
         for name, size in tensor_sizes.items():
             match = _LAYER_TENSOR.match(name)
@@ -102,6 +99,74 @@ class ModelNeed:
         n_vocab = meta.get("n_vocab") or key("vocab_size", 0)
         compute = 4 * n_batch * (n_vocab + key("feed_forward_length", 4 * n_embd) + n_ctx * n_head)
         return cls(tuple(w + kv_layer for w in weights), output, compute)
+
+
+def _kv_values_per_token_layer(meta: Mapping[str, Any]) -> int:
+    """Values one token adds to one layer's KV cache: its KV heads times the key and value head sizes."""
+    arch = meta.get("general.architecture")
+
+    def key(name: str, default: int) -> int:
+        value = meta.get(f"{arch}.{name}")
+        return value if isinstance(value, int) else default
+
+    n_embd = key("embedding_length", 0)
+    n_head = key("attention.head_count", 1) or 1
+    n_head_kv = key("attention.head_count_kv", n_head)
+    return n_head_kv * (key("attention.key_length", n_embd // n_head) + key("attention.value_length", n_embd // n_head))
+
+
+# -- the context size -------------------------------------------------------------------
+
+CTX_CHOICES = (8192, 16384, 32768)
+"""Context sizes chosen from when none is given: the largest that fits (fit_context)."""
+CTX_FLOOR = 4096
+"""The context chosen when none of CTX_CHOICES fits: never less."""
+CTX_MEMORY_SHARE = 0.25
+"""The share of this machine's available memory that the KV caches of target and
+draft may take together at the chosen context size."""
+
+
+@dataclass(frozen=True)
+class ContextNeed:
+    """What one model's context costs per token, and the longest it was trained on."""
+
+    kv_per_token: int
+    """Bytes its KV cache holds per token (all layers, keys and values)."""
+    n_head: int
+    """Attention heads: the unfused attention's scores take n_ctx x n_batch x n_head floats."""
+    n_ctx_train: int | None = None
+    """The GGUF's context_length; None where it does not say."""
+
+    @classmethod
+    def from_gguf(cls, meta: Mapping[str, Any], *, kv_type: str = "f16") -> ContextNeed:
+        arch = meta.get("general.architecture")
+        layers, heads, train = (meta.get(f"{arch}.{name}") for name in
+                                ("block_count", "attention.head_count", "context_length"))
+        return cls(int(_kv_values_per_token_layer(meta) * KV_BYTES.get(kv_type, 2.0)) * (layers or 0),
+                   heads if isinstance(heads, int) and heads > 0 else 1,
+                   train if isinstance(train, int) and train > 0 else None)
+
+
+def fit_context(models: Sequence[ContextNeed], available: int | None, *, share: float = CTX_MEMORY_SHARE,
+                scores_max: int | None = None, n_batch: int = 512) -> int:
+    """The context size to load `models` (target and draft) with when none is given:
+    the largest of CTX_CHOICES that every model was trained for, whose KV caches
+    together take at most `share` of `available` bytes (None: unknown, so the
+    smallest choice), and, with `scores_max`, at which each model's unfused
+    attention scores for one batch take at most that many bytes (beyond, the
+    kernel chosen for this machine would change); never less than CTX_FLOOR."""
+    trained = min((m.n_ctx_train for m in models if m.n_ctx_train), default=None)
+
+    def fits(n: int) -> bool:
+        if trained is not None and n > trained:
+            return False
+        if available is None:
+            return n == CTX_CHOICES[0]
+        if scores_max is not None and any(n * n_batch * m.n_head * 4 > scores_max for m in models):
+            return False
+        return n * sum(m.kv_per_token for m in models) <= available * share
+
+    return max((n for n in CTX_CHOICES if fits(n)), default=CTX_FLOOR)
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,14 @@ def free_port() -> int:
 def load(target: str | Path | None, draft: str | Path | None = None, *, pair: str | None = None, **options):
     """edgespec.load.load_engine as the CLI calls it: registry names or paths
     (names downloaded when missing), else `pair`'s models (None: the bundled
-    pair). `options` go to load_engine as they are."""
+    pair). `options`: LoadSettings' fields."""
     from edgespec.load import load_engine
+    from edgespec.load_settings import LoadSettings
     from edgespec.models.fetch import resolve_model
     from edgespec.models.registry import DEFAULT_PAIR
 
     return load_engine(None if target is None else str(target), None if draft is None else str(draft),
-                       pair=pair or DEFAULT_PAIR, resolve=resolve_model, **options)
+                       pair=pair or DEFAULT_PAIR, resolve=resolve_model, settings=LoadSettings(**options))
 
 
 @dataclass

@@ -212,14 +212,14 @@ def test_parallel_below_one_is_refused_naming_one(capsys, value):
 
 
 @pytest.mark.parametrize("argv, named, not_named", [
-    (["--n-gpu-layers-draft", "-7"], "--n-gpu-layers-draft", "--n-gpu-layers "),
+    (["--n-gpu-layers-draft", "3"], "--n-gpu-layers-draft", "--n-gpu-layers "),
     (["--n-gpu-layers", "5"], "--n-gpu-layers ", "--n-gpu-layers-draft"),
 ])
 def test_gpu_layers_on_a_cpu_build_name_the_option_given(capsys, monkeypatch, argv, named, not_named):
     import edgespec.llama
 
     monkeypatch.setattr(edgespec.llama, "system_info", lambda: {"backend": "cpu", "gpu_offload": False})
-    options.check_model_options(cli.build_parser().parse_args(["generate", "hi", *argv]))
+    options.load_settings_from_args(cli.build_parser().parse_args(["generate", "hi", *argv]))
     err = capsys.readouterr().err.replace("\n", " ")
     assert named in err and not_named not in err
 

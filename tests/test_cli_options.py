@@ -56,10 +56,10 @@ def test_threads_are_checked_and_clamped_to_the_cores(capsys, monkeypatch):
     import os
 
     args = cli.build_parser().parse_args(["generate", "hi", "--threads", "4096"])
-    options.check_model_options(args)
-    assert args.threads == os.cpu_count() and "--threads 4096" in capsys.readouterr().err
+    assert options.load_settings_from_args(args).n_threads == os.cpu_count()
+    assert "--threads 4096" in capsys.readouterr().err
     with pytest.raises(ValueError, match="threads"):
-        options.check_model_options(cli.build_parser().parse_args(["generate", "hi", "--threads", "-2"]))
+        options.load_settings_from_args(cli.build_parser().parse_args(["generate", "hi", "--threads", "-2"]))
 
 
 def test_k_0_outside_plain_mode_is_plain_decoding_and_the_stats_line_says_why():
@@ -112,10 +112,10 @@ def test_gpu_layers_on_a_build_without_gpu_say_so_once(capsys, monkeypatch, synt
 
     monkeypatch.setattr(edgespec.llama, "system_info", lambda: {"backend": "cpu", "gpu_offload": False})
     args = cli.build_parser().parse_args(["generate", "hi", "--n-gpu-layers", "-1", "--n-gpu-layers-draft", "-1"])
-    options.check_model_options(args)
+    options.load_settings_from_args(args)
     err = capsys.readouterr().err
     assert err.count("no GPU backend") == 1 and "GGML_METAL" in err and "GGML_CUDA" in err
-    options.check_model_options(cli.build_parser().parse_args(["generate", "hi"]))
+    options.load_settings_from_args(cli.build_parser().parse_args(["generate", "hi"]))
     assert capsys.readouterr().err == ""
 
 
@@ -143,7 +143,7 @@ def test_flash_attention_is_a_model_option_and_exact_kernels_refuse_it_off(capsy
     asked = []
 
     def load_engine(*args, **kw):
-        asked.append(kw["flash_attn"])
+        asked.append(kw["settings"].flash_attn)
         raise KeyboardInterrupt  # stop here: the models are not the point
 
     monkeypatch.setattr(edgespec.load, "load_engine", load_engine)
@@ -216,10 +216,13 @@ def test_the_app_gets_the_whole_rpc_split_not_only_the_workers(monkeypatch):
         def resolve(self, name, progress=None):
             return f"/models/{name}.gguf"
 
-    load_choice(ModelChoice(target="t"), ChatSettings(rpc="127.0.0.1:5001"), library=Library(), split=split)
-    assert loaded["rpc"] == split
-    load_choice(ModelChoice(target="t"), ChatSettings(rpc="127.0.0.1:6000"), library=Library(), split=split)
-    assert loaded["rpc"] == Split((Endpoint("127.0.0.1", 6000),))
+    def workers(text):
+        return ChatSettings.from_dict({"rpc": text})
+
+    load_choice(ModelChoice(target="t"), workers("127.0.0.1:5001"), library=Library(), split=split)
+    assert loaded["settings"].rpc == split
+    load_choice(ModelChoice(target="t"), workers("127.0.0.1:6000"), library=Library(), split=split)
+    assert loaded["settings"].rpc == Split((Endpoint("127.0.0.1", 6000),))
 
 
 def test_chat_waits_for_another_reply_in_the_conversation_and_then_answers(engine, monkeypatch, tmp_path, capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from edgespec.load import load_engine, placement
+from edgespec.load_settings import LoadSettings
 from edgespec.models.gguf_header import read_tensor_sizes
 from edgespec.placement import FREE_CAP_ENV, MARGIN_BYTES, MIB, ModelNeed
 from tests.test_engine_real import QUESTIONS, chat_tokens, generate
@@ -25,7 +26,7 @@ def gpus():
 
 def load(target, draft=None, **kw):
     return load_engine(str(target), str(draft) if draft else None, resolve=lambda p: p,
-                       pair_models=lambda name: (name, None), **kw)
+                       pair_models=lambda name: (name, None), settings=LoadSettings(**kw))
 
 
 def offloaded(engine, role="target") -> tuple[int, int, set[str]]:

@@ -9,6 +9,7 @@ import pytest
 
 from edgespec.errors import ModelLoadError
 from edgespec.load import placement
+from edgespec.load_settings import LoadSettings
 from edgespec.models.gguf_header import read_tensor_sizes
 from edgespec.placement import FREE_CAP_ENV, MIB, ModelNeed, free_cap, place
 
@@ -125,13 +126,13 @@ def test_a_synthetic_models_needs_come_from_its_header(synth_target, monkeypatch
 def test_the_apps_gpu_layers_default_to_auto():
     from edgespec.tui.settings import ChatSettings
 
-    assert (ChatSettings().gpu_layers_target, ChatSettings().gpu_layers_draft) == (None, None)
-    tuned = ChatSettings.from_dict({"gpu_layers_target": "12", "gpu_layers_draft": -1})
-    assert (tuned.gpu_layers_target, tuned.gpu_layers_draft) == (12, -1)
-    assert ChatSettings.from_dict({"gpu_layers_target": "auto"}, defaults=tuned).gpu_layers_target is None
+    assert (ChatSettings().load.n_gpu_layers, ChatSettings().load.n_gpu_layers_draft) == (None, None)
+    tuned = ChatSettings.from_dict({"n_gpu_layers": "12", "gpu_layers_draft": -1})  # earlier names still read
+    assert (tuned.load.n_gpu_layers, tuned.load.n_gpu_layers_draft) == (12, -1)
+    assert ChatSettings.from_dict({"gpu_layers_target": "auto"}, defaults=tuned).load.n_gpu_layers is None
     assert ChatSettings.from_dict(ChatSettings().to_dict(), defaults=tuned) == ChatSettings()
-    with pytest.raises(ValueError, match="auto, -1"):
-        ChatSettings(gpu_layers_draft=-3)
+    with pytest.raises(ValueError, match="GPU layers"):
+        ChatSettings.from_dict({"n_gpu_layers_draft": -3})
 
 
 def test_the_app_asks_for_auto_and_with_workers_for_all(monkeypatch):
@@ -148,13 +149,15 @@ def test_the_app_asks_for_auto_and_with_workers_for_all(monkeypatch):
             return f"/models/{name}.gguf"
 
     load_choice(ModelChoice(target="t"), ChatSettings(), library=Library())
-    assert (loaded["n_gpu_layers"], loaded["n_gpu_layers_draft"]) == (None, None)
-    load_choice(ModelChoice(target="t"), ChatSettings(rpc="127.0.0.1:5001"), library=Library())
-    assert loaded["n_gpu_layers"] is None and loaded["rpc"] == Split((Endpoint("127.0.0.1", 5001),))
+    assert (loaded["settings"].n_gpu_layers, loaded["settings"].n_gpu_layers_draft) == (None, None)
+    load_choice(ModelChoice(target="t"), ChatSettings.from_dict({"rpc": "127.0.0.1:5001"}), library=Library())
+    assert loaded["settings"].n_gpu_layers is None
+    assert loaded["settings"].rpc == Split((Endpoint("127.0.0.1", 5001),))
     monkeypatch.undo()
     # load_engine's rule, for every face: workers named, no count given: every target layer goes to them
     settings = []
     monkeypatch.setattr(load.Engine, "load", lambda target, draft=None, **kw: settings.append(target))
-    load.load_engine("t.gguf", resolve=str, rpc=Split((Endpoint("127.0.0.1", 5001),)))
-    load.load_engine("t.gguf", resolve=str, rpc=Split((Endpoint("127.0.0.1", 5001),)), n_gpu_layers=3)
+    workers = Split((Endpoint("127.0.0.1", 5001),))
+    load.load_engine("t.gguf", resolve=str, settings=LoadSettings(n_ctx=512, rpc=workers))
+    load.load_engine("t.gguf", resolve=str, settings=LoadSettings(n_ctx=512, rpc=workers, n_gpu_layers=3))
     assert [s.n_gpu_layers for s in settings] == [-1, 3]

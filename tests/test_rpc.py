@@ -129,10 +129,10 @@ def test_rpc_options_are_checked_before_loading(capsys, synth_target):
 
 
 def test_the_app_settings_hold_workers_and_reload_when_they_change():
-    assert ChatSettings(rpc="127.0.0.1:50052").hardware() != ChatSettings().hardware()
+    assert ChatSettings.from_dict({"rpc": "127.0.0.1:50052"}).hardware() != ChatSettings().hardware()
     with pytest.raises(ValueError, match="HOST:PORT"):
-        ChatSettings(rpc="127.0.0.1")
-    assert ChatSettings.from_dict({"rpc": "10.0.0.2:50052"}).rpc == "10.0.0.2:50052"
+        ChatSettings.from_dict({"rpc": "127.0.0.1"})
+    assert ChatSettings.from_dict({"rpc": "10.0.0.2:50052"}).to_dict()["rpc"] == "10.0.0.2:50052"
 
 
 # -- real workers ---------------------------------------------------------------------------------
@@ -332,13 +332,13 @@ async def test_the_app_survives_a_lost_worker_and_reloads_once_it_is_back(smollm
     from tests.app_helpers import boxes, make_app, send, wait_for
 
     def load(choice, settings, progress=None):
-        split = Split(parse_endpoints(settings.rpc))
+        split = settings.load.rpc
         return Engine.load(ModelSettings(smollm2, n_ctx=512, n_threads=1, n_gpu_layers=-1, rpc=split))
 
     proc, endpoint = start_worker()
     try:
         with ConversationStore(tmp_path / "chats.db") as store:
-            defaults = ChatSettings(rpc=str(endpoint), mode="plain", max_tokens=400)
+            defaults = ChatSettings.from_dict({"rpc": str(endpoint), "mode": "plain", "max_tokens": 400})
             app = make_app(store, load=load, defaults=defaults)
             async with app.run_test(size=(110, 36)) as pilot:
                 await wait_for(pilot, lambda: app.model_state == "ready", timeout=60)

@@ -367,9 +367,9 @@ def test_chat_settings_validate_and_fill_from_defaults(tmp_path):
 
 
 def test_exact_kernels_are_a_setting_that_reloads_the_models():
-    assert ChatSettings().exact is False  # speed first: llama.cpp's own kernels
+    assert ChatSettings().load.exact is False  # speed first: llama.cpp's own kernels
     exact = ChatSettings.from_dict({"exact": True})
-    assert exact.exact is True and exact.hardware() != ChatSettings().hardware()
+    assert exact.load.exact is True and exact.hardware() != ChatSettings().hardware()
     with pytest.raises(ValueError, match="exact"):
         ChatSettings.from_dict({"exact": "no"})  # bool("no") would be True
 

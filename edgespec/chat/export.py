@@ -101,6 +101,7 @@ SETTINGS_TYPES = {
     "target": _TEXT, "draft": _TEXT, "template": _TEXT, "system_prompt": _TEXT, "mode": _TEXT,
     "temperature": _NUMBER, "top_p": _NUMBER, "top_k": _INT, "max_tokens": _INT, "k": _INT,
     "gpu_layers_target": _INT, "gpu_layers_draft": _INT, "threads": _INT, "rpc": _TEXT, "root": _TEXT,
+    "n_ctx": _INT, "n_threads": _INT, "n_gpu_layers": _INT, "n_gpu_layers_draft": _INT, "flash_attn": _TEXT,
 }
 """What a conversation's settings may hold (the session's and the app's); other keys are kept as they are."""
 PARAMS_TYPES = {

@@ -34,7 +34,8 @@ def _add_generate(sub) -> None:
     add_template_option(p)
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is the model's input")
     p.add_argument("--system", metavar="TEXT", type=model_text("--system"), help="a system message (ignored with --raw)")
-    p.add_argument("--json", action="store_true", help="print one JSON object: text, tokens, flags, statistics")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: text, tokens, flags, the context size (n_ctx), statistics")
     add_file_options(p)
     p.add_argument("--apply", action="store_true",
                    help="show the reply's changes to the attached files as a diff and write them (asks first)")
@@ -57,6 +58,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     messages = _messages(prompt, args.system, files.read_files(workspace, args.file)) if workspace else None
     params = params_from_args(args)
     with engine_from_args(args, progress=stderr_progress()) as engine:
+        n_ctx = engine.n_ctx
         if messages is not None:
             encoded = PromptEncoder(engine, template=args.template).encode(files.model_messages(messages))
             tokens, stops = encoded.tokens, encoded.stop
@@ -82,7 +84,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             chunks.close()  # before the engine closes, whatever ended the loop (a reader gone from stdout)
     stats = last.stats
     if args.json:
-        json.dump({"text": "".join(text), "tokens": ids, "from_draft": flags, "stats": stats.to_dict()},
+        json.dump({"text": "".join(text), "tokens": ids, "from_draft": flags, "n_ctx": n_ctx, "stats": stats.to_dict()},
                   sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
     else:
@@ -169,8 +171,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 modes.remove(bench.BASELINE)
         baseline = None
         if bench.BASELINE in modes:
-            baseline = bench.LlamaCppBaseline(info.target.path, n_ctx=args.ctx,
-                                              n_threads=args.threads, is_eog=engine.is_eog)
+            baseline = bench.LlamaCppBaseline(info.target.path, n_ctx=engine.n_ctx,
+                                              n_threads=args.n_threads, is_eog=engine.is_eog)
         try:
             results = bench.run_suite(
                 engine, prompts, modes=modes, repeats=args.repeats, params=params, baseline=baseline,

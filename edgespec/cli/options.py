@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import math
+from types import MappingProxyType
 
 from edgespec.cli.bars import ProgressBars
 from edgespec.cli.output import note
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.engine.limits import LIMITS
+from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS, SWITCHES, LoadSettings
 
 
 # -- models ------------------------------------------------------------------------------
@@ -18,37 +20,42 @@ from edgespec.engine.limits import LIMITS
 MODEL_NAMES = "a .gguf path, a registry name or hf:OWNER/REPO/FILE.gguf"
 """How a model may be named wherever the CLI takes one."""
 
-MIN_CTX = 32
-"""Smallest --ctx. llama.cpp's batch is never larger than the context asked for,
-and a verify pass (up to 17 tokens) and the draft model's 16-token calibration
-must each fit in one batch; nor does any chat fit in fewer tokens."""
-
-FLASH_ATTN = {"auto": None, "on": True, "off": False}
-"""--flash-attn, as ModelSettings.flash_attn takes it."""
+LOAD_FLAGS = MappingProxyType({
+    "n_ctx": ("--ctx", "N"), "n_threads": ("--threads", "N"),
+    "n_gpu_layers": ("--n-gpu-layers", "N"), "n_gpu_layers_draft": ("--n-gpu-layers-draft", "N"),
+})
+"""The command line's name for each of LoadSettings' numeric fields (load_settings.LOAD_LIMITS)."""
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    """--target/--draft/--pair and how to run them (GPU layers, threads, context)."""
+    """--target/--draft/--pair and how to run them: the fields of LoadSettings
+    (edgespec/load_settings.py: each one's range, default and help), RPC workers
+    and caches."""
     g = p.add_argument_group("models")
     add_model_names(g)
     add_no_draft(g)
-    g.add_argument("--n-gpu-layers", type=int, default=None, metavar="N",
-                   help="target layers on the GPU, or with --rpc on the workers and GPUs (-1: all; "
-                        "default: as many as fit beside the draft, with --rpc all)")
-    g.add_argument("--n-gpu-layers-draft", type=int, default=None, metavar="N",
-                   help="draft layers on the GPU (-1: all; default: all if they fit, without --rpc)")
-    g.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
-    g.add_argument("--ctx", type=_context_size, default=4096, metavar="N",
-                   help=f"context size in tokens (default 4096, at least {MIN_CTX})")
-    g.add_argument("--exact", action="store_true",
-                   help="batch-invariant kernels for the target: greedy speculation then equals plain greedy decoding "
-                        "token for token (slower on some machines; verify batches capped at those measured exact)")
-    g.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto",
-                   help="flash attention (default auto: off where all layers run on the CPU, whose kernel for it "
-                        "is slower deep in a conversation, unless the context is so long that the attention "
-                        "scores it does without would take too much memory; elsewhere llama.cpp's choice)")
+    add_load_options(g)
     add_rpc_options(g)
     add_cache_options(g)
+
+
+def add_load_options(g) -> None:
+    """--ctx, --threads, --n-gpu-layers, --n-gpu-layers-draft, --exact, --flash-attn, from
+    LoadSettings (load_settings_from_args reads them back, checked)."""
+    for name, limit in LOAD_LIMITS.items():
+        flag, metavar = LOAD_FLAGS[name]
+        g.add_argument(flag, dest=name, type=_whole_number, default=limit.default, metavar=metavar,
+                       help=f"{limit.help} ({limit.range()})".replace("%", "%%"))  # argparse formats help with %
+    g.add_argument("--exact", action="store_true", help=SWITCHES["exact"])
+    g.add_argument("--flash-attn", choices=FLASH_ATTN, default=LoadSettings().flash_attn_name,
+                   help=SWITCHES["flash_attn"])
+
+
+def _whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
 def add_model_names(g) -> None:
@@ -63,39 +70,36 @@ def add_no_draft(g) -> None:
     g.add_argument("--no-draft", action="store_true", help="load no draft model (plain or lookup only)")
 
 
-def _context_size(text: str) -> int:
-    n = int(text)  # argparse reports a ValueError as an invalid value
-    if n < MIN_CTX:
-        raise argparse.ArgumentTypeError(f"the context must hold at least {MIN_CTX} tokens (got {n}): "
-                                         f"a speculative pass must fit in one llama.cpp batch, which is "
-                                         f"never larger than the context")
-    return n
-
-
-def check_model_options(args: argparse.Namespace) -> None:
-    """Check how the models are to run before loading them: threads within the
-    cores (more are lowered, with a note), and GPU layers on a build that has a
-    GPU backend (else a note, once: everything runs on the CPU)."""
+def load_settings_from_args(args: argparse.Namespace) -> LoadSettings:
+    """The LoadSettings the options give, checked before loading (a bad value is a
+    ValueError naming the option): threads above the cores are lowered, with a
+    note; GPU layers on a build without a GPU backend are noted (everything runs
+    on the CPU)."""
     import os
 
     from edgespec.llama import system_info
 
     cores = os.cpu_count() or 1
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1 (leave it out to use all {cores} cores), got {args.threads}")
-    if args.threads is not None and args.threads > cores:
-        note(f"--threads {args.threads}: this machine has {cores} cores; using {cores}")
-        args.threads = cores
+    if args.n_threads is not None and args.n_threads > cores:
+        note(f"--threads {args.n_threads}: this machine has {cores} cores; using {cores}")
+        args.n_threads = cores
     if args.exact and args.flash_attn == "off":
         raise ValueError("--exact needs flash attention (its Q8_0 KV cache): leave out --flash-attn off")
-    asked = [option for option, value in (("--n-gpu-layers", args.n_gpu_layers and not args.rpc),
-                                          ("--n-gpu-layers-draft", args.n_gpu_layers_draft)) if value]
+    values = {name: getattr(args, name) for name in LOAD_LIMITS}
+    for name, value in values.items():
+        if value is not None and not LOAD_LIMITS[name].allows(value):
+            raise ValueError(f"{LOAD_FLAGS[name][0]} must be {LOAD_LIMITS[name].range()}, got {value}")
+    settings = LoadSettings(**values, exact=args.exact, flash_attn=FLASH_ATTN[args.flash_attn],
+                            rpc=rpc_split(args), cache=cache_from_args(args))
+    asked = [option for option, value in (("--n-gpu-layers", settings.n_gpu_layers and not settings.rpc),
+                                          ("--n-gpu-layers-draft", settings.n_gpu_layers_draft)) if value]
     if asked and not system_info()["gpu_offload"]:
         note(f"this llama.cpp build has no GPU backend, so {' and '.join(asked)} "
              f"{'is' if len(asked) == 1 else 'are'} ignored and the models run on "
              "the CPU. To use the GPU, rebuild llama-cpp-python for it (README, \"Installing for your "
              "hardware\"): CMAKE_ARGS=\"-DGGML_METAL=on\" (Apple Silicon) or CMAKE_ARGS=\"-DGGML_CUDA=on\" "
              "(NVIDIA) pip install --force-reinstall --no-cache-dir llama-cpp-python")
+    return settings
 
 
 def engine_from_args(args: argparse.Namespace, *, progress=None):
@@ -104,15 +108,10 @@ def engine_from_args(args: argparse.Namespace, *, progress=None):
     from edgespec.models.fetch import resolve_model
     from edgespec.models.registry import DEFAULT_PAIR
 
-    check_model_options(args)
-    split = rpc_split(args)
+    settings = load_settings_from_args(args)
     try:
-        return load_engine(
-            args.target, args.draft, pair=args.pair or DEFAULT_PAIR, no_draft=args.no_draft,
-            resolve=lambda name: resolve_model(name, progress=progress),
-            n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-            n_gpu_layers_draft=args.n_gpu_layers_draft, exact=args.exact, rpc=split,
-            flash_attn=FLASH_ATTN[args.flash_attn], cache=cache_from_args(args))
+        return load_engine(args.target, args.draft, pair=args.pair or DEFAULT_PAIR, no_draft=args.no_draft,
+                           resolve=lambda name: resolve_model(name, progress=progress), settings=settings)
     finally:
         if isinstance(progress, ProgressBars):
             progress.close()  # a failed download leaves its bar drawn, and the terminal usable

@@ -35,6 +35,7 @@ from edgespec.chat.store import StoreError
 from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import EdgespecError
 from edgespec.models.progress import Progress, ProgressCallback
+from edgespec.net import Split
 from edgespec.tui.library import Library, ModelChoice, PullProgress, load_choice, pull_progress
 from edgespec.tui.screens.chat import ChatScreen
 from edgespec.tui.screens.help import HelpScreen
@@ -192,8 +193,8 @@ class EdgespecApp(App):
             except ValueError as e:
                 self.defaults = ChatSettings()
                 self.notify(str(e), title="Settings file ignored", severity="warning", timeout=10)
-        if self.rpc is not None:
-            self.defaults = replace(self.defaults, rpc=",".join(str(e) for e in self.rpc.workers))
+        if self.rpc is not None:  # the settings keep the workers; the split goes with them (load_choice)
+            self.defaults = replace(self.defaults, load=replace(self.defaults.load, rpc=Split(self.rpc.workers)))
         self._chat.settings = self.defaults
         if problem := self._store_notice():
             self.notify(problem, title="Conversations", severity="error", timeout=30)

@@ -140,13 +140,14 @@ class RegistryLibrary:
 
 def load_choice(choice: ModelChoice, settings, *, library: Library | None = None,
                 progress: ProgressCallback | None = None, cache=None, split=None):
-    """Load the chosen models, installed ones only, with the settings' hardware
-    options (see edgespec.load.load_engine; slow: call from a worker). `progress`
+    """Load the chosen models, installed ones only, with the settings' LoadSettings
+    (see edgespec.load.load_engine; slow: call from a worker). `progress`
     hears of the files assembled, made or verified on the way (the first start of
     a bundled pair assembles and checks its files). `cache`: the engine's
     CacheSettings (default: edgespec.load.kv_cache(), snapshots kept on disk);
     `split`: the command line's Split, used while the settings name its workers."""
-    from edgespec.net import Split, parse_endpoints
+    from dataclasses import replace
+
     from edgespec.load import kv_cache, load_engine
     from edgespec.models.fetch import is_path_like
 
@@ -155,10 +156,9 @@ def load_choice(choice: ModelChoice, settings, *, library: Library | None = None
             return str(Path(name).expanduser())
         return (library or RegistryLibrary()).resolve(name, progress=progress)
 
-    workers = tuple(parse_endpoints(settings.rpc)) if settings.rpc.strip() else ()
-    split = split if split is not None and tuple(split.workers) == workers else Split(workers) if workers else None
+    load = settings.load
+    if split is not None and load.rpc is not None and tuple(split.workers) == tuple(load.rpc.workers):
+        load = replace(load, rpc=split)
     return load_engine(choice.target, choice.draft, pair=choice.pair, no_draft=choice.no_draft,
                        resolve=path_of, pair_models=lambda name: (library or RegistryLibrary()).pair(name),
-                       n_threads=settings.threads or None, exact=settings.exact, rpc=split,
-                       n_gpu_layers=settings.gpu_layers_target, n_gpu_layers_draft=settings.gpu_layers_draft,
-                       cache=cache or kv_cache())
+                       settings=replace(load, cache=cache or kv_cache()))

@@ -14,13 +14,17 @@ import yaml
 
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.engine.limits import LIMITS
+from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS, LoadSettings
 
 SETTINGS_FILE = "settings.yaml"
 SAMPLING = ("temperature", "top_k", "top_p", "max_tokens", "k")
 """The settings that are generation parameters, checked against their ranges in engine/limits.py."""
 AUTO = "auto"
-GPU_LAYERS = ("gpu_layers_target", "gpu_layers_draft")
-"""Settings whose None is AUTO: as many layers as fit on this machine's GPUs (edgespec.placement)."""
+"""How a LoadSettings field left to the load (None) is shown and may be written."""
+LOAD_FIELDS = (*LOAD_LIMITS, "exact", "flash_attn", "rpc")
+"""The LoadSettings fields a conversation keeps (the cache is the app's), stored flat beside the others."""
+OLD_NAMES = {"gpu_layers_target": "n_gpu_layers", "gpu_layers_draft": "n_gpu_layers_draft", "threads": "n_threads"}
+"""Load settings stored under their earlier names (`threads: 0` meant all cores)."""
 
 
 @dataclass(frozen=True)
@@ -39,56 +43,38 @@ class ChatSettings:
     """Speculation mode: plain, draft, lookup or auto."""
     k: int = LIMITS["k"].default
     """Maximum draft length per cycle."""
-    gpu_layers_target: int | None = None
-    """Target layers offloaded to the GPU (-1: all; None: as many as fit)."""
-    gpu_layers_draft: int | None = None
-    """Draft layers offloaded to the GPU (-1: all; None: all if they fit)."""
-    threads: int = 0
-    """CPU threads (0: all cores)."""
-    exact: bool = False
-    """Batch-invariant kernels for the target: greedy speculation equals plain
-    greedy decoding token for token (ModelSettings.exact)."""
-    rpc: str = ""
-    """llama.cpp RPC workers for the target's layers, 'HOST:PORT[,HOST:PORT...]'
-    ('': none). With workers, GPU layers (target) 0 or None means all of them."""
+    load: LoadSettings = LoadSettings()
+    """How the models are loaded: context size, threads, GPU layers, kernels, RPC workers
+    (their workers only: the command line's tensor split goes with the same workers)."""
 
     def __post_init__(self) -> None:
         for name in SAMPLING:
             LIMITS[name].check(getattr(self, name))
         _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}")
-        for name, role in zip(GPU_LAYERS, ("target", "draft")):
-            value = getattr(self, name)
-            _check(value is None or value >= -1, f"GPU layers ({role}) must be {AUTO}, -1 (all) or more")
-        _check(self.threads >= 0, "threads must be 0 (all cores) or more")
-        if self.rpc.strip():
-            from edgespec.net import parse_endpoints
-
-            parse_endpoints(self.rpc)  # a ValueError says what is wrong
 
     @classmethod
     def from_dict(cls, data: dict | None, *, defaults: ChatSettings | None = None) -> ChatSettings:
-        """Settings from a stored dict; missing or unknown keys fall back to `defaults`.
+        """Settings from a stored dict; missing or unknown keys fall back to `defaults`
+        (a load setting stored as None or "auto" is left to the load).
 
         Raises ValueError (with a message for the user) when a value is out of range
         or of the wrong type.
         """
         base = defaults or cls()
+        data = data or {}
         values = {}
         for f in fields(cls):
-            if data and f.name in GPU_LAYERS and data.get(f.name, 0) in (None, AUTO):
-                values[f.name] = None
-            elif data and f.name in data and data[f.name] is not None:
-                kind = int if f.name in GPU_LAYERS else type(getattr(base, f.name))
-                try:
-                    if kind is bool and not isinstance(data[f.name], bool):
-                        raise TypeError  # bool("no") is True
-                    values[f.name] = kind(data[f.name])
-                except (TypeError, ValueError, OverflowError):  # OverflowError: int(.inf)
-                    raise ValueError(f"{f.name.replace('_', ' ')}: {data[f.name]!r} is not a valid {kind.__name__}") from None
-        return replace(base, **values)
+            if f.name != "load" and data.get(f.name) is not None:
+                values[f.name] = _typed(f.name, data[f.name], type(getattr(base, f.name)))
+        return replace(base, **values, load=_load_from_dict(data, base.load))
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Flat, as stored: the load settings beside the others (None: left to the load), the workers as text."""
+        values = {name: value for name, value in asdict(self).items() if name != "load"}
+        load = self.load
+        values.update({name: getattr(load, name) for name in LOAD_LIMITS})
+        values.update(exact=load.exact, flash_attn=load.flash_attn_name, rpc=workers_text(load))
+        return values
 
     def params(self) -> GenerationParams:
         """The generation parameters these settings describe."""
@@ -97,9 +83,50 @@ class ChatSettings:
             top_k=self.top_k, top_p=self.top_p, max_tokens=self.max_tokens,
         )
 
-    def hardware(self) -> tuple[int | None, int | None, int, bool, str]:
+    def hardware(self) -> LoadSettings:
         """The settings that need the models reloaded when they change."""
-        return (self.gpu_layers_target, self.gpu_layers_draft, self.threads, self.exact, self.rpc)
+        return self.load.hardware()
+
+
+def workers_text(load: LoadSettings) -> str:
+    """The RPC workers as 'HOST:PORT[,HOST:PORT...]' ('': none)."""
+    return ",".join(str(e) for e in load.rpc.workers) if load.rpc else ""
+
+
+def _load_from_dict(data: dict, base: LoadSettings) -> LoadSettings:
+    """The load settings `data` holds (under their names or OLD_NAMES), over `base`."""
+    from edgespec.net import Split, parse_endpoints
+
+    data = {**{new: data[old] for old, new in OLD_NAMES.items() if old in data}, **data}
+    values = {}
+    for name in LOAD_LIMITS:
+        if name in data:
+            value = data[name]
+            if value in (None, AUTO, "") or (name == "n_threads" and value == 0):
+                values[name] = None
+            else:
+                values[name] = _typed(name, value, int)
+    if data.get("exact") is not None:
+        values["exact"] = _typed("exact", data["exact"], bool)
+    if data.get("flash_attn") is not None:
+        _check(data["flash_attn"] in FLASH_ATTN, f"flash attention must be one of {', '.join(FLASH_ATTN)}")
+        values["flash_attn"] = FLASH_ATTN[data["flash_attn"]]
+    if data.get("rpc") is not None:
+        text = str(data["rpc"]).strip()
+        values["rpc"] = Split(parse_endpoints(text)) if text else None  # a ValueError says what is wrong
+    return replace(base, **values)
+
+
+def _typed(name: str, value, kind: type):
+    """`value` as `kind`; ValueError naming the setting where it is not one."""
+    try:
+        if kind is bool and not isinstance(value, bool):
+            raise TypeError  # bool("no") is True
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        return kind(value)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(.inf)
+        raise ValueError(f"{name.replace('_', ' ')}: {value!r} is not a valid {kind.__name__}") from None
 
 
 def store_settings(store, conversation_id: int, settings: ChatSettings) -> None:

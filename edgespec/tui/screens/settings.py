@@ -6,7 +6,7 @@ the app-wide defaults too) or None when cancelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.binding import Binding
@@ -15,7 +15,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
 from edgespec.engine.events import MODES
-from edgespec.tui.settings import AUTO, GPU_LAYERS, ChatSettings
+from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS
+from edgespec.tui.settings import AUTO, ChatSettings
 
 LABELS = {
     "temperature": "Temperature (0 = greedy)",
@@ -23,11 +24,14 @@ LABELS = {
     "top_p": "Top-p (1 = off)",
     "max_tokens": "Max tokens",
     "k": "Draft length k",
-    "gpu_layers_target": f"GPU layers, target ({AUTO}, -1 = all)",
-    "gpu_layers_draft": f"GPU layers, draft ({AUTO}, -1 = all)",
-    "threads": "Threads (0 = all cores)",
+    "n_ctx": f"Context size, tokens ({AUTO} = fit models and memory)",
+    "n_gpu_layers": f"GPU layers, target ({AUTO}, -1 = all)",
+    "n_gpu_layers_draft": f"GPU layers, draft ({AUTO}, -1 = all)",
+    "n_threads": f"Threads ({AUTO} = all cores)",
     "rpc": "RPC workers (host:port,...)",
 }
+WHOLE = {"top_k", "max_tokens", "k", *LOAD_LIMITS}
+"""The fields that take whole numbers (the load settings' also take AUTO)."""
 
 
 @dataclass
@@ -55,12 +59,15 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
             with Grid(classes="fields"):
                 yield Label("Speculation mode")
                 yield Select([(m, m) for m in MODES], value=self.settings.mode, allow_blank=False, id="mode")
+                stored = self.settings.to_dict()
                 for name, label in LABELS.items():
                     yield Label(label)
-                    value = getattr(self.settings, name)
-                    yield Input(AUTO if value is None and name in GPU_LAYERS else str(value), id=name)
+                    yield Input(AUTO if stored[name] is None else str(stored[name]), id=name)
+                yield Label("Flash attention")
+                yield Select([(name, name) for name in FLASH_ATTN], value=stored["flash_attn"], allow_blank=False,
+                             id="flash_attn")
                 yield Label("Exact kernels (greedy = plain)")
-                yield Checkbox("exact", value=self.settings.exact, id="exact")
+                yield Checkbox("exact", value=self.settings.load.exact, id="exact")
             yield Static("", id="error")
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
@@ -71,13 +78,13 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
         """The settings as entered; raises ValueError with a message for the user."""
         data = {name: self.query_one(f"#{name}", Input).value.strip() for name in LABELS}
         data["mode"] = self.query_one("#mode", Select).value
+        data["flash_attn"] = self.query_one("#flash_attn", Select).value
         data["exact"] = self.query_one("#exact", Checkbox).value
         data["system_prompt"] = self.query_one("#system_prompt", TextArea).text
-        kinds = {f.name: f.type for f in fields(ChatSettings)}
-        for name in LABELS:
-            if name in GPU_LAYERS and data[name].lower() in (AUTO, ""):
+        for name in WHOLE:
+            if name in LOAD_LIMITS and data[name].lower() in (AUTO, ""):
                 data[name] = AUTO
-            elif kinds[name] in ("int", int) or name in GPU_LAYERS:
+            else:
                 try:
                     data[name] = int(data[name])
                 except ValueError:
