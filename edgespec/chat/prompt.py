@@ -1,8 +1,11 @@
 """How a conversation becomes the tokens a model reads, for every face.
 
 The rule is written once, here: render the messages with the chat template,
-add BOS unless the template wrote it, parse special texts, and end the reply at
-the template's stop strings. The CLI, the server and the chat session all call
+add BOS unless the template wrote it, and end the reply at the template's stop
+strings. Only the template's own text is parsed for special texts: its markers
+become control tokens, while each message's content is tokenized as plain text,
+so a message (or a file pasted into one) holding "<|im_end|>" cannot end its
+turn or open another. The CLI, the server and the chat session all call
 `PromptEncoder.encode`; its prefix tokenizer keeps the tokens of earlier
 prompts and replies, so a conversation that grows pays for its new text only.
 """
@@ -10,14 +13,25 @@ prompts and replies, so a conversation that grows pays for its new text only.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from edgespec.chat.prefix import PrefixTokenizer
-from edgespec.chat.template import ChatTemplate, chat_template
+from edgespec.chat.prefix import PrefixTokenizer, Stretch, Tokenized
+from edgespec.chat.template import ChatTemplate, Placed, Rendered, chat_template
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import TemplateError
+
+
+@dataclass(frozen=True)
+class Region:
+    """Tokens [start, end) of a prompt that hold one message's content."""
+
+    start: int
+    end: int
+    label: str
+    """The message's "label" if it has one (e.g. "file:src/app.py"), else "system" for a
+    system message and "<role>:<index in the messages>" for others ("user:3")."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +43,12 @@ class Prompt:
     tokens: list[int]
     stop: tuple[str, ...] = ()
     """Stop strings the template needs, beyond the caller's."""
+    regions: tuple[Region, ...] = ()
+    """Where each message's content is, in message order; a message the template left
+    out, or whose content is empty, has none. Empty for a raw prompt, and for a
+    conversation whose layout could not be read (see `PromptEncoder.encode`)."""
+    tokenized: Tokenized | None = field(default=None, repr=False, compare=False)
+    """How the text was laid out for its tokens (for the prefix tokenizer)."""
 
     def params(self, params: GenerationParams) -> GenerationParams:
         """`params` with this prompt's stop strings added."""
@@ -58,18 +78,84 @@ class PromptEncoder:
         return self._template
 
     def encode(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> Prompt:
-        """The prompt for `messages` (dicts with "role" and "content")."""
+        """The prompt for `messages`: dicts with "role" and "content", and optionally
+        "label", the name of its content's region.
+
+        Each content is found where the template put it (`ChatTemplate.render_placed`)
+        and tokenized as plain text; the rest is the template's and is parsed for
+        special texts. Where that cannot be trusted, special texts in a content
+        would become control tokens, so the conversation is accepted only if none
+        of the contents concerned holds one (then it makes no difference), else
+        TemplateError:
+        - a content the template rewrote (not found as it is, or stripped) is
+          tokenized as text where it stands, but it may not hold special texts;
+        - a layout that cannot be read (the template's text depends on the
+          contents, or what stands in a rewritten content's place holds special
+          texts, which only the template can have written) gives the whole text
+          special parsing, as a raw prompt, and no regions; no content may hold
+          special texts then.
+        """
         template = self.template
-        text = template.render(messages, add_generation_prompt=add_generation_prompt)
-        return Prompt(text, self._prefix.tokenize(text, add_bos=template.needs_bos(text)), template.stop)
+        rendered = template.render_placed(messages, add_generation_prompt=add_generation_prompt)
+        placed = self._placed(messages, rendered)
+        text = rendered.text
+        tokenized = self._prefix.tokenize(text, _stretches(text, placed), add_bos=template.needs_bos(text))
+        return Prompt(text, tokenized.tokens, template.stop, regions=_regions(messages, placed, tokenized),
+                      tokenized=tokenized)
 
     def encode_text(self, text: str) -> Prompt:
-        """A raw prompt (no template; special texts parsed, BOS added)."""
-        return Prompt(text, self._prefix.tokenize(text, add_bos=True))
+        """A raw prompt (no template; special texts parsed, BOS added): the user's own full text."""
+        tokenized = self._prefix.tokenize(text, add_bos=True)
+        return Prompt(text, tokenized.tokens, tokenized=tokenized)
 
     def remember(self, prompt: Prompt, reply_text: str, reply_tokens: Sequence[int]) -> None:
         """Keep `prompt` and its reply, as the engine's caches now hold them, for a later prompt."""
-        self._prefix.remember(prompt.text, prompt.tokens, reply_text, reply_tokens)
+        tokenized = prompt.tokenized or Tokenized(prompt.tokens, (Stretch(0, len(prompt.text), special=True),), {})
+        self._prefix.remember(prompt.text, tokenized, reply_text, reply_tokens)
+
+    def _placed(self, messages: Sequence[Mapping[str, str]], rendered: Rendered) -> tuple[Placed | None, ...]:
+        """Where the contents are tokenized as text (see `encode`); raises TemplateError
+        for a content holding special texts that cannot be kept text."""
+        placed = rendered.placed
+        rewritten = [p for p in placed if p is not None and not p.verbatim]
+        readable = rendered.aligned and not any(self._holds_special(rendered.text[p.start:p.end]) for p in rewritten)
+        for index, (message, where) in enumerate(zip(messages, placed)):
+            kept_text = readable and (where is None or where.verbatim)  # left out, or text where it stands
+            content = message["content"]
+            if not kept_text and isinstance(content, str) and self._holds_special(content):
+                raise TemplateError(
+                    f"Message {index + 1} ({message['role']}) holds the text of special tokens, and the chat "
+                    f"template of {self.template.model} does not show it as it is, so that text could act as the "
+                    f"template's markers. Remove it from the message, or choose a built-in format with --template.")
+        return placed if readable else (None,) * len(messages)
+
+    def _holds_special(self, content: str) -> bool:
+        """Whether some text in `content` tokenizes as a special token when special texts are parsed."""
+        return (self.engine.tokenize(content, add_bos=False, special=True)
+                != self.engine.tokenize(content, add_bos=False, special=False))
+
+
+def _stretches(text: str, placed: Sequence[Placed | None]) -> list[Stretch]:
+    """The template's text (special texts parsed) and the placed contents (plain
+    text), in order, covering `text`."""
+    stretches, pos = [], 0
+    for where in sorted((p for p in placed if p is not None), key=lambda p: p.start):
+        stretches += [Stretch(pos, where.start, special=True), Stretch(where.start, where.end, special=False)]
+        pos = where.end
+    return [*stretches, Stretch(pos, len(text), special=True)]
+
+
+def _regions(messages: Sequence[Mapping[str, str]], placed: Sequence[Placed | None],
+             tokenized: Tokenized) -> tuple[Region, ...]:
+    """The tokens of each placed content, labelled."""
+    return tuple(Region(*tokenized.contents[(p.start, p.end)], _label(i, m))
+                 for i, (m, p) in enumerate(zip(messages, placed)) if p is not None)
+
+
+def _label(index: int, message: Mapping[str, str]) -> str:
+    if message.get("label"):
+        return message["label"]
+    return "system" if message["role"] == "system" else f"{message['role']}:{index}"
 
 
 def encode_prompt(engine: ChatEngine, prompt: str, *, raw: bool = False, system: str | None = None,
