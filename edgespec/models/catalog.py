@@ -23,6 +23,10 @@ class ModelRow:
     hint: str
     """What to do to get it, empty when ready."""
     unverified: bool = False
+    title: str = ""
+    """The model's name and quantization ("Qwen2.5-Coder 1.5B Instruct Q4_K_M"), or `name`."""
+    sha256_checked: bool = False
+    """The file is checked against a known sha256 when it is fetched or assembled."""
 
 
 @dataclass(frozen=True)
@@ -71,10 +75,15 @@ def compatible_drafts(registry: Registry, target: str) -> list[str]:
             if vocab and e.vocab == vocab and e.name != target and "draft" in e.roles]
 
 
+def source_words(entry: ModelEntry) -> str:
+    """Where the file comes from and whether its sha256 is checked ("bundled, sha256 checked")."""
+    return entry.source.origin() + (", sha256 checked" if entry.sha256 else "")
+
+
 def _model_row(entry: ModelEntry, registry: Registry) -> ModelRow:
     state, hint = _state(entry, registry)
-    return ModelRow(entry.name, entry.display_size, entry.source.origin(), state, entry.vocab, entry.roles,
-                    entry.params, entry.quant, hint, entry.unverified)
+    return ModelRow(entry.name, entry.display_size, source_words(entry), state, entry.vocab, entry.roles,
+                    entry.params, entry.quant, hint, entry.unverified, entry.display_name, entry.sha256 is not None)
 
 
 def _state(entry: ModelEntry, registry: Registry) -> tuple[str, str]:
@@ -86,4 +95,4 @@ def _state(entry: ModelEntry, registry: Registry) -> tuple[str, str]:
     return entry.source.missing(entry, state_other=lambda name: _state(registry.model(name), registry))
 
 
-__all__ = ["ModelRow", "PairRow", "model_rows", "pair_rows", "vocab_groups", "compatible_drafts"]
+__all__ = ["ModelRow", "PairRow", "model_rows", "source_words", "pair_rows", "vocab_groups", "compatible_drafts"]

@@ -79,7 +79,7 @@ class _Where:
         return RegistryError(f"{self.path}: {self.kind} {self.name!r}: field '{field_name}' {problem}")
 
 
-_MODEL_FIELDS = {"description", "params", "quant", "license", "context_length", "min_ram_gb", "vocab",
+_MODEL_FIELDS = {"title", "description", "params", "quant", "license", "context_length", "min_ram_gb", "vocab",
                  "roles", "size", "approx_size", "sha256", "unverified", "source"}
 _PAIR_FIELDS = {"description", "target", "draft", "mode", "k"}
 
@@ -96,6 +96,7 @@ def _model_fields(raw: Any, where: _Where) -> dict:
         raise where.error("sha256", f"must be 64 hex digits (got {sha!r})")
     return dict(
         source=_source(raw["source"], where),
+        title=_opt(raw, "title", str, where),
         description=_opt(raw, "description", str, where) or "",
         params=_opt(raw, "params", str, where),
         quant=_opt(raw, "quant", str, where),

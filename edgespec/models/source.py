@@ -51,10 +51,10 @@ class Source(ABC):
 
     @abstractmethod
     def describe(self) -> str:
-        """Where the file comes from, in a few words (the app's models list)."""
+        """Where the file comes from, in full (a hub repo and file, the packages of its parts)."""
 
     def origin(self) -> str:
-        """The origin column of `edgespec models`."""
+        """Where the file comes from, in a few words: `edgespec models` and the app's library."""
         return self.describe()
 
     @abstractmethod
@@ -85,6 +85,8 @@ class ModelEntry:
 
     name: str
     source: Source
+    title: str | None = None
+    """The model's name as people say it ("Qwen2.5-Coder 1.5B Instruct"), without the quantization."""
     description: str = ""
     params: str | None = None
     quant: str | None = None
@@ -101,6 +103,13 @@ class ModelEntry:
     @property
     def display_size(self) -> int | None:
         return self.size or self.approx_size
+
+    @property
+    def display_name(self) -> str:
+        """The title and quantization ("Qwen2.5-Coder 1.5B Instruct Q4_K_M"), or the entry's name without a title."""
+        if not self.title:
+            return self.name
+        return f"{self.title} {self.quant}" if self.quant else self.title
 
 
 @dataclass(frozen=True)

