@@ -350,6 +350,50 @@ async def test_settings_round_trip(store, home):
         assert yaml.safe_load((home / "config" / "settings.yaml").read_text())["k"] == 5
 
 
+async def test_the_context_size_is_a_setting_kept_per_conversation_and_as_default(store, home):
+    """The app's settings hold the context size and flash attention (LoadSettings): set in
+    the settings screen, the models reload with them, the status line says the size, and
+    the conversation (and, saved as default, settings.yaml) keeps them."""
+    from tests.fakes import SpecFakeEngine
+
+    loads = []
+
+    def load(choice, settings, progress):
+        loads.append(settings.load)
+        return SpecFakeEngine(reply=lambda prompt: "ok", has_draft=True, n_ctx=settings.load.n_ctx or 8192)
+
+    cid = store.create(title="Long files")
+    other = store.create(title="Other")
+    app = make_app(store, load=load)
+    async with app.run_test(size=(120, 50)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        assert loads[-1].n_ctx is None  # chosen at load: fit to the models and the memory
+        await app.chat.open_conversation(cid)
+        await pilot.press("ctrl+s")
+        assert app.screen.query_one("#n_ctx").value == "auto"
+        app.screen.query_one("#n_ctx").value = "16384"
+        app.screen.query_one("#flash_attn").value = "on"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: len(loads) == 2 and app.model_state == "ready")
+        assert (loads[-1].n_ctx, loads[-1].flash_attn) == (16384, True)
+        assert "16,384" in app.model_label
+        assert (store.settings(cid)["n_ctx"], store.settings(cid)["flash_attn"]) == (16384, "on")
+        await app.chat.open_conversation(other)
+        assert app.chat.settings.load.n_ctx is None
+        await app.chat.open_conversation(cid)
+        assert app.chat.settings.load.n_ctx == 16384
+        await pilot.press("ctrl+s")
+        assert app.screen.query_one("#n_ctx").value == "16384"  # reopened: kept
+        app.screen.query_one("#n_ctx").value = "8"  # below what a verify pass needs
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, SettingsScreen) and "context size" in str(app.screen.query_one("#error").render())
+        app.screen.query_one("#n_ctx").value = "12288"
+        await pilot.click("#default")
+        await pilot.pause()
+        assert load_defaults().load.n_ctx == 12288
+        assert yaml.safe_load((home / "config" / "settings.yaml").read_text())["n_ctx"] == 12288
+
+
 def test_chat_settings_validate_and_fill_from_defaults(tmp_path):
     with pytest.raises(ValueError, match="top-p"):
         ChatSettings(top_p=0)

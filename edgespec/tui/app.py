@@ -43,7 +43,7 @@ from edgespec.tui.screens.settings import SettingsResult, SettingsScreen
 from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
 from edgespec.tui.stream import RENDER_SHARE, redraw_share
 from edgespec.tui.widgets.long_text import LongTextArea
-from edgespec.tui.widgets.status import hardware_label
+from edgespec.tui.widgets.status import context_label, hardware_label
 from edgespec.workspace.root import Workspace
 
 
@@ -253,8 +253,8 @@ class EdgespecApp(App):
             self.log.error(f"engine.describe() failed: {e!r}")
             self.notify(f"Could not tell where the models run: {e}", severity="warning")
         self.render_share = redraw_share(info)
-        where = hardware_label(info)
-        self.model_label = f"{self.choice.label}" + (f" ({where})" if where else "")
+        where = " · ".join(part for part in (hardware_label(info), context_label(engine.n_ctx)) if part)
+        self.model_label = f"{self.choice.label} ({where})"
         self.model_state = "ready"
 
     @on(ModelsProgressed)

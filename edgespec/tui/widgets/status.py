@@ -42,6 +42,11 @@ def hardware_label(info: EngineInfo | None) -> str:
     return f"{backend} · {', '.join(offloaded)} layers on GPU"
 
 
+def context_label(n_ctx: int) -> str:
+    """The context size the models were loaded with, chosen or asked for ("ctx 16,384", as --ctx)."""
+    return f"ctx {n_ctx:,}"
+
+
 def format_live(stats: Stats, *, plain_tps: float | None = None) -> str:
     """Mode, k, speed, acceptance, tokens per target pass, drafter and why; or,
     until the first token, how far reading the prompt has got."""
