@@ -150,6 +150,41 @@ def test_a_disk_snapshot_outlives_the_process_and_is_exact(smollm2, tmp_path):
     assert other["cache"] == "" and other["evaluated"] == len(prompt)
 
 
+@pytest.mark.qwen
+def test_under_exact_a_conversation_continued_or_reopened_answers_as_plain_decoding(qwen_pair):
+    """--exact's promise, on the bundled pair (where a fresh read of a conversation's
+    text does not give the KV its replies left, decoded a token or a draft at a time):
+    greedy speculation over a two-turn conversation is plain greedy decoding of the
+    same conversation read the same way, token for token; and a turn answered again
+    after the conversation came back from a snapshot is the same reply."""
+    _, target, draft = qwen_pair
+    with load(target, draft=draft, exact=True, n_ctx=1024, slots=1, ram_mib=64) as engine:
+        def user(text: str, *, first: bool = False) -> list[int]:  # the pair's chat format (ChatML)
+            head = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n" if first else "<|im_end|>\n"
+            return engine.tokenize(f"{head}<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+        first = user("Write a Python function that checks whether a number is prime, with a docstring, "
+                     "type hints and a short example of its use in a doctest. Keep it under twenty lines.", first=True)
+        follow = user("Now make it faster for large numbers.")
+
+        def two_turns(mode: str) -> tuple[list[int], list[int]]:
+            one, _ = reply(engine, first, mode=mode, max_tokens=16)
+            two, stats = reply(engine, first + one + follow, mode=mode, max_tokens=16)
+            assert stats.prompt_cache == "sequence"  # the conversation went on in its cache
+            return one, two
+
+        speculated = two_turns("draft")
+        engine.reset()
+        assert two_turns("plain") == speculated
+        second = first + speculated[0] + follow
+        other = user("What is a closure in JavaScript? Explain lexical scope, private state in the module pattern, "
+                     "and the classic loop pitfall with var and setTimeout, in three sentences.", first=True)
+        reply(engine, other, max_tokens=1)  # one sequence: the conversation goes to a RAM snapshot
+        again, stats = reply(engine, second, max_tokens=16)  # its snapshot, then the prompt's last token
+        assert stats.prompt_cache == "ram"
+        assert again == speculated[1]
+
+
 def test_a_snapshot_for_another_prefix_or_model_is_not_used(smollm2, synth_target, tmp_path):
     disk = tmp_path / "kv"
     with load(smollm2, slots=1, ram_mib=16, disk=disk) as engine:

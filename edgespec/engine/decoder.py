@@ -133,8 +133,11 @@ def generate(
     *,
     is_eog: Callable[[int], bool],
     piece: Callable[[int], bytes],
+    last_alone: bool = False,
 ) -> Iterator[Chunk]:
-    """Stream a completion of `prompt` as text chunks, one per cycle."""
+    """Stream a completion of `prompt` as text chunks, one per cycle. `last_alone`:
+    read the prompt's last token in a pass of its own, as it is read again when
+    the rest is cached (exact kernels: the same prompt gives the same reply)."""
     check_params(params)
     if not prompt:
         raise ValueError("the prompt is empty: at least one token (e.g. BOS) is needed")
@@ -155,10 +158,14 @@ def generate(
     target.truncate(stats.prompt_cached)
     steps = None
     try:
-        for held in target.sync_steps(prompt):
+        reading = prompt[:-1] if last_alone else prompt
+        for held in target.sync_steps(reading):
             stats.prompt_evaluated = held - stats.prompt_cached
-            if held < len(prompt):
+            if held < len(reading):
                 yield Chunk("", stats=stats)  # a long prompt: how far reading has got; the consumer may stop here
+        if last_alone:
+            target.extend(prompt[-1:])
+            stats.prompt_evaluated += 1
         decode_start = time.perf_counter()
         steps = speculative_steps(target, list(prompt), params, policy, is_eog, rng)
         for step in steps:

@@ -319,6 +319,7 @@ class Engine:
             self._target.seq, prompt_tokens, params, policy,
             is_eog=model.is_eog,
             piece=lambda t: model.token_to_piece(t, special=False),
+            last_alone=self._target.exact,  # a prompt read afresh or again gives the same logits
         )
 
     def reset(self) -> None:
