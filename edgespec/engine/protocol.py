@@ -34,6 +34,10 @@ class ChatEngine(Protocol):
     def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
         """Stream the reply to `prompt_tokens`, one Chunk per decode cycle."""
 
+    def interrupt(self) -> None:
+        """From any thread: end the reply being generated now (a long prompt's read
+        stops mid-batch); the stream ends with stop_reason "cancelled"."""
+
     def describe(self) -> EngineInfo:
         """Where the models run: the backend and, per model, its file and GPU layers."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -28,7 +29,7 @@ from edgespec.engine.slots import SequencePool
 from edgespec.engine.snapshots import SnapshotCache, cache_key, file_identity
 from edgespec.errors import ModelLoadError
 from edgespec.llama import system_info
-from edgespec.llama.context import LlamaContext
+from edgespec.llama.context import DecodeAborted, LlamaContext
 from edgespec.llama.model import LlamaModel
 from edgespec.models.compat import VocabInfo, ensure_compatible
 from edgespec.net import Split
@@ -206,6 +207,9 @@ class Engine:
                             if draft else None)
         self.policies = Policies(target, draft, exact=target.exact, lookup=self.lookup,
                                  draft_model=self.draft_model, costs_path=self._costs_path)
+        self._streams = 0
+        """Streams of generate() running (their decodes are what interrupt() stops)."""
+        self._stream_lock = threading.Lock()
 
     @classmethod
     def load(cls, target: ModelSettings, draft: ModelSettings | None = None, *,
@@ -315,12 +319,40 @@ class Engine:
         slot = self._target.pool.choose(prompt_tokens)
         if self._draft:
             self.draft_model.seq = self._draft.pool.use(slot)
-        return decoder.generate(
+        return self._interruptible(decoder.generate(
             self._target.seq, prompt_tokens, params, policy,
             is_eog=model.is_eog,
             piece=lambda t: model.token_to_piece(t, special=False),
             last_alone=self._target.exact,  # a prompt read afresh or again gives the same logits
-        )
+        ))
+
+    def interrupt(self) -> None:
+        """From any thread: end the reply being generated now. The decode in progress
+        (a batch of a long prompt, or a cycle's pass) stops at llama.cpp's next graph
+        node, and the stream ends with stop_reason "cancelled"; the caches keep what
+        earlier batches read (the next generate reuses it). Between replies, nothing."""
+        with self._stream_lock:
+            if self._streams:
+                self._abort(True)
+
+    def _interruptible(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+        with self._stream_lock:
+            self._streams += 1
+            self._abort(False)  # an interrupt was for the replies before this one
+        try:
+            yield from chunks
+        except DecodeAborted:  # interrupt(): the decoder's cleanup has run, the caches are consistent
+            return
+        finally:
+            with self._stream_lock:
+                self._streams -= 1
+                if not self._streams:
+                    self._abort(False)
+
+    def _abort(self, stop: bool) -> None:
+        for m in (self._target, self._draft):
+            if m is not None:
+                m.ctx.abort(stop)
 
     def reset(self) -> None:
         """Forget both KV caches and the snapshots in RAM (the next generate

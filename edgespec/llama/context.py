@@ -15,6 +15,26 @@ from edgespec.llama.batch import LlamaBatch
 from edgespec.llama.model import LlamaModel
 
 
+class DecodeAborted(Exception):
+    """llama_decode stopped because LlamaContext.abort asked it to; the batch it was
+    reading is not in the cache (llama.cpp removes it)."""
+
+
+def _flag_reader():
+    """An abort callback llama.cpp can call without Python: libc's strlen, handed a
+    two-byte flag (b"\\0\\0": go on, b"\\1\\0": stop) and returning 0 or 1, which
+    the caller reads as its bool. llama.cpp asks at every node of every graph; a
+    Python callback would take the GIL each time. None where libc is not found."""
+    try:
+        libc = ctypes.cdll.msvcrt if os.name == "nt" else ctypes.CDLL(None)
+        return llama_cpp.ggml_abort_callback(ctypes.cast(libc.strlen, ctypes.c_void_p).value)
+    except (OSError, AttributeError):
+        return None
+
+
+_READ_FLAG = _flag_reader()
+
+
 class LlamaContext:
     """llama_init_from_model ... llama_free. Holds up to n_seq_max sequences in one
     unified KV cache: every sequence may use all n_ctx cells, together at most n_ctx."""
@@ -57,6 +77,9 @@ class LlamaContext:
         """Seconds spent inside llama_decode (to tell llama.cpp's time from ours)."""
         self.decoded = 0
         """Tokens decoded, in every sequence (a counter for stats and tests)."""
+        self._abort = ctypes.create_string_buffer(2)
+        if _READ_FLAG is not None:
+            llama_cpp.llama_set_abort_callback(self._ctx, _READ_FLAG, ctypes.cast(self._abort, ctypes.c_void_p))
 
     def n_ctx(self) -> int:
         return llama_cpp.llama_n_ctx(self._ctx)
@@ -69,8 +92,16 @@ class LlamaContext:
         self.decoded += batch.struct.n_tokens
         if rc == 1:
             raise ContextFullError(f"no room in the {self.n_ctx()}-token context for {batch.struct.n_tokens} more tokens")
+        if rc == 2:
+            raise DecodeAborted(f"a decode of {batch.struct.n_tokens} tokens was stopped")
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}: {recent_errors()}")
+
+    def abort(self, stop: bool = True) -> None:
+        """From any thread: make the llama_decode in progress, and every later one
+        until abort(False), stop at its next graph node and raise DecodeAborted
+        (llama_set_abort_callback; where libc is not found, decodes run to their end)."""
+        self._abort[0] = b"\x01" if stop else b"\x00"
 
     def _decode(self, batch) -> int:
         rc = llama_cpp.llama_decode(self._ctx, batch)
