@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import yaml
 
 from edgespec.engine.events import GenerationParams, Stats
-from edgespec.engine.limits import BENCH_MAX_TOKENS
+from edgespec.limits import BENCH_MAX_TOKENS
 from edgespec.machine import cpu_name
 from edgespec.modes import MODES
 

@@ -4,7 +4,7 @@ one per conversation and in its defaults, `serve` fills one through the CLI)
 and edgespec.load.load_engine takes.
 
 LOAD_LIMITS gives each numeric setting its range, default and help, as
-engine/limits.py's LIMITS does for the sampling options; SWITCHES the help of
+edgespec/limits.py's LIMITS does for the sampling options; SWITCHES the help of
 the others. Light to import: the CLI builds its parser from it.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from edgespec.engine.limits import Limit
+from edgespec.limits import Limit
 from edgespec.net import Split
 from edgespec.placement import CTX_CHOICES, CTX_FLOOR, CTX_MEMORY_SHARE
 

@@ -38,7 +38,7 @@ from edgespec.chat.prompt import encode_prompt
 from edgespec.cli.options import add_model_options, engine_from_args
 from edgespec.engine.costs import Costs, measure_pass
 from edgespec.engine.events import GenerationParams
-from edgespec.engine.limits import LIMITS
+from edgespec.limits import LIMITS
 from edgespec.engine.replay import (
     MACHINES, SuiteRow, Trace, load_traces, machine_costs, replay_suite, save_traces,
 )

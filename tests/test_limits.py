@@ -1,4 +1,4 @@
-"""One table of ranges and defaults (engine/limits.py): the CLI, the app's settings,
+"""One table of ranges and defaults (edgespec/limits.py): the CLI, the app's settings,
 the server's schemas and the engine refuse and accept the same values."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from edgespec import cli
 from edgespec.cli.options import params_from_args
 from edgespec.engine.events import GenerationParams
-from edgespec.engine.limits import LIMITS, MAX_DRAFT
+from edgespec.limits import LIMITS, MAX_DRAFT
 from edgespec.engine.sampling import check_params
 from edgespec.server.schemas import ChatCompletionRequest
 from edgespec.tui.settings import ChatSettings

@@ -14,7 +14,7 @@ from edgespec.cli.options import (add_limited, add_model_options, add_sampling_o
 from edgespec.cli.files import add_file_options, apply_edits, workspace_from_args
 from edgespec.cli.output import stderr_stats, note
 from edgespec.engine.events import GenerationParams
-from edgespec.engine.limits import BENCH_MAX_TOKENS
+from edgespec.limits import BENCH_MAX_TOKENS
 from edgespec.errors import EXIT_INTERRUPTED, EdgespecError
 
 

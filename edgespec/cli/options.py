@@ -11,7 +11,7 @@ from types import MappingProxyType
 from edgespec.cli.bars import ProgressBars
 from edgespec.cli.output import note
 from edgespec.engine.events import MODES, GenerationParams
-from edgespec.engine.limits import LIMITS
+from edgespec.limits import LIMITS
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS, SWITCHES, LoadSettings
 
 
@@ -273,7 +273,7 @@ def add_sampling_options(p: argparse.ArgumentParser, *, max_tokens: int | None =
 
 
 def add_limited(g, name: str, kind: type, *, default=..., none: str = "", **kw) -> None:
-    """--NAME for a generation parameter, with its range and default from engine/limits.py
+    """--NAME for a generation parameter, with its range and default from edgespec/limits.py
     (checked by params_from_args, as the engine checks it); `default` where a command's
     differs, `none` what a default of None means."""
     limit = LIMITS[name]

@@ -9,7 +9,7 @@ from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, engine_from_args,
                                   params_from_args, port_or_any)
 from edgespec.cli.output import banner
-from edgespec.engine.limits import SERVER_MAX_TOKENS
+from edgespec.limits import SERVER_MAX_TOKENS
 from edgespec.errors import EdgespecError
 
 API_KEY_ENV = "EDGESPEC_API_KEY"

@@ -13,7 +13,7 @@ from edgespec.engine.costs import calibrate, load_costs, save_costs
 from edgespec.engine.drafters import DraftModel, PromptLookup
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.engine.exact import largest_exact_batch
-from edgespec.engine.limits import MAX_DRAFT
+from edgespec.limits import MAX_DRAFT
 from edgespec.engine.policy import Deferred, FixedPolicy, Policy
 
 FAST_MAX_BATCH = MAX_DRAFT + 1

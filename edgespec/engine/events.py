@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from edgespec.engine.limits import LIMITS
+from edgespec.limits import LIMITS
 from edgespec.modes import MODES as MODES  # re-exported: GenerationParams.mode is one of them
 
 
 @dataclass
 class GenerationParams:
     """How to generate. Temperature 0 means greedy (argmax). The ranges and defaults
-    of k, temperature, top_k, top_p, seed and max_tokens are in engine/limits.py."""
+    of k, temperature, top_k, top_p, seed and max_tokens are in edgespec/limits.py."""
 
     mode: str = "auto"
     k: int = LIMITS["k"].default

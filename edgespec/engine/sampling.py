@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.engine.events import GenerationParams
-from edgespec.engine.limits import LIMITS
+from edgespec.limits import LIMITS
 
 
 def check_params(params: GenerationParams) -> None:
-    """Raise ValueError naming the first setting out of its range (engine/limits.py)."""
+    """Raise ValueError naming the first setting out of its range (edgespec/limits.py)."""
     for name, limit in LIMITS.items():
         limit.check(getattr(params, name))  # None (seed, the server's max_tokens): not set
 

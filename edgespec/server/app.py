@@ -27,7 +27,7 @@ from sse_starlette import EventSourceResponse
 
 from edgespec import __version__
 from edgespec.engine.events import GenerationParams
-from edgespec.engine.limits import SERVER_MAX_TOKENS
+from edgespec.limits import SERVER_MAX_TOKENS
 from edgespec.errors import WorkerLostError
 from edgespec.server.completion import Completer, Delta, Done
 from edgespec.server.errors import ApiError, api_error, install_handlers

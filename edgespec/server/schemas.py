@@ -14,14 +14,14 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from edgespec.engine.events import MODES
-from edgespec.engine.limits import LIMITS
+from edgespec.limits import LIMITS
 
 Number = Annotated[float, Field(strict=True)]
 """A JSON number (an integer is a number too; a string is not)."""
 
 
 def _limited(name: str):
-    """An optional field within the range of engine/limits.py (None: the server's default)."""
+    """An optional field within the range of edgespec/limits.py (None: the server's default)."""
     limit = LIMITS[name]
     bounds = {("gt" if limit.above_low else "ge"): limit.low, "le": limit.high}
     return Field(None, description=limit.help, **{key: value for key, value in bounds.items() if value is not None})

@@ -13,12 +13,12 @@ from pathlib import Path
 import yaml
 
 from edgespec.engine.events import MODES, GenerationParams
-from edgespec.engine.limits import LIMITS
+from edgespec.limits import LIMITS
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS, LoadSettings
 
 SETTINGS_FILE = "settings.yaml"
 SAMPLING = ("temperature", "top_k", "top_p", "max_tokens", "k")
-"""The settings that are generation parameters, checked against their ranges in engine/limits.py."""
+"""The settings that are generation parameters, checked against their ranges in edgespec/limits.py."""
 AUTO = "auto"
 """How a LoadSettings field left to the load (None) is shown and may be written."""
 LOAD_FIELDS = (*LOAD_LIMITS, "exact", "flash_attn", "rpc")

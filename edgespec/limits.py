@@ -5,6 +5,9 @@ GenerationParams takes its defaults from `LIMITS`; the engine's check
 server's request schemas read their bounds from it, so that all of them
 refuse and accept the same values.
 
+Pure (the standard library only), so every layer may read it: models.yaml's
+schema checks a pair's k against it too.
+
 Where a face's default legitimately differs, it is stated here, beside the
 table: the server's reply limit (SERVER_MAX_TOKENS) and the benchmark's
 (BENCH_MAX_TOKENS).
