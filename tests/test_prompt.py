@@ -220,6 +220,8 @@ def test_the_next_turn_keeps_earlier_tokens_and_tokenizes_its_new_contents_as_te
     assert (reply.start, reply.end) == (len(first.tokens), len(first.tokens) + 2)
     assert second.tokens[user.start:user.end] == engine.tokenize(INJECTION, special=False)
     assert second.tokens[reply.end:user.start] == engine.tokenize("<|im_end|>\n<|im_start|>user\n")
+    first_user = second.regions[0]  # in the remembered tokens
+    assert engine.detokenize(second.tokens[first_user.start:first_user.end]) == FIRST
 
 
 def test_a_template_marker_in_a_rewritten_contents_place_stays_a_marker_and_the_prompt_has_no_regions():
@@ -247,18 +249,25 @@ def test_on_smollm2_no_special_token_of_the_vocabulary_comes_from_a_messages_con
     controls = _control_texts(smollm2)
     assert {"<|im_start|>", "<|im_end|>"} <= controls.keys()
     every = "".join(f"{text}\n{text}x " for text in controls)
+    code = "```python\n    print(1)\n```"
     ordinary = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": FIRST},
-                {"role": "assistant", "content": " Apple.\n\n```python\n    print(1)\n```"},
+                {"role": "assistant", "content": " Apple.\n\n" + code},
                 {"role": "user", "content": "  Why?\n"}]
     with Engine.load(ModelSettings(smollm2, n_ctx=2048, exact=True)) as engine:
         encoder = PromptEncoder(engine)
         prompt = encoder.encode([*ordinary, {"role": "assistant", "content": every},
-                                 {"role": "user", "content": every}])
+                                 {"role": "user", "content": every + code,
+                                  "spans": [(len(every), len(every + code), "code")]}])
         spelled = [engine.detokenize(prompt.tokens[r.start:r.end]) for r in prompt.regions]
         normal = encoder.encode(ordinary)
         whole = engine.tokenize(normal.text, add_bos=encoder.template.needs_bos(normal.text), special=True)
-    assert [r.label for r in prompt.regions] == ["system", "user:1", "assistant:2", "user:3", "assistant:4", "user:5"]
-    for region, text in zip(prompt.regions[-2:], spelled[-2:]):
+    assert [r.label for r in prompt.regions] == ["system", "user:1", "assistant:2", "user:3", "assistant:4", "user:5",
+                                                 "code"]
+    for text, message in zip(spelled, ordinary):  # a token that also holds the template's "\n" counts as the content's
+        assert text.endswith(message["content"]) and len(text) <= len(message["content"]) + 1
+    assert code in spelled[-1] and prompt.regions[-2].start < prompt.regions[-1].start < prompt.regions[-1].end
+    assert len(spelled[-1]) < len(code) + 8  # its first token may hold a little of what comes before
+    for region, text in zip(prompt.regions[-3:-1], spelled[-3:-1]):
         assert not set(prompt.tokens[region.start:region.end]) & set(controls.values())
         assert every in text  # control tokens would spell nothing: every special text is there as text
     assert prompt.tokens.count(controls["<|im_start|>"]) == len(ordinary) + 3  # six turns and the reply's
@@ -276,3 +285,33 @@ def test_a_remembered_prompt_laid_out_otherwise_is_not_reused():
     assert prompt.text.startswith(raw.text + "ok") and prompt.tokens[:len(raw.tokens)] != raw.tokens
     user = prompt.regions[0]
     assert prompt.tokens[user.start:user.end] == engine.tokenize(INJECTION, special=False)
+
+
+FILE = "def f():\n    return '<|im_end|>'\n"
+
+
+def test_labelled_spans_of_a_content_are_regions_of_their_own():
+    engine = FakeEngine(chat_template=GGUF_TEMPLATE)
+    content = f"src/app.py\n```python\n{FILE}```\n\nWhat does f return?"
+    start = content.index(FILE)
+    spans = [(start, start + len(FILE), "file:src/app.py"), (len(content) - 6, len(content) + 10, "tail")]
+    prompt = PromptEncoder(engine).encode([{"role": "user", "content": content, "spans": spans}])
+    assert [r.label for r in prompt.regions] == ["user:0", "file:src/app.py", "tail"]
+    spelled = [engine.detokenize(prompt.tokens[r.start:r.end]) for r in prompt.regions]
+    assert spelled == [content, FILE, "eturn?"]  # a span past the content's end is cut to it
+
+
+def test_a_span_of_a_stripped_content_is_cut_to_what_the_template_kept():
+    engine = FakeEngine(chat_template="{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}"
+                                      "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+    prompt = PromptEncoder(engine).encode([{"role": "user", "content": "  abc  ", "spans": [(0, 4, "a"), (3, 4, "b")]}])
+    assert [engine.detokenize(prompt.tokens[r.start:r.end]) for r in prompt.regions] == ["abc", "ab", "b"]
+
+
+def test_the_server_and_the_session_send_a_message_spelling_markers_as_text():
+    server, session = (Recording(FakeEngine(chat_template=GGUF_TEMPLATE)) for _ in range(2))
+    list(Completer(server).chat([{"role": "user", "content": INJECTION}], GenerationParams(**PARAMS)))
+    list(ChatSession(session, params=GenerationParams(**PARAMS)).send(INJECTION))
+    start = server.engine.tokenize("<|im_start|>")[0]
+    for tokens, _ in (*server.calls, *session.calls):
+        assert tokens.count(start) == 2 and tokens.count(server.engine.eos) == 1  # the user's turn and the reply's

@@ -43,14 +43,23 @@ class Stretch:
 
 
 @dataclass(frozen=True)
+class Run:
+    """Characters [start, end) of a prompt's text that were tokenized alone, and their tokens [first, last)."""
+
+    start: int
+    end: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
 class Tokenized:
-    """A prompt's tokens, the stretches its text was laid out in, and where each content's tokens are."""
+    """A prompt's tokens, the stretches its text was laid out in, and the runs it was tokenized in."""
 
     tokens: list[int]
     stretches: tuple[Stretch, ...]
-    contents: dict[tuple[int, int], tuple[int, int]]
-    """Each content stretch's characters [start, end) -> its tokens [start, end). A token
-    that holds the template's text and the start or end of a content counts as the content's."""
+    runs: tuple[Run, ...] = ()
+    """In order, covering the text: a marker, the text between two markers, a remembered reply."""
 
 
 class PrefixTokenizer:
@@ -75,20 +84,31 @@ class PrefixTokenizer:
                      if text.startswith(t) and (raw or stretches[:len(c.stretches)] == c.stretches)),
                     key=lambda found: len(found[0]), default=None)
         if found is None:
-            tokens, contents, offset = self.engine.tokenize("", add_bos=True) if add_bos else [], {}, 0
+            tokens, runs, offset = self.engine.tokenize("", add_bos=True) if add_bos else [], [], 0
         else:
-            tokens, contents, offset = list(found[1].tokens), dict(found[1].contents), len(found[0])
+            tokens, runs, offset = list(found[1].tokens), list(found[1].runs), len(found[0])
         if raw:
-            return Tokenized(tokens + self.engine.tokenize(text[offset:], special=True), stretches, contents)
+            rest = self.engine.tokenize(text[offset:], special=True)
+            run = Run(offset, len(text), len(tokens), len(tokens) + len(rest))
+            return Tokenized(tokens + rest, stretches, (*runs, run))
         marks = [m for s in stretches if s.special and s.end > offset
                  for m in self._markers(text, max(s.start, offset), s.end)]
         ends = [offset, *(p for m in marks for p in m), len(text)]
         for start, end, is_mark in zip(ends, ends[1:], [False, True] * len(marks) + [False]):
-            run = self._tokens(text[start:end], special=is_mark)
-            if not is_mark:
-                contents.update(self._contents(text, start, end, run, len(tokens), stretches))
-            tokens += run
-        return Tokenized(tokens, stretches, contents)
+            if end > start:
+                run = self._tokens(text[start:end], special=is_mark)
+                runs.append(Run(start, end, len(tokens), len(tokens) + len(run)))
+                tokens += run
+        return Tokenized(tokens, stretches, tuple(runs))
+
+    def tokens_of(self, text: str, tokenized: Tokenized, start: int, end: int) -> tuple[int, int]:
+        """The tokens [first, last) that hold characters [start, end) of `text`, tokenized
+        as `tokenized`. A token holding characters on both sides of an edge counts as
+        inside: those before `start` do not fill it, nor those after `end`."""
+        first = self._edge(text, tokenized, start, at_start=True)
+        if end <= start:
+            return first, first
+        return first, max(first, self._edge(text, tokenized, end, at_start=False))
 
     def remember(self, prompt_text: str, prompt: Tokenized, reply_text: str, reply_tokens: Sequence[int]) -> None:
         """Keep the prompt and reply tokens for a later prompt, if they spell the reply
@@ -98,10 +118,10 @@ class PrefixTokenizer:
         for n in (len(reply_tokens), len(reply_tokens) - 1):
             if n >= 0 and self.engine.detokenize(reply_tokens[:n]) == reply_text:
                 text = prompt_text + reply_text
-                reply = (len(prompt_text), len(text))
+                reply = Run(len(prompt_text), len(text), len(prompt.tokens), len(prompt.tokens) + n)
                 tokenized = Tokenized([*prompt.tokens, *reply_tokens[:n]],
-                                      (*prompt.stretches, Stretch(*reply, special=False)),
-                                      {**prompt.contents, reply: (len(prompt.tokens), len(prompt.tokens) + n)})
+                                      (*prompt.stretches, Stretch(reply.start, reply.end, special=False)),
+                                      (*prompt.runs, reply) if reply_text else prompt.runs)
                 self._cached = [c for c in self._cached if not text.startswith(c[0])][-(REMEMBERED - 1):]
                 self._cached.append((text, tokenized))
                 return
@@ -132,20 +152,18 @@ class PrefixTokenizer:
                                     != self.engine.tokenize(piece, special=False))
         return self._control[token]
 
-    def _contents(self, text: str, start: int, end: int, run: list[int], first: int,
-                  stretches: Sequence[Stretch]) -> dict[tuple[int, int], tuple[int, int]]:
-        """The tokens of each content inside the run text[start:end], which became `run`
-        (its first token at `first`): those the text before it does not fill, and
-        the text after it does not."""
-        found = {}
-        for s in stretches:
-            if not s.special and start <= s.start and s.end <= end:
-                before = self._tokens(text[start:s.start], special=False)
-                after = self._tokens(text[s.end:end], special=False)
-                head = _common(before, run)
-                tail = _common(after[::-1], run[::-1])
-                found[(s.start, s.end)] = (first + head, first + max(head, len(run) - tail))
-        return found
+    def _edge(self, text: str, tokenized: Tokenized, pos: int, *, at_start: bool) -> int:
+        """The token where a span starting (or ending) at character `pos` starts (or ends)."""
+        run = next((r for r in tokenized.runs if (r.start <= pos < r.end if at_start else r.start < pos <= r.end)),
+                   None)
+        if run is None:  # before the first run (BOS) or after the last
+            return len(tokenized.tokens) if pos > 0 else (tokenized.runs[0].first if tokenized.runs else 0)
+        if pos == (run.start if at_start else run.end):
+            return run.first if at_start else run.last
+        tokens = tokenized.tokens[run.first:run.last]
+        if at_start:
+            return run.first + _common(self._tokens(text[run.start:pos], special=False), tokens)
+        return run.last - _common(self._tokens(text[pos:run.end], special=False)[::-1], tokens[::-1])
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:

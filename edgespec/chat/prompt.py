@@ -44,9 +44,10 @@ class Prompt:
     stop: tuple[str, ...] = ()
     """Stop strings the template needs, beyond the caller's."""
     regions: tuple[Region, ...] = ()
-    """Where each message's content is, in message order; a message the template left
-    out, or whose content is empty, has none. Empty for a raw prompt, and for a
-    conversation whose layout could not be read (see `PromptEncoder.encode`)."""
+    """Where each message's content is, in message order, each followed by the regions
+    of its "spans"; a message the template left out, or whose content is empty, has
+    none. Empty for a raw prompt, and for a conversation whose layout could not be read
+    (see `PromptEncoder.encode`)."""
     tokenized: Tokenized | None = field(default=None, repr=False, compare=False)
     """How the text was laid out for its tokens (for the prefix tokenizer)."""
 
@@ -79,7 +80,9 @@ class PromptEncoder:
 
     def encode(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> Prompt:
         """The prompt for `messages`: dicts with "role" and "content", and optionally
-        "label", the name of its content's region.
+        "label", the name of its content's region, and "spans", labelled parts of
+        the content as (start, end, label) in its characters (a file in a message),
+        each a region of its own after the content's.
 
         Each content is found where the template put it (`ChatTemplate.render_placed`)
         and tokenized as plain text; the rest is the template's and is parsed for
@@ -100,8 +103,9 @@ class PromptEncoder:
         placed = self._placed(messages, rendered)
         text = rendered.text
         tokenized = self._prefix.tokenize(text, _stretches(text, placed), add_bos=template.needs_bos(text))
-        return Prompt(text, tokenized.tokens, template.stop, regions=_regions(messages, placed, tokenized),
-                      tokenized=tokenized)
+        regions = tuple(Region(*self._prefix.tokens_of(text, tokenized, start, end), label)
+                        for start, end, label in _labelled(messages, placed, text))
+        return Prompt(text, tokenized.tokens, template.stop, regions=regions, tokenized=tokenized)
 
     def encode_text(self, text: str) -> Prompt:
         """A raw prompt (no template; special texts parsed, BOS added): the user's own full text."""
@@ -145,14 +149,25 @@ def _stretches(text: str, placed: Sequence[Placed | None]) -> list[Stretch]:
     return [*stretches, Stretch(pos, len(text), special=True)]
 
 
-def _regions(messages: Sequence[Mapping[str, str]], placed: Sequence[Placed | None],
-             tokenized: Tokenized) -> tuple[Region, ...]:
-    """The tokens of each placed content, labelled."""
-    return tuple(Region(*tokenized.contents[(p.start, p.end)], _label(i, m))
-                 for i, (m, p) in enumerate(zip(messages, placed)) if p is not None)
+def _labelled(messages: Sequence[Mapping], placed: Sequence[Placed | None],
+              text: str) -> list[tuple[int, int, str]]:
+    """The characters of each placed content in `text`, labelled, each followed by its
+    labelled spans. A span needs its content as it is (or stripped: the span is cut
+    to what is left); a rewritten content's spans have no region."""
+    found = []
+    for index, (message, where) in enumerate(zip(messages, placed)):
+        if where is None:
+            continue
+        found.append((where.start, where.end, _label(index, message)))
+        if where.verbatim and message.get("spans"):
+            offset = where.start - message["content"].find(text[where.start:where.end])  # text position of char 0
+            for start, end, label in message["spans"]:
+                start, end = (min(max(offset + c, where.start), where.end) for c in (start, end))
+                found.append((start, max(start, end), label))
+    return found
 
 
-def _label(index: int, message: Mapping[str, str]) -> str:
+def _label(index: int, message: Mapping) -> str:
     if message.get("label"):
         return message["label"]
     return "system" if message["role"] == "system" else f"{message['role']}:{index}"
