@@ -67,8 +67,12 @@ def parse_edits(reply: str, files: Mapping[str, str]) -> list[FileEdit]:
     """The edits a reply asks for, in the order it names them; `files` maps attached paths to their text.
 
     Edits that change nothing are left out. A path that is not attached comes back as a
-    whole-file edit with new=True. Raises EditError when an edit is there but cannot be
-    applied as written (then none is returned)."""
+    whole-file edit with new=True. A block the reply gives no path for is a file's whole
+    new content only where that is clear: the one attached file (one block, not under half
+    its lines), the one attached file the prose names in backticks, or the attached file the
+    block clearly is a version of (RESEMBLANCE), which also catches a made-up name for an
+    attached file. Raises EditError when an edit is there but cannot be applied as written
+    (then none is returned)."""
     scan = _Scan(reply.replace("\r\n", "\n").split("\n"), files)
     scan.run()
     edits = []
@@ -212,8 +216,10 @@ class _Scan:
         target, attached = _match(path, self.files)
         if inferred and (not closed or not _same_language(info, target)):
             return
-        if not attached and closed and (resembled := _resembled(_Whole(body, info=info), self.files)):
-            target, attached = resembled, True  # a small model's slip: an attached file under a made-up name
+        resembled = None if attached or not closed else _resembled(_Whole(body, info=info), self.files)
+        if resembled is not None and resembled not in self.pieces:
+            # a small model's slip: an attached file under a made-up name (but not a second file beside it)
+            target, attached = resembled, True
         if not closed:
             raise EditError(f"The reply ends inside the code block for {target}, so it was cut short; ask the model to finish it.")
         if named and attached and _match(named, self.files) == (target, True) and _split(self.files[target])[:1] != body[:1]:
