@@ -14,7 +14,9 @@ from typing import Callable
 from edgespec.config import dirs
 from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings
 from edgespec.errors import ModelFileError
+from edgespec.limits import LIMITS
 from edgespec.load_settings import LoadSettings
+from edgespec.modes import DEFAULT_MODE
 from edgespec.placement import MIB, ContextNeed, ModelNeed, Placement, fit_context, free_cap, place
 
 log = logging.getLogger("edgespec.placement")
@@ -62,6 +64,18 @@ def load_engine(target: str | None, draft: str | None = None, *, pair: str | Non
                       n_threads=s.n_threads, flash_attn=s.flash_attn) if draft_path else None,
         cache=s.cache,
     )
+
+
+def pair_decoding(name: str | None, *, registry=None) -> tuple[str, int]:
+    """The mode and k a reply decodes with where the user names neither: those the
+    pair `name` recommends in models.yaml (a lone model's: lookup), or without a
+    pair (models named by file) DEFAULT_MODE and LIMITS' k."""
+    if name is None:
+        return DEFAULT_MODE, LIMITS["k"].default
+    from edgespec.models.registry import load_registry
+
+    pair = (registry or load_registry()).pair_or_model(name)
+    return pair.mode, pair.k
 
 
 def context_size(target: str | Path, draft: str | Path | None = None, *, exact: bool = False,

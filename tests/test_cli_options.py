@@ -88,6 +88,31 @@ def test_a_seed_with_a_temperature_decodes_plainly_in_auto_mode_whatever_the_fac
     assert mode("--seed", "3", "--temperature", "0.8", "--mode", "draft") == "draft"  # fixed: reproducible
 
 
+def test_a_pair_decodes_in_its_own_mode_and_k_unless_told(home):
+    """models.yaml's pairs say how to run them (qwen2.5-coder-7b: draft, k 5); --mode and --k
+    given win; models named by file decode in the default mode and k."""
+    from edgespec.limits import LIMITS
+    from edgespec.models.registry import DEFAULT_PAIR, load_registry
+    from edgespec.modes import DEFAULT_MODE
+
+    def params(*argv):
+        p = options.params_from_args(cli.build_parser().parse_args(["generate", "hi", *argv]))
+        return p.mode, p.k
+
+    pair = load_registry().pair_or_model("qwen2.5-coder-7b")
+    assert (pair.mode, pair.k) == ("draft", 5)
+    assert params("--pair", "qwen2.5-coder-7b") == ("draft", 5)
+    assert params("--pair", "qwen2.5-coder-7b", "--mode", "auto") == ("auto", 5)
+    assert params("--pair", "qwen2.5-coder-7b", "--k", "3") == ("draft", 3)
+    assert params("--pair", "qwen2.5-coder-7b", "--mode", "lookup", "--k", "0") == ("lookup", 0)
+    bundled = load_registry().pair_or_model(DEFAULT_PAIR)
+    assert params() == (bundled.mode, bundled.k)
+    assert params("--target", "model.gguf") == (DEFAULT_MODE, LIMITS["k"].default)
+    for face in (["chat"], ["serve"]):
+        args = cli.build_parser().parse_args([*face, "--pair", "qwen2.5-coder-7b"])
+        assert (options.params_from_args(args).mode, options.params_from_args(args).k) == ("draft", 5)
+
+
 def test_generate_takes_a_template_for_a_model_without_one(capsys, engine):
     assert cli.main(["generate", "hi"]) == cli.EXIT_ERROR
     assert "--template" in capsys.readouterr().err

@@ -83,8 +83,10 @@ def test_every_face_refuses_and_accepts_the_same_values(face, field, value, allo
 
 
 def test_the_defaults_agree():
-    args = cli.build_parser().parse_args(["generate", "hi"])
-    app = ChatSettings()
+    """Without a pair to recommend a mode and k (models named by file), every face
+    decodes with the engine's defaults."""
+    cli_params = params_from_args(cli.build_parser().parse_args(["generate", "hi", "--target", "m.gguf"]))
+    app = ChatSettings().params()
     engine = GenerationParams()
-    for field in ("k", "temperature", "top_k", "top_p", "max_tokens"):
-        assert getattr(args, field) == getattr(app, field) == getattr(engine, field), field
+    for field in ("mode", "k", "temperature", "top_k", "top_p", "max_tokens"):
+        assert getattr(cli_params, field) == getattr(app, field) == getattr(engine, field), field

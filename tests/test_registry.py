@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from edgespec.errors import RegistryError
+from edgespec.limits import LIMITS
 from edgespec.models.bundled import PackageFileSource, PartsSource
 from edgespec.models.derived import RequantizeSource
 from edgespec.models.hub import HubSource
@@ -153,11 +154,23 @@ def test_model_errors_name_the_file_entry_and_field(tmp_path, model, field, word
     assert f"field '{field}'" in message and words in message
 
 
+def test_a_pair_may_leave_out_mode_and_k_and_gets_the_defaults(tmp_path):
+    from edgespec.modes import DEFAULT_MODE
+
+    user = write(tmp_path / "user.yaml", {"models": {"my-model": GOOD_MODEL},
+                                          "pairs": {"my-pair": {"target": "my-model"},
+                                                    "k-zero": {"target": "my-model", "k": 0, "mode": "lookup"}}})
+    reg = load_registry(user_file=user)
+    assert (reg.pairs["my-pair"].mode, reg.pairs["my-pair"].k) == (DEFAULT_MODE, LIMITS["k"].default)
+    assert (reg.pairs["k-zero"].mode, reg.pairs["k-zero"].k) == ("lookup", 0)  # LIMITS allows 0: no drafting
+
+
 @pytest.mark.parametrize("pair, field, words", [
     ({"draft": "my-model"}, "target", "must be a model name"),
     ({"target": "my-model", "mode": "turbo"}, "mode", "must be one of"),
-    ({"target": "my-model", "k": 0}, "k", "from 1 to 32"),
-    ({"target": "my-model", "k": "four"}, "k", "from 1 to 32"),
+    ({"target": "my-model", "k": LIMITS["k"].high + 1}, "k", LIMITS["k"].range()),
+    ({"target": "my-model", "k": -1}, "k", LIMITS["k"].range()),
+    ({"target": "my-model", "k": "four"}, "k", LIMITS["k"].range()),
     ({"target": "my-model", "draft": "my-modle"}, "draft", "did you mean 'my-model'"),
     ({"target": "nobody"}, "target", "unknown model 'nobody'"),
 ])

@@ -13,6 +13,7 @@ from edgespec.cli.output import note
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.limits import LIMITS
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS, SWITCHES, LoadSettings
+from edgespec.modes import DEFAULT_MODE
 
 
 # -- models ------------------------------------------------------------------------------
@@ -259,10 +260,12 @@ def add_sampling_options(p: argparse.ArgumentParser, *, max_tokens: int | None =
     """--mode, the generation parameters and --stop; `max_tokens`: this command's reply limit
     (serve: limits.SERVER_MAX_TOKENS, none)."""
     g = p.add_argument_group("decoding")
-    g.add_argument("--mode", choices=MODES, default="auto",
+    g.add_argument("--mode", choices=MODES, default=None,
                    help="plain: no speculation; draft: the draft model; lookup: prompt lookup; "
-                        "auto: whichever pays on this machine (default)")
-    add_limited(g, "k", int, metavar="N")
+                        f"auto: whichever pays on this machine (default: the pair's, in models.yaml; "
+                        f"without a pair {DEFAULT_MODE})")
+    add_limited(g, "k", int, metavar="N", default=None,
+                none=f"the pair's, in models.yaml; without a pair {LIMITS['k'].default}")
     add_limited(g, "temperature", float)
     add_limited(g, "top_k", int)
     add_limited(g, "top_p", float)
@@ -285,11 +288,19 @@ def add_limited(g, name: str, kind: type, *, default=..., none: str = "", **kw) 
 
 def params_from_args(args: argparse.Namespace) -> GenerationParams:
     """The generation parameters, checked as the engine checks them (so that a bad
-    value is refused before the models load)."""
+    value is refused before the models load). --mode and --k left out are the pair's
+    (edgespec.load.pair_decoding)."""
     from edgespec.engine.sampling import check_params
 
+    mode, k = args.mode, args.k
+    if mode is None or k is None:
+        from edgespec.load import pair_decoding
+        from edgespec.models.registry import DEFAULT_PAIR
+
+        pair_mode, pair_k = pair_decoding(None if args.target else args.pair or DEFAULT_PAIR)
+        mode, k = mode or pair_mode, pair_k if k is None else k
     params = GenerationParams(
-        mode=args.mode, k=args.k, temperature=args.temperature, top_k=args.top_k,
+        mode=mode, k=k, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop),
     )
     check_params(params)

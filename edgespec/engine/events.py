@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from edgespec.limits import LIMITS
+from edgespec.modes import DEFAULT_MODE
 from edgespec.modes import MODES as MODES  # re-exported: GenerationParams.mode is one of them
 
 
@@ -19,7 +20,7 @@ class GenerationParams:
     """How to generate. Temperature 0 means greedy (argmax). The ranges and defaults
     of k, temperature, top_k, top_p, seed and max_tokens are in edgespec/limits.py."""
 
-    mode: str = "auto"
+    mode: str = DEFAULT_MODE
     k: int = LIMITS["k"].default
     """Most tokens drafted per cycle, by any drafter, within the largest batch the
     target verifies exactly. Auto chooses up to k for every drafter."""

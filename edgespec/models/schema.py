@@ -15,7 +15,8 @@ from edgespec.models.bundled import PackageFileSource, PartsSource
 from edgespec.models.derived import REQUANTIZE_TYPES, RequantizeSource
 from edgespec.models.hub import HubSource
 from edgespec.models.source import ModelEntry, PairEntry, Source
-from edgespec.modes import MODES
+from edgespec.limits import LIMITS
+from edgespec.modes import DEFAULT_MODE, MODES
 
 ROLES = ("target", "draft")
 
@@ -181,12 +182,12 @@ def _pair_fields(raw: Any, where: _Where) -> dict:
     if not isinstance(target, str):
         raise where.error("target", f"must be a model name (got {target!r})")
     draft = _opt(raw, "draft", str, where)
-    mode = raw.get("mode", "auto")
+    mode = raw.get("mode", DEFAULT_MODE)
     if mode not in MODES:
         raise where.error("mode", f"must be one of {list(MODES)} (got {mode!r})")
-    k = raw.get("k", 8)
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 32:
-        raise where.error("k", f"must be an integer from 1 to 32 (got {k!r})")
+    k, limit = raw.get("k", LIMITS["k"].default), LIMITS["k"]
+    if not isinstance(k, int) or isinstance(k, bool) or not limit.allows(k):
+        raise where.error("k", f"must be a whole number {limit.range()} (got {k!r})")
     return dict(target=target, draft=draft, mode=mode, k=k, description=_opt(raw, "description", str, where) or "")
 
 

@@ -12,8 +12,10 @@ from typing import Callable
 
 from edgespec.config import dirs
 from edgespec.errors import RegistryError
+from edgespec.limits import LIMITS
 from edgespec.models.checksum import forget_verified
 from edgespec.models.progress import ProgressCallback
+from edgespec.modes import DEFAULT_MODE
 
 # model states
 READY = "ready"
@@ -119,8 +121,10 @@ class PairEntry:
     name: str
     target: str
     draft: str | None
-    mode: str = "auto"
-    k: int = 8
+    mode: str = DEFAULT_MODE
+    """The mode it decodes in where the user names none."""
+    k: int = LIMITS["k"].default
+    """The most tokens drafted per cycle where the user gives no k."""
     description: str = ""
 
 
