@@ -216,3 +216,44 @@ def test_apply_without_edits_is_a_clear_error(home, project, monkeypatch):
     monkeypatch.chdir(project)
     assert cli.main(["chat", "--new", "--template", "chatml", "--file", "src/app.py", "--once", "Anything?"]) == 0
     assert cli.main(["apply", "--yes"]) == 1
+
+
+# -- one real round trip: the bundled coder renames in an attached file --------------------
+
+SMALL = '''def area(width, height):
+    """The area of a rectangle."""
+    return width * height
+
+
+def describe(width, height):
+    return f"{width} x {height} = {area(width, height)}"
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.qwen
+def test_the_bundled_coder_renames_in_an_attached_file_and_exact_equals_plain(qwen_pair, tmp_path):
+    """A rename asked of an attached file comes back as an edit that applies; under
+    --exact the file written with speculation is the one plain decoding writes."""
+    from edgespec.chat.attachments import apply_edits
+    from edgespec.engine.events import GenerationParams
+    from edgespec.engine.runtime import Engine, ModelSettings
+
+    _, target, draft = qwen_pair
+    written = {}
+    with Engine.load(ModelSettings(target, n_ctx=2048, exact=True), ModelSettings(draft, n_ctx=2048)) as engine:
+        for mode in ("plain", "auto"):
+            folder = tmp_path / mode
+            folder.mkdir()
+            (folder / "geometry.py").write_text(SMALL)
+            session = ChatSession(engine, workspace=Workspace(folder),
+                                  params=GenerationParams(mode=mode, max_tokens=200))
+            list(session.send("Rename the function `area` to `rectangle_area` everywhere in geometry.py.",
+                              ["geometry.py"]))
+            edits = [e for e in session.pending_edits() if not e.edit.new]  # it may invent a file beside it
+            assert [e.path for e in edits] == ["geometry.py"], session.messages[-1].content
+            apply_edits(Workspace(folder), edits, allow_new=False, backups=tmp_path / "undo")
+            written[mode] = (folder / "geometry.py").read_text()
+    assert "def rectangle_area(width, height):" in written["plain"] and "area(width" not in written["plain"].replace(
+        "rectangle_area(width", "")
+    assert written["auto"] == written["plain"]

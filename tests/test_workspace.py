@@ -471,3 +471,17 @@ def test_an_edit_over_the_size_limit_is_not_written(project, backups):
     with pytest.raises(FileTooLargeError):
         apply_edit(ws, FileEdit("src/main.py", "x" * (MAX_FILE_BYTES + 1), "whole"), base_sha256=sha(before), backups=backups)
     assert target.read_bytes() == before
+
+
+def test_a_second_block_under_a_new_name_is_a_new_file_not_the_attached_one():
+    """The bundled coder's habit: the renamed file under its path, then an invented file
+    that resembles it; the attached file keeps the block named for it."""
+    from edgespec.workspace.edits import parse_edits
+
+    old = "def area(w, h):\n    return w * h\n\n\ndef describe(w, h):\n    return area(w, h)\n"
+    renamed = old.replace("area", "rectangle_area")
+    invented = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
+    reply = f"geometry.py\n```python\n{renamed}```\n\nshapes.py\n```python\n{invented}```\n"
+    edits = parse_edits(reply, {"geometry.py": old})
+    assert [(e.path, e.new, e.new_text) for e in edits] == [("geometry.py", False, renamed),
+                                                           ("shapes.py", True, invented)]

@@ -74,8 +74,11 @@ def apply_edits(edits: Sequence, workspace, *, yes: bool, allow_new: bool = Fals
         (out or sys.stdout).write(pending.diff or f"{pending.path}: no change\n")
     new = [p.path for p in edits if p.edit.new]
     if new and not allow_new:
-        raise EditError(f"the reply creates {', '.join(new)}, which the conversation never attached; "
-                        f"pass --new to create {'it' if len(new) == 1 else 'them'}")
+        note(f"not creating {', '.join(new)}, which the conversation never attached (--new creates "
+             f"{'it' if len(new) == 1 else 'them'})")
+        edits = [p for p in edits if not p.edit.new]
+        if not edits:
+            raise EditError("the reply changes none of the attached files; nothing was applied")
     if not yes and not _confirm(f"apply {len(edits)} change{'s' if len(edits) != 1 else ''}?"):
         note("nothing applied")
         return []
