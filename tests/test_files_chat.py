@@ -257,3 +257,17 @@ def test_the_bundled_coder_renames_in_an_attached_file_and_exact_equals_plain(qw
     assert "def rectangle_area(width, height):" in written["plain"] and "area(width" not in written["plain"].replace(
         "rectangle_area(width", "")
     assert written["auto"] == written["plain"]
+
+
+def test_each_file_shown_is_a_labelled_region_of_the_prompt(store, project):
+    """What lookup drafts from a file can be credited to it: the prompt's region
+    labelled with the file's path spells the file."""
+    from edgespec.chat.prompt import PromptEncoder
+
+    engine = FakeEngine(reply=lambda p: "ok")
+    chat = _session(engine, store, project)
+    list(chat.send("Rename name", ["src/app.py"]))
+    prompt = PromptEncoder(engine, template="chatml").encode(model_messages(chat.messages[:-1]))
+    [region] = [r for r in prompt.regions if r.label == "file:src/app.py"]
+    assert engine.detokenize(prompt.tokens[region.start:region.end]) == APP
+    assert prompt.tokens == engine.prompts[-1]

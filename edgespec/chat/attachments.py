@@ -114,32 +114,39 @@ def changed_on_disk(workspace: Workspace, messages: Sequence) -> list[Attachment
 
 def model_messages(messages: Sequence) -> list[dict]:
     """The messages as the chat template takes them, attachments rendered into the
-    user messages that carry them (see the module's docstring)."""
+    user messages that carry them (see the module's docstring). Each file shown
+    is a labelled span of its message ("file:<path>"), so that what is drafted
+    from it is credited to it."""
     shown: dict[str, str] = {}  # path -> sha256 the model has seen, within these messages
     out = []
     for m in messages:
-        content = m.content
+        message = {"role": m.role, "content": m.content}
         if m.role == "user" and m.attachments:
-            content = _with_files(m.content, m.attachments, shown, instruct=not shown)
+            message["content"], message["spans"] = _with_files(m.content, m.attachments, shown, instruct=not shown)
         for a in m.attachments:
             shown[a.path] = a.sha256
-        out.append({"role": m.role, "content": content})
+        out.append(message)
     return out
 
 
-def _with_files(text: str, attachments: Sequence[Attachment], shown: Mapping[str, str], *, instruct: bool) -> str:
-    """The files, then how to answer with changed files (in the first message that shows any), then `text`."""
-
-    parts = []
+def _with_files(text: str, attachments: Sequence[Attachment], shown: Mapping[str, str], *,
+                instruct: bool) -> tuple[str, list[tuple[int, int, str]]]:
+    """The files, then how to answer with changed files (in the first message that
+    shows any), then `text`; and the files' spans in it, (start, end, label)."""
+    content, spans = "", []
     for a in attachments:
         if shown.get(a.path) == a.sha256:
-            parts.append(f"{a.path} (unchanged, as shown above)")
+            content += f"{a.path} (unchanged, as shown above)\n\n"
             continue
         fence = fence_for(a.content)
         body = a.content if a.content.endswith("\n") or not a.content else a.content + "\n"
         head = a.path if a.origin != "changed" else f"{a.path} (changed on disk since; this is its current content)"
-        parts.append(f"{head}\n{fence}{language_for(a.path)}\n{body}{fence}")
-    return "\n\n".join([*parts, *([EDIT_INSTRUCTIONS.rstrip("\n")] if instruct else []), text])
+        content += f"{head}\n{fence}{language_for(a.path)}\n"
+        spans.append((len(content), len(content) + len(body), f"file:{a.path}"))
+        content += f"{body}{fence}\n\n"
+    if instruct:
+        content += EDIT_INSTRUCTIONS.rstrip("\n") + "\n\n"
+    return content + text, spans
 
 
 def pending_edits(reply: str, messages: Sequence) -> list[PendingEdit]:
