@@ -59,6 +59,8 @@ class FakeEngine:
         self.cache: list[int] = []
         self.prompts: list[list[int]] = []
         """The prompt tokens of every generate() call, in order."""
+        self.interrupts = 0
+        """interrupt() calls (the real engine stops the decode in progress)."""
         self.closed = False
         self.generating = False
         self.closed_while_generating = False
@@ -87,6 +89,9 @@ class FakeEngine:
         return "".join(self.token_text(t) for t in tokens)
 
     # -- generation --------------------------------------------------------------------
+    def interrupt(self) -> None:
+        self.interrupts += 1
+
     def generate(self, prompt_tokens: list[int], params: GenerationParams) -> Iterator[Chunk]:
         self.generating = True
         try:

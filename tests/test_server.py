@@ -294,6 +294,7 @@ def test_a_client_gone_while_its_long_prompt_is_read_frees_the_engine_between_ba
         connection.close()
         assert engine.ended.wait(30)
         assert engine.batches_read[0] < engine.batches, engine.batches_read  # stopped, not read to the end
+        assert engine.interrupts == 1  # and the engine was told mid-batch (a real batch takes seconds)
     finally:
         served.stop()
 

@@ -103,5 +103,9 @@ class Completer:
                 log.info("%s: %d prompt tokens (%d evaluated); %s", request_id, stats.prompt_tokens,
                          stats.prompt_evaluated, stats_line(stats.to_dict()))
 
+    def interrupt(self) -> None:
+        """From any thread: end the reply in progress now (Engine.interrupt)."""
+        self.engine.interrupt()
+
     def close(self) -> None:
         self.engine.close()

@@ -4,9 +4,10 @@ There is one engine and its KV caches are one conversation's state, so every
 use of it runs on this thread, one job at a time, in arrival order (a FIFO
 queue: none lost, none interleaved). A job is a generator function; what it
 yields is passed to the request's event loop as it comes. Cancelling a job
-(its client went away) stops it after the current item, and the generator is
-closed so that the engine leaves its caches consistent; the next job starts
-at once.
+(its client went away) stops it after the current item (a resource with an
+`interrupt()`, as the engine, stops the decode in progress too: a long prompt's
+batch), and the generator is closed so that the engine leaves its caches
+consistent; the next job starts at once.
 """
 
 from __future__ import annotations
@@ -32,10 +33,20 @@ class Job(Generic[R, T]):
         self._loop = loop
         self._results: asyncio.Queue = asyncio.Queue()
         self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._interrupt: Callable[[], None] | None = None
+        """While the job runs: what stops its resource's work in progress."""
 
     def cancel(self) -> None:
         """Stop the job (or skip it, if it has not started); safe from any thread, any time."""
-        self._cancelled.set()
+        with self._lock:
+            self._cancelled.set()
+            if self._interrupt is not None:
+                self._interrupt()
+
+    def _running(self, interrupt: Callable[[], None] | None) -> None:
+        with self._lock:
+            self._interrupt = interrupt
 
     @property
     def cancelled(self) -> bool:
@@ -64,7 +75,8 @@ class Job(Generic[R, T]):
 class EngineThread(Generic[R]):
     """Loads a resource on its own thread, runs jobs on it one at a time, closes it on stop.
 
-    `load` returns the resource (anything with `close()`); until it has, the
+    `load` returns the resource (anything with `close()`, and `interrupt()` if its
+    work can be stopped mid-item from another thread); until it has, the
     thread is not ready, and if it fails, `error` says why. A job that fails
     with one of `fatal` (the resource can no longer be used, as an engine
     whose RPC worker went away) closes the resource, and the next job loads it
@@ -155,12 +167,16 @@ class EngineThread(Generic[R]):
             if job.cancelled:
                 raise Cancelled()
             items = job.work(self.resource)
+            job._running(getattr(self.resource, "interrupt", None))
             try:
                 for item in items:
                     job._send("item", item)
                     if job.cancelled:
                         raise Cancelled()
+                if job.cancelled:  # interrupted: the work ended early
+                    raise Cancelled()
             finally:
+                job._running(None)
                 items.close()  # runs the job's cleanup (the engine's cache bookkeeping) now
         except Cancelled:
             job._send("error", self._cancel_error())
