@@ -185,6 +185,24 @@ def test_under_exact_a_conversation_continued_or_reopened_answers_as_plain_decod
         assert again == speculated[1]
 
 
+@pytest.mark.qwen
+def test_under_exact_a_prompt_read_afresh_or_again_gives_the_same_first_logits(qwen_pair, monkeypatch):
+    """A prompt whose tokens are all cached reads its last token again, alone, for its
+    logits; on the bundled target a batch's last row differs from that by ~0.4 (the
+    batch kernels), so under --exact a fresh read takes its last token alone too."""
+    _, target, _ = qwen_pair
+    with load(target, exact=True, n_ctx=512, slots=1, ram_mib=0) as engine:
+        seq, first_logits = engine.target_seq, []
+        read = seq.logits
+        monkeypatch.setattr(seq, "logits", lambda i: first_logits.append(read(i).copy()) or first_logits[-1])
+        prompt = engine.tokenize("<|im_start|>user\nWrite a Python function that checks whether a number is prime."
+                                 "<|im_end|>\n<|im_start|>assistant\n")
+        _, fresh = reply(engine, prompt, max_tokens=1)
+        _, again = reply(engine, prompt, max_tokens=1)
+        assert (fresh.prompt_cache, again.prompt_cache) == ("", "sequence")
+        assert len(first_logits) == 2 and np.array_equal(first_logits[0], first_logits[1])
+
+
 def test_a_snapshot_for_another_prefix_or_model_is_not_used(smollm2, synth_target, tmp_path):
     disk = tmp_path / "kv"
     with load(smollm2, slots=1, ram_mib=16, disk=disk) as engine:
