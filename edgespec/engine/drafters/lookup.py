@@ -1,0 +1,87 @@
+"""Prompt lookup: n-gram matches in the tokens already in the context."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from edgespec.engine.drafters.base import Draft, Drafter, Offer
+
+
+class PromptLookup(Drafter):
+    """n-gram lookup over the tokens already in the context: no second model.
+
+    Finds an earlier occurrence of the last n tokens (n from ngram_max down to
+    ngram_min) and proposes what followed it. Of several occurrences it takes
+    the one whose preceding tokens agree longest with the history (the place
+    the reply is copying from: in code the same line often occurs twice),
+    the most recent one on a tie.
+
+    A reply that copies with edits (rename a variable, fix a typo) writes a
+    token that occurs nowhere before, and no n-gram ending in it matches. Then
+    lookup can assume that token replaced the one the copy was at, and propose
+    what follows that one ("skip").
+    """
+
+    name = "lookup"
+    CONTEXT_MAX = 32
+    """How far back occurrences are compared to choose between them."""
+    KINDS_MAX = 8
+    """Agreeing contexts longer than this are one kind ("8-gram") for auto's acceptance tracking."""
+
+    def __init__(self, *, ngram_max: int = 4, ngram_min: int = 2):
+        self.ngram_max = ngram_max
+        self.ngram_min = ngram_min
+
+    def propose(self, history, k, params, rng):
+        return Draft(self.lookup(history, k))
+
+    def offer(self, history, k_max):
+        tokens, kind = self.match(history, k_max, skip=True)
+        return Offer(len(tokens), kind or "none", tokens)
+
+    def lookup(self, history: Sequence[int], k: int) -> list[int]:
+        return self.match(history, k)[0]
+
+    def match(self, history: Sequence[int], k: int, *, skip: bool = False) -> tuple[list[int], str]:
+        """The proposal and how it was found: "N-gram" with N the length of the
+        agreeing context (capped at KINDS_MAX; longer agreement predicts better, and
+        auto mode tracks acceptance per kind), "skip" (only when asked for:
+        right on renames, wrong on most other edits, so only worth it to a
+        policy that learns which), or "" for none."""
+        if k <= 0:
+            return [], ""
+        arr = np.asarray(history, dtype=np.int64)
+        found = self._find(arr, len(arr))
+        if found is not None:
+            begin, context = found
+            return arr[begin : begin + k].tolist(), f"{min(context, self.KINDS_MAX)}-gram"
+        if skip and len(arr) > 2:
+            found = self._find(arr, len(arr) - 1)  # the context before the new token
+            if found is not None and found[0] + 1 < len(arr):
+                begin = found[0] + 1  # past the token the new one replaced
+                return arr[begin : begin + k].tolist(), "skip"
+        return [], ""
+
+    def _find(self, arr: np.ndarray, end: int) -> tuple[int, int] | None:
+        """Where the continuation of arr[:end]'s last n-gram starts (at an
+        earlier occurrence), and how many tokens of context agree there."""
+        for n in range(min(self.ngram_max, end - 1), self.ngram_min - 1, -1):
+            tail = arr[end - n : end]
+            # Start positions of every earlier n-gram equal to the tail (the tail itself excluded).
+            starts = np.flatnonzero(arr[: end - n] == tail[0])
+            for j in range(1, n):
+                starts = starts[arr[starts + j] == tail[j]]
+            if starts.size:
+                agree = np.zeros(starts.size, dtype=np.int64)
+                alive = np.ones(starts.size, dtype=bool)
+                for j in range(1, min(self.CONTEXT_MAX, end - n) + 1):
+                    alive &= starts - j >= 0
+                    alive[alive] = arr[starts[alive] - j] == arr[end - n - j]
+                    if not alive.any():
+                        break
+                    agree += alive
+                best = int(np.argmax(agree * (len(arr) + 1) + starts))  # most agreement, then most recent
+                return int(starts[best]) + n, n + int(agree[best])
+        return None
