@@ -34,6 +34,30 @@ FAKE_SERVER = textwrap.dedent("""
 """)
 
 
+GATED_SERVER = textwrap.dedent("""
+    import sys, urllib.error, urllib.request
+    sys.path.insert(0, {root!r})
+    from tests.fakes import FakeEngine
+    from edgespec.server import ServerSettings, bind, create_app, run, url
+
+    def load():
+        sys.stdin.readline()  # loading ends when the test says so
+        return FakeEngine()
+
+    def health():
+        try:
+            return urllib.request.urlopen(address + "/health", timeout=30).status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    app = create_app(load, ServerSettings(model_id="fake"))
+    sock = bind("127.0.0.1", 0)
+    address = url(sock)
+    print(address, flush=True)
+    run(app, sock, on_ready=lambda: print("ready", health(), flush=True))
+""")
+
+
 def _line(stream, timeout: float = 60) -> str:
     """The next line of a child's pipe, or '' at its end or after `timeout`."""
     ready, _, _ = select.select([stream], [], [], timeout)
@@ -86,6 +110,38 @@ def test_a_server_stopped_mid_stream_ends_the_stream_with_an_error_and_done(sig)
     finally:
         server.kill()
         server.wait()
+
+
+def test_serve_says_ready_once_health_answers_200_and_not_while_it_loads():
+    server = subprocess.Popen([sys.executable, "-c", GATED_SERVER.format(root=str(ROOT))], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE)
+    try:
+        address = _line(server.stdout).strip()
+        deadline = time.monotonic() + 60
+        while (status := _health(address)) != 503 and time.monotonic() < deadline:
+            time.sleep(0.05)  # uvicorn is starting: no answer yet
+        assert status == 503  # loading
+        assert not select.select([server.stdout], [], [], 0)[0], "a line while loading"
+        server.stdin.write("loaded\n")
+        server.stdin.flush()
+        assert _line(server.stdout).split() == ["ready", "200"]
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=30) == 0
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _health(address: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        return urllib.request.urlopen(address + "/health", timeout=30).status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
 
 
 @pytest.mark.slow
