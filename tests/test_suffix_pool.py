@@ -1,0 +1,223 @@
+"""The suffix index over earlier text (engine/suffix.py) and its file per
+tokenizer (engine/pool.py), on synthetic token streams."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec.engine.suffix import BYTES_PER_TOKEN, DOC_OVERHEAD, SuffixIndex
+
+
+def _random(n: int, *, seed: int, vocab: int = 32000) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+# --- matching ---------------------------------------------------------------
+
+
+def test_the_continuation_of_the_longest_match_is_proposed_with_its_count():
+    index = SuffixIndex()
+    index.add("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    best = index.match([50, 2, 3, 4], max_len=8)[0]
+    assert best.tokens == (5, 6, 7)  # at most as long as the match: 3 tokens
+    assert (best.match_len, best.count, best.occurrences, best.docs) == (3, 1, 1, ("a",))
+    assert best.confidence == 1.0 and best.expected == 3.0
+
+
+def test_nothing_is_proposed_without_a_match():
+    index = SuffixIndex()
+    index.add("a", [1, 2, 3])
+    assert index.match([7, 8, 9], max_len=8) == []
+    assert index.match([], max_len=8) == []
+    assert index.match([1, 2], max_len=0) == []
+    assert SuffixIndex().match([1, 2], max_len=8) == []
+
+
+def test_a_continuation_stops_at_the_end_of_its_document():
+    index = SuffixIndex()
+    index.add("a", [1, 2, 3, 4, 5, 6])
+    index.add("b", [7, 8, 9])
+    assert index.match([3, 4, 5, 6], max_len=8) == []  # what follows is "b", another document
+    assert [c.tokens for c in index.match([2, 3, 4, 5], max_len=8)] == [(6,)]
+
+
+def test_matches_longer_than_three_tokens_are_followed_back():
+    index = SuffixIndex()
+    index.add("a", [9, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15])
+    index.add("b", [8, 1, 2, 3, 4, 5, 20, 21])
+    index.add("c", [7, 2, 3, 4, 5, 30])
+    best = index.match([0, 9, 1, 2, 3, 4, 5], max_len=16)[0]
+    assert best.match_len == 6 and best.tokens == (10, 11, 12, 13, 14, 15)
+    assert best.docs == ("a",)
+
+
+def test_counts_say_how_often_each_continuation_followed():
+    index = SuffixIndex()
+    for i in range(6):
+        index.add(f"x{i}", [1, 2, 3, 4, 10, 11, 12, 13])
+    for i in range(2):
+        index.add(f"y{i}", [1, 2, 3, 4, 20, 21, 22, 23])
+    first, second = index.match([1, 2, 3, 4], max_len=16)[:2]
+    assert first.tokens[:4] == (10, 11, 12, 13) and first.count == 6 and first.occurrences == 8
+    assert first.confidence == pytest.approx(6 / 8)
+    assert second.tokens[:4] == (20, 21, 22, 23) and second.count == 2
+    assert sorted(first.docs) == [f"x{i}" for i in range(6)]
+
+
+def test_evidence_sets_the_length_of_a_draft():
+    continuation = list(range(100, 120))
+    once = SuffixIndex()
+    once.add("a", [1, 2, *continuation])
+    often = SuffixIndex()
+    for i in range(16):
+        often.add(f"d{i}", [50 + i, 1, 2, *continuation])
+    weak = once.match([1, 2], max_len=32)[0]
+    strong = often.match([1, 2], max_len=32)[0]
+    assert len(weak.tokens) == 2  # a 2-token match seen once: 2 tokens
+    assert len(strong.tokens) == 2 + 4  # seen 16 times: 4 more
+    assert strong.tokens == tuple(continuation[:6])
+
+
+def test_a_continuation_stops_where_its_confidence_falls_below_the_threshold():
+    index = SuffixIndex()
+    # after [1 2 3 4 5 6]: 7 then 8 in all ten, then 9 in three of them, 0.3
+    for i in range(10):
+        index.add(f"d{i}", [1, 2, 3, 4, 5, 6, 7, 8, 9 if i < 3 else 100 + i, 40, 41])
+    high = index.match([1, 2, 3, 4, 5, 6], max_len=16, min_confidence=0.5)[0]
+    low = index.match([1, 2, 3, 4, 5, 6], max_len=16, min_confidence=0.2)[0]
+    assert high.tokens == (7, 8)
+    assert low.tokens == (7, 8, 9, 40, 41) and low.confidence == pytest.approx(0.3)
+    assert low.expected == pytest.approx(2 + 3 * 0.3)
+
+
+def test_a_longer_match_wins_over_a_frequent_shorter_one_when_it_promises_more():
+    index = SuffixIndex()
+    index.add("long", [5, 6, 7, 8, 9, 1, 2, 60, 61, 62, 63, 64, 65, 66])
+    for i in range(4):
+        index.add(f"short{i}", [1, 2, 70, 71 + i])
+    candidates = index.match([5, 6, 7, 8, 9, 1, 2], max_len=16)
+    assert candidates[0].tokens == (60, 61, 62, 63, 64, 65, 66) and candidates[0].match_len == 7
+    shorter = [c for c in candidates if c.match_len == 2]
+    assert shorter and shorter[0].tokens[0] == 70 and shorter[0].occurrences == 5
+
+
+def test_max_len_caps_every_candidate():
+    index = SuffixIndex()
+    index.add("a", list(range(1, 200)))
+    best = index.match(list(range(1, 100)), max_len=5)[0]
+    assert best.tokens == (100, 101, 102, 103, 104)
+
+
+# --- documents ---------------------------------------------------------------
+
+
+def test_removing_a_document_stops_its_continuations_being_proposed():
+    index = SuffixIndex()
+    index.add("private", [1, 2, 3, 40, 41, 42])
+    index.add("other", [1, 2, 3, 50, 51, 52])
+    index.match([1, 2, 3], max_len=4)  # the arrays are built, then compacted
+    index.remove("private")
+    candidates = index.match([1, 2, 3], max_len=4)
+    assert [c.tokens for c in candidates] == [(50, 51, 52)]
+    assert "private" not in index and index.n_tokens == 6
+    index.remove("other")
+    assert index.match([1, 2, 3], max_len=4) == [] and index.n_tokens == 0
+
+
+def test_adding_a_document_again_replaces_its_tokens():
+    index = SuffixIndex()
+    index.add("chat", [1, 2, 3, 4])
+    index.match([1], max_len=4)
+    index.add("chat", [1, 2, 3, 4, 5, 6, 7])
+    assert index.n_tokens == 7 and len(index) == 1
+    assert index.match([2, 3, 4, 5], max_len=4)[0].tokens == (6, 7)
+    assert index.tokens("chat").tolist() == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_documents_are_evicted_least_recently_used_first_at_the_budget():
+    doc = 100
+    index = SuffixIndex(budget_bytes=3 * ((doc + 1) * BYTES_PER_TOKEN + DOC_OVERHEAD))
+    for name in ("a", "b", "c"):
+        index.add(name, _random(doc, seed=ord(name)))
+    index.touch("a")
+    evicted = index.add("d", _random(doc, seed=4))
+    assert evicted == ["b"]
+    assert index.documents() == ["c", "a", "d"]
+    assert index.nbytes <= index.budget_bytes
+    assert index.match(_random(doc, seed=ord("b"))[:10], max_len=4) == []
+    assert index.match(_random(doc, seed=ord("a"))[:10], max_len=4)[0].docs == ("a",)
+
+
+def test_a_document_larger_than_the_budget_keeps_its_last_tokens():
+    index = SuffixIndex(budget_bytes=DOC_OVERHEAD + 11 * BYTES_PER_TOKEN)
+    index.add("big", list(range(1, 101)))
+    assert index.tokens("big").tolist() == list(range(91, 101))
+    assert SuffixIndex(budget_bytes=0).add("x", [1, 2, 3]) == []
+
+
+def test_many_additions_and_removals_keep_the_index_consistent():
+    index = SuffixIndex()
+    rng = np.random.default_rng(0)
+    kept: dict[str, list[int]] = {}
+    for step in range(60):
+        name = f"d{rng.integers(0, 12)}"
+        if rng.random() < 0.3 and name in kept:
+            index.remove(name)
+            del kept[name]
+        else:
+            kept[name] = rng.integers(0, 50, rng.integers(1, 300)).tolist()
+            index.add(name, kept[name])
+        if step % 3 == 0:
+            index.match([1, 2, 3], max_len=4)
+    for name, tokens in kept.items():
+        assert index.tokens(name).tolist() == tokens
+        probe = tokens[:8]
+        if len(tokens) > 8:
+            best = index.match(probe, max_len=1, max_match=8)
+            assert any(name in c.docs for c in best)
+
+
+def test_bad_tokens_are_refused():
+    index = SuffixIndex()
+    with pytest.raises(ValueError):
+        index.add("a", [1, -2, 3])
+    with pytest.raises(ValueError):
+        index.add("a", [1, 1 << 22])
+    assert index.match([1, -5, 1 << 40], max_len=4) == []
+
+
+def test_match_time_on_a_100k_token_pool(capsys):
+    rng = np.random.default_rng(1)
+    # 100 "replies" of 1000 tokens over a 32k vocabulary, with phrases that repeat
+    phrases = [rng.integers(0, 32000, rng.integers(5, 40)).tolist() for _ in range(300)]
+    index = SuffixIndex()
+    started = time.perf_counter()
+    for d in range(100):
+        tokens: list[int] = []
+        while len(tokens) < 1000:
+            tokens += phrases[rng.integers(0, 300)] if rng.random() < 0.5 else rng.integers(0, 32000, 8).tolist()
+        index.add(f"reply{d}", tokens[:1000])
+        if d % 10 == 9:
+            index.match(tokens[:50], max_len=8)  # stored as it goes: merged, sorted again
+    built = time.perf_counter() - started
+    histories = [index.tokens(f"reply{d}")[: 200 + d].tolist() for d in range(100)]
+    histories += [rng.integers(0, 32000, 300).tolist() for _ in range(100)]  # no match beyond chance
+    times = []
+    for history in histories * 5:
+        t = time.perf_counter()
+        index.match(history, max_len=16)
+        times.append(time.perf_counter() - t)
+    times_us = np.array(times) * 1e6
+    with capsys.disabled():
+        print(f"\n100k-token pool: built in {built * 1e3:.0f} ms, {index.nbytes / 2**20:.1f} MiB; match "
+              f"median {np.median(times_us):.0f} us, p90 {np.percentile(times_us, 90):.0f} us, "
+              f"max {times_us.max():.0f} us")
+    assert index.n_tokens == 100_000
