@@ -217,6 +217,9 @@ class FakeLibrary:
     def pair(self, name):
         return ("tiny-target", "tiny-draft")
 
+    def decoding(self, name):
+        return ("draft", 3)
+
 
 class SlowReader(FakeEngine):
     """Reads every prompt for `batches` batches of 50 ms, each reported by an empty chunk (as

@@ -394,6 +394,29 @@ async def test_the_context_size_is_a_setting_kept_per_conversation_and_as_defaul
         assert yaml.safe_load((home / "config" / "settings.yaml").read_text())["n_ctx"] == 12288
 
 
+async def test_a_pairs_mode_and_k_apply_unless_the_settings_name_them(store):
+    """The app on a pair decodes in the mode and k models.yaml gives it (Library.decoding;
+    the fake pair's: draft, k 3) while the settings leave them empty; a mode set wins."""
+    from dataclasses import replace
+
+    from edgespec.tui.library import ModelChoice
+
+    app = make_app(store)
+    app.choice = ModelChoice(pair="tiny-pair")
+    async with app.run_test(size=(120, 50)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready" and app.chat.session is not None)
+        assert (app.chat.settings.mode, app.chat.settings.k) == (None, None)
+        assert (app.chat.session.params.mode, app.chat.session.params.k) == ("draft", 3)
+        app.chat.use_settings(replace(app.chat.settings, mode="lookup"))
+        assert (app.chat.session.params.mode, app.chat.session.params.k) == ("lookup", 3)
+        await pilot.press("ctrl+s")
+        assert app.screen.query_one("#k").value == ""  # the pair's
+        app.screen.query_one("#k").value = "5"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert (app.chat.session.params.mode, app.chat.session.params.k) == ("lookup", 5)
+
+
 def test_chat_settings_validate_and_fill_from_defaults(tmp_path):
     with pytest.raises(ValueError, match="top-p"):
         ChatSettings(top_p=0)

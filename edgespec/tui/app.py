@@ -34,7 +34,9 @@ from edgespec import __version__
 from edgespec.chat.store import StoreError
 from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import EdgespecError
+from edgespec.limits import LIMITS
 from edgespec.models.progress import Progress, ProgressCallback
+from edgespec.modes import DEFAULT_MODE
 from edgespec.net import Split
 from edgespec.tui.library import Library, ModelChoice, PullProgress, load_choice, pull_progress
 from edgespec.tui.screens.chat import ChatScreen
@@ -208,6 +210,16 @@ class EdgespecApp(App):
         self.load_progress = None
         self.model_state = "loading"
         self._load_worker(choice, self._chat.settings)
+
+    def pair_decoding(self) -> tuple[str, int]:
+        """The mode and k replies decode with where their settings name none: those the
+        pair recommends (models.yaml); for models named by file, the defaults."""
+        if self.choice.pair and not self.choice.target:
+            try:
+                return self.library.decoding(self.choice.pair)
+            except EdgespecError:  # an unknown pair fails to load, and says so there
+                pass
+        return DEFAULT_MODE, LIMITS["k"].default
 
     def reload_for(self, settings: ChatSettings) -> None:
         """Load the models again if `settings` want other hardware than they were loaded with."""

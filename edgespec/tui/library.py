@@ -67,6 +67,9 @@ class Library(Protocol):
     def pair(self, name: str) -> tuple[str, str | None]:
         """A pair's (target, draft) model names."""
 
+    def decoding(self, name: str) -> tuple[str, int]:
+        """The mode and k a pair recommends (models.yaml): how replies decode where the settings name none."""
+
 
 @dataclass(frozen=True)
 class ModelChoice:
@@ -131,6 +134,11 @@ class RegistryLibrary:
         from edgespec.load import registry_pair
 
         return registry_pair(name, registry=self.registry)
+
+    def decoding(self, name: str) -> tuple[str, int]:
+        from edgespec.load import pair_decoding
+
+        return pair_decoding(name, registry=self.registry)
 
     def pull(self, name: str, *, progress: Callable[[PullProgress], None]) -> None:
         from edgespec.models.fetch import pull

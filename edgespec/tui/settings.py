@@ -15,12 +15,15 @@ import yaml
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.limits import LIMITS
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS, LoadSettings
+from edgespec.modes import DEFAULT_MODE
 
 SETTINGS_FILE = "settings.yaml"
 SAMPLING = ("temperature", "top_k", "top_p", "max_tokens", "k")
 """The settings that are generation parameters, checked against their ranges in edgespec/limits.py."""
 AUTO = "auto"
 """How a LoadSettings field left to the load (None) is shown and may be written."""
+PAIRS_OWN = {"mode": str, "k": int}
+"""Settings whose None is the pair's (models.yaml's mode and k), and their types."""
 LOAD_FIELDS = (*LOAD_LIMITS, "exact", "flash_attn", "rpc")
 """The LoadSettings fields a conversation keeps (the cache is the app's), stored flat beside the others."""
 OLD_NAMES = {"gpu_layers_target": "n_gpu_layers", "gpu_layers_draft": "n_gpu_layers_draft", "threads": "n_threads"}
@@ -39,10 +42,10 @@ class ChatSettings:
     top_p: float = LIMITS["top_p"].default
     """1.0 disables top-p."""
     max_tokens: int = LIMITS["max_tokens"].default
-    mode: str = "auto"
-    """Speculation mode: plain, draft, lookup or auto."""
-    k: int = LIMITS["k"].default
-    """Maximum draft length per cycle."""
+    mode: str | None = None
+    """Speculation mode: plain, draft, lookup or auto; None: the pair's (models.yaml)."""
+    k: int | None = None
+    """Maximum draft length per cycle; None: the pair's."""
     load: LoadSettings = LoadSettings()
     """How the models are loaded: context size, threads, GPU layers, kernels, RPC workers
     (their workers only: the command line's tensor split goes with the same workers)."""
@@ -50,7 +53,7 @@ class ChatSettings:
     def __post_init__(self) -> None:
         for name in SAMPLING:
             LIMITS[name].check(getattr(self, name))
-        _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}")
+        _check(self.mode is None or self.mode in MODES, f"mode must be one of {', '.join(MODES)}")
 
     @classmethod
     def from_dict(cls, data: dict | None, *, defaults: ChatSettings | None = None) -> ChatSettings:
@@ -64,7 +67,9 @@ class ChatSettings:
         data = data or {}
         values = {}
         for f in fields(cls):
-            if f.name != "load" and data.get(f.name) is not None:
+            if f.name in PAIRS_OWN and f.name in data:  # None: the pair's
+                values[f.name] = None if data[f.name] is None else _typed(f.name, data[f.name], PAIRS_OWN[f.name])
+            elif f.name != "load" and data.get(f.name) is not None:
                 values[f.name] = _typed(f.name, data[f.name], type(getattr(base, f.name)))
         return replace(base, **values, load=_load_from_dict(data, base.load))
 
@@ -76,10 +81,12 @@ class ChatSettings:
         values.update(exact=load.exact, flash_attn=load.flash_attn_name, rpc=workers_text(load))
         return values
 
-    def params(self) -> GenerationParams:
-        """The generation parameters these settings describe."""
+    def params(self, decoding: tuple[str, int] = (DEFAULT_MODE, LIMITS["k"].default)) -> GenerationParams:
+        """The generation parameters these settings describe; `decoding`: the mode and k
+        of the pair the models are (Library.decoding), for what the settings leave to it."""
+        mode, k = decoding
         return GenerationParams(
-            mode=self.mode, k=self.k, temperature=self.temperature,
+            mode=self.mode or mode, k=k if self.k is None else self.k, temperature=self.temperature,
             top_k=self.top_k, top_p=self.top_p, max_tokens=self.max_tokens,
         )
 
@@ -134,10 +141,11 @@ def store_settings(store, conversation_id: int, settings: ChatSettings) -> None:
     store.save_settings(conversation_id, {**store.settings(conversation_id), **settings.to_dict()})
 
 
-def give_session(session, settings: ChatSettings, store) -> None:
-    """Give a chat session `settings`: its generation parameters, and its system prompt
-    (in the stored conversation too, or starting an empty chat with it)."""
-    session.params = settings.params()
+def give_session(session, settings: ChatSettings, store, decoding: tuple[str, int]) -> None:
+    """Give a chat session `settings`: its generation parameters (`decoding`: the pair's
+    mode and k, ChatSettings.params), and its system prompt (in the stored conversation
+    too, or starting an empty chat with it)."""
+    session.params = settings.params(decoding)
     prompt = settings.system_prompt
     session.system_prompt = prompt or None
     messages = session.messages

@@ -170,7 +170,8 @@ class ChatScreen(Screen):
         try:
             return app.session_factory(
                 app.engine, store=app.store, conversation_id=conversation_id,
-                system_prompt=self.settings.system_prompt or None, params=self.settings.params(),
+                system_prompt=self.settings.system_prompt or None,
+                params=self.settings.params(app.pair_decoding()),
                 template=app.template, model_name=app.choice.label or "the model",
                 on_wait=lambda: self.post_message(self.ReplyWaits()), workspace=app.workspace,
             )
@@ -185,7 +186,7 @@ class ChatScreen(Screen):
         self.settings = settings
         self._save_settings()
         if self.session is not None and not self.generating:
-            give_session(self.session, settings, self.app.store)
+            give_session(self.session, settings, self.app.store, self.app.pair_decoding())
 
     def _save_settings(self) -> None:
         if self.conversation_id is not None:
@@ -223,7 +224,7 @@ class ChatScreen(Screen):
                 self.session.new(system_prompt=self.settings.system_prompt or None)
             else:
                 self.session.load(conversation_id)
-            self.session.params = self.settings.params()
+            self.session.params = self.settings.params(app.pair_decoding())
         elif app.engine is not None:
             self.session = self._make_session(conversation_id)
         app.reload_for(self.settings)

@@ -18,12 +18,15 @@ from edgespec.engine.events import MODES
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS
 from edgespec.tui.settings import AUTO, ChatSettings
 
+PAIRS = "the pair's"
+"""How a mode or k left to the pair (models.yaml) is shown."""
+
 LABELS = {
     "temperature": "Temperature (0 = greedy)",
     "top_k": "Top-k (0 = off)",
     "top_p": "Top-p (1 = off)",
     "max_tokens": "Max tokens",
-    "k": "Draft length k",
+    "k": f"Draft length k (empty = {PAIRS})",
     "n_ctx": f"Context size, tokens ({AUTO} = fit models and memory)",
     "n_gpu_layers": f"GPU layers, target ({AUTO}, -1 = all)",
     "n_gpu_layers_draft": f"GPU layers, draft ({AUTO}, -1 = all)",
@@ -58,11 +61,13 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
             yield TextArea(self.settings.system_prompt, id="system_prompt", soft_wrap=True)
             with Grid(classes="fields"):
                 yield Label("Speculation mode")
-                yield Select([(m, m) for m in MODES], value=self.settings.mode, allow_blank=False, id="mode")
+                yield Select([(m, m) for m in MODES], value=self.settings.mode or Select.NULL, prompt=PAIRS,
+                             id="mode")
                 stored = self.settings.to_dict()
                 for name, label in LABELS.items():
                     yield Label(label)
-                    yield Input(AUTO if stored[name] is None else str(stored[name]), id=name)
+                    blank = "" if name == "k" else AUTO
+                    yield Input(blank if stored[name] is None else str(stored[name]), id=name)
                 yield Label("Flash attention")
                 yield Select([(name, name) for name in FLASH_ATTN], value=stored["flash_attn"], allow_blank=False,
                              id="flash_attn")
@@ -77,13 +82,16 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
     def read(self) -> ChatSettings:
         """The settings as entered; raises ValueError with a message for the user."""
         data = {name: self.query_one(f"#{name}", Input).value.strip() for name in LABELS}
-        data["mode"] = self.query_one("#mode", Select).value
+        mode = self.query_one("#mode", Select).value
+        data["mode"] = None if mode is Select.NULL else mode
         data["flash_attn"] = self.query_one("#flash_attn", Select).value
         data["exact"] = self.query_one("#exact", Checkbox).value
         data["system_prompt"] = self.query_one("#system_prompt", TextArea).text
         for name in WHOLE:
             if name in LOAD_LIMITS and data[name].lower() in (AUTO, ""):
                 data[name] = AUTO
+            elif name == "k" and not data[name]:
+                data[name] = None
             else:
                 try:
                     data[name] = int(data[name])
