@@ -109,3 +109,29 @@ def test_a_load_setting_out_of_range_is_refused_before_the_models_load(capsys, h
     monkeypatch.setattr(generate, "engine_from_args", load)
     assert cli.main(["generate", "hi", *option]) == cli.EXIT_ERROR
     assert option[0] in capsys.readouterr().err
+
+
+def test_generate_json_reports_the_context_size(capsys, home, monkeypatch):
+    import json
+
+    from edgespec.cli import generate
+    from tests.fakes import FakeEngine
+
+    fake = FakeEngine(reply=lambda prompt: "ok", n_ctx=16384)
+    monkeypatch.setattr(generate, "engine_from_args", lambda args, progress=None: fake)
+    assert cli.main(["generate", "hi", "--template", "chatml", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_ctx"] == 16384
+
+
+def test_serve_fills_the_same_settings_and_refuses_a_bad_one_before_taking_the_port(capsys, home, monkeypatch):
+    pytest.importorskip("fastapi")
+    import edgespec.server as server
+
+    def bind(*args, **kw):
+        raise AssertionError("the port was taken before the options were checked")
+
+    monkeypatch.setattr(server, "bind", bind)
+    assert cli.main(["serve", "--ctx", str(MIN_CTX - 1)]) == cli.EXIT_ERROR
+    assert "--ctx" in capsys.readouterr().err
+    args = cli.build_parser().parse_args(["serve", "--ctx", "16384", "--flash-attn", "off"])
+    assert options.load_settings_from_args(args).hardware() == LoadSettings(n_ctx=16384, flash_attn=False)

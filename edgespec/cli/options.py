@@ -103,15 +103,23 @@ def load_settings_from_args(args: argparse.Namespace) -> LoadSettings:
     return settings
 
 
-def engine_from_args(args: argparse.Namespace, *, progress=None):
-    """Load the models the options name (edgespec.load.load_engine), downloading what is missing."""
-    from edgespec.load import load_engine
-    from edgespec.models.fetch import resolve_model
+def chosen_pair(args: argparse.Namespace) -> str | None:
+    """The registry pair the options run: --pair, else the default pair; None where
+    --target names the models."""
     from edgespec.models.registry import DEFAULT_PAIR
 
-    settings = load_settings_from_args(args)
+    return None if args.target else args.pair or DEFAULT_PAIR
+
+
+def engine_from_args(args: argparse.Namespace, *, progress=None, settings: LoadSettings | None = None):
+    """Load the models the options name (edgespec.load.load_engine), downloading what is
+    missing; `settings`: load_settings_from_args(args), where the caller checked them already."""
+    from edgespec.load import load_engine
+    from edgespec.models.fetch import resolve_model
+
+    settings = settings or load_settings_from_args(args)
     try:
-        return load_engine(args.target, args.draft, pair=args.pair or DEFAULT_PAIR, no_draft=args.no_draft,
+        return load_engine(args.target, args.draft, pair=chosen_pair(args), no_draft=args.no_draft,
                            resolve=lambda name: resolve_model(name, progress=progress), settings=settings)
     finally:
         if isinstance(progress, ProgressBars):
@@ -295,9 +303,8 @@ def params_from_args(args: argparse.Namespace) -> GenerationParams:
     mode, k = args.mode, args.k
     if mode is None or k is None:
         from edgespec.load import pair_decoding
-        from edgespec.models.registry import DEFAULT_PAIR
 
-        pair_mode, pair_k = pair_decoding(None if args.target else args.pair or DEFAULT_PAIR)
+        pair_mode, pair_k = pair_decoding(chosen_pair(args))
         mode, k = mode or pair_mode, pair_k if k is None else k
     params = GenerationParams(
         mode=mode, k=k, temperature=args.temperature, top_k=args.top_k,

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from edgespec.cli.bars import stderr_progress
-from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, engine_from_args,
-                                  params_from_args, port_or_any)
+from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, chosen_pair,
+                                  engine_from_args, load_settings_from_args, params_from_args, port_or_any)
 from edgespec.cli.output import banner
 from edgespec.limits import SERVER_MAX_TOKENS
 from edgespec.errors import EdgespecError
@@ -54,6 +54,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if warning:
         print(banner(warning), file=sys.stderr)
     model_id = _served_model_id(args)
+    load = load_settings_from_args(args)  # checked before the port is taken
     settings = server.ServerSettings(
         model_id=model_id, api_key=api_key, defaults=params_from_args(args), max_tokens=args.max_tokens,
         template=args.template, cors_origins=tuple(args.cors_origin))
@@ -64,7 +65,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("edgespec.server")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    app = server.create_app(lambda: engine_from_args(args, progress=stderr_progress()), settings)
+    app = server.create_app(lambda: engine_from_args(args, progress=stderr_progress(), settings=load), settings)
     print(f"edgespec serve: loading {model_id} ...", file=sys.stderr)
     server.run(app, sock, verbose=args.verbose, on_ready=lambda: print(
         f"edgespec serve: ready at {base} (model \"{model_id}\"{', API key required' if api_key else ''}); "
@@ -78,10 +79,10 @@ def _served_model_id(args: argparse.Namespace) -> str:
     from pathlib import Path
 
     from edgespec.models.fetch import is_path_like
-    from edgespec.models.registry import DEFAULT_PAIR, HUB_PREFIX
+    from edgespec.models.registry import HUB_PREFIX
 
     if args.target:
         named = not (is_path_like(args.target) or args.target.startswith(HUB_PREFIX))
         return args.target if named else Path(args.target).stem
-    return args.pair or DEFAULT_PAIR
+    return chosen_pair(args)
 
