@@ -295,10 +295,15 @@ def test_unified_diff():
     ]
 
 
-def test_instructions_parse_as_a_whole_file_edit():
+def test_the_instructions_example_is_the_whole_format_and_an_echo_of_it_is_no_edit():
     example = EDIT_INSTRUCTIONS.split("like this:\n\n", 1)[1].split("\nRules:", 1)[0]
-    (edit,) = parse_edits(example, {})
-    assert (edit.path, edit.kind, edit.new) == ("shapes.py", "whole", True)
+    assert example.startswith("shapes.py\n```python\ndef area(width, height):\n")
+    assert parse_edits(example, {}) == []
+    # the bundled coder wrote it out again, names shortened, beside the file it was asked to change
+    echo = "shapes.py\n```python\ndef area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n```\n"
+    assert parse_edits(echo, {"main.py": MAIN}) == []
+    other = "shapes.py\n```python\nclass Circle:\n    radius: float\n```\n"
+    assert [e.path for e in parse_edits(other, {})] == ["shapes.py"]
 
 
 # ---------------------------------------------------------------------------
@@ -481,7 +486,10 @@ def test_a_second_block_under_a_new_name_is_a_new_file_not_the_attached_one():
     old = "def area(w, h):\n    return w * h\n\n\ndef describe(w, h):\n    return area(w, h)\n"
     renamed = old.replace("area", "rectangle_area")
     invented = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
-    reply = f"geometry.py\n```python\n{renamed}```\n\nshapes.py\n```python\n{invented}```\n"
+    reply = f"geometry.py\n```python\n{renamed}```\n\nplanes.py\n```python\n{invented}```\n"
     edits = parse_edits(reply, {"geometry.py": old})
     assert [(e.path, e.new, e.new_text) for e in edits] == [("geometry.py", False, renamed),
-                                                           ("shapes.py", True, invented)]
+                                                           ("planes.py", True, invented)]
+    # under the instructions example's own name it is that example written out again: no edit
+    echoed = parse_edits(reply.replace("planes.py", "shapes.py"), {"geometry.py": old})
+    assert [(e.path, e.new_text) for e in echoed] == [("geometry.py", renamed)]

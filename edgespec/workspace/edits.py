@@ -39,19 +39,24 @@ class FileEdit:
     """The path is not an attached file: the user confirms before it is created."""
 
 
-EDIT_INSTRUCTIONS = """\
-When you change a file, write its path alone on one line, then the complete new content of \
-the file in a fenced code block, like this:
-
-shapes.py
-```python
+_EXAMPLE_PATH = "shapes.py"
+_EXAMPLE_TEXT = """\
 def area(width, height):
     return width * height
 
 
 def perimeter(width, height):
     return 2 * (width + height)
-```
+"""
+"""The file EDIT_INSTRUCTIONS shows; a small model sometimes writes it out again as a new file."""
+
+EDIT_INSTRUCTIONS = f"""\
+When you change a file, write its path alone on one line, then the complete new content of \
+the file in a fenced code block, like this:
+
+{_EXAMPLE_PATH}
+```python
+{_EXAMPLE_TEXT}```
 
 Rules:
 - The path line holds only the path, exactly as the file was given to you.
@@ -481,6 +486,8 @@ def _build(path: str, pieces: _Pieces, files: Mapping[str, str]) -> FileEdit | N
     if original is None:
         lines = pieces.wholes[-1].lines if pieces.wholes else [line for b in pieces.blocks for line in b.replace]
         new_text = _finish(None, lines)
+        if _echoes_example(path, new_text):
+            return None
         _refuse_elision(path, "", new_text)
         return FileEdit(path, new_text, WHOLE, new=True)
     old_lines = _split(original)
@@ -494,6 +501,11 @@ def _build(path: str, pieces: _Pieces, files: Mapping[str, str]) -> FileEdit | N
     new_text = _finish(original, new_lines)
     _refuse_elision(path, original, new_text)
     return None if new_text == original else FileEdit(path, new_text, pieces.kind)
+
+
+def _echoes_example(path: str, text: str) -> bool:
+    """A new file that is EDIT_INSTRUCTIONS' example written out again (names changed or not)."""
+    return path == _EXAMPLE_PATH and difflib.SequenceMatcher(None, text, _EXAMPLE_TEXT).ratio() >= RESEMBLANCE
 
 
 def _split(text: str) -> list[str]:
