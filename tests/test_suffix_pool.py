@@ -7,12 +7,14 @@ import errno
 import logging
 import multiprocessing
 import os
+import re
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from edgespec.engine.pool import FORMAT, Pool, vocab_id
 from edgespec.engine.suffix import BYTES_PER_TOKEN, DOC_OVERHEAD, SuffixIndex
 
 
@@ -221,3 +223,205 @@ def test_match_time_on_a_100k_token_pool(capsys):
               f"median {np.median(times_us):.0f} us, p90 {np.percentile(times_us, 90):.0f} us, "
               f"max {times_us.max():.0f} us")
     assert index.n_tokens == 100_000
+
+
+# --- the pool file ---------------------------------------------------------------
+
+VOCAB = "0123456789abcdef0123456789abcdef"
+OTHER_VOCAB = "fedcba9876543210fedcba9876543210"
+POOL_LOG = "edgespec.cache"
+
+
+def _pool_warnings(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == POOL_LOG and r.levelno == logging.WARNING]
+
+
+def _saved_pool(folder: Path) -> Path:
+    pool = Pool.open(folder, VOCAB)
+    pool.add("chat:1", [1, 2, 3, 4, 5, 6])
+    pool.add("file:abc", list(range(100, 140)))
+    assert pool.save()
+    return pool.path
+
+
+def test_a_pool_is_kept_across_restarts(tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    pool = Pool.open(tmp_path / "pool", VOCAB)
+    assert pool.index.n_tokens == 0 and pool.path == tmp_path / "pool" / f"{VOCAB}.pool"
+    pool.add("chat:1", [1, 2, 3, 4, 5, 6])
+    pool.add("file:abc", list(range(100, 140)))
+    pool.touch("chat:1")
+    assert pool.save()
+    again = Pool.open(tmp_path / "pool", VOCAB)
+    assert again.index.documents() == ["file:abc", "chat:1"]
+    assert again.index.tokens("file:abc").tolist() == list(range(100, 140))
+    assert again.index.last_used("chat:1") == pool.index.last_used("chat:1")
+    assert again.index.match([3, 4, 5], max_len=4)[0].tokens == (6,)
+    assert _pool_warnings(caplog) == []
+
+
+def test_a_pool_over_a_smaller_budget_keeps_its_most_recent_documents(tmp_path):
+    pool = Pool.open(tmp_path, VOCAB)
+    for i in range(5):
+        pool.add(f"d{i}", _random(100, seed=i))
+    pool.save()
+    small = Pool.open(tmp_path, VOCAB, budget_bytes=2 * (101 * BYTES_PER_TOKEN + DOC_OVERHEAD))
+    assert small.index.documents() == ["d3", "d4"]
+
+
+def test_forgetting_a_document_removes_its_tokens_from_the_file(tmp_path):
+    path = _saved_pool(tmp_path)
+    pool = Pool.open(tmp_path, VOCAB)
+    assert pool.forget("chat:1")
+    assert np.array([1, 2, 3, 4, 5, 6], dtype="<i4").tobytes() not in path.read_bytes()
+    again = Pool.open(tmp_path, VOCAB)
+    assert again.index.documents() == ["file:abc"]
+    assert again.index.match([2, 3, 4], max_len=4) == []
+
+
+def test_a_document_forgotten_by_one_process_is_not_written_back_by_another(tmp_path):
+    _saved_pool(tmp_path)
+    app, server = Pool.open(tmp_path, VOCAB), Pool.open(tmp_path, VOCAB)
+    app.forget("chat:1")
+    server.add("request:9", [7, 8, 9])
+    assert server.save()
+    final = Pool.open(tmp_path, VOCAB)
+    assert sorted(final.index.documents()) == ["file:abc", "request:9"]
+    assert "chat:1" not in server.index
+
+
+def test_a_document_added_again_after_it_was_forgotten_is_kept(tmp_path):
+    pool = Pool.open(tmp_path, VOCAB)
+    pool.add("chat:1", [1, 2, 3])
+    pool.forget("chat:1")
+    pool.add("chat:1", [4, 5, 6])
+    pool.save()
+    assert Pool.open(tmp_path, VOCAB).index.tokens("chat:1").tolist() == [4, 5, 6]
+
+
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) - 9])
+    elif how == "flipped":
+        path.write_bytes(data[:-20] + bytes([data[-20] ^ 0xFF]) + data[-19:])
+    elif how == "header":
+        path.write_bytes(data[:16] + b"{not json" + data[25:])
+    elif how == "counts":  # a header claiming more tokens than the file holds
+        path.write_bytes(data.replace(b'"chat:1", 6,', b'"chat:1", 600000000000,'))
+    elif how == "garbage":
+        path.write_bytes(b"\x00" * 3)
+    elif how == "version":
+        path.write_bytes(data[:8] + (FORMAT + 1).to_bytes(4, "little") + data[12:])
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped", "header", "counts", "garbage", "version"])
+def test_an_unusable_pool_file_is_dropped_with_a_log_line(tmp_path, caplog, how):
+    path = _saved_pool(tmp_path)
+    _damage(path, how)
+    caplog.set_level(logging.WARNING)
+    pool = Pool.open(tmp_path, VOCAB)
+    assert pool.index.n_tokens == 0
+    assert len(_pool_warnings(caplog)) == 1
+    pool.add("new", [1, 2, 3])
+    assert pool.save()  # the unusable file is replaced
+    assert Pool.open(tmp_path, VOCAB).index.documents() == ["new"]
+
+
+def test_a_pool_of_another_vocabulary_is_never_used(tmp_path, caplog):
+    path = _saved_pool(tmp_path)
+    path.rename(tmp_path / f"{OTHER_VOCAB}.pool")
+    caplog.set_level(logging.WARNING)
+    assert Pool.open(tmp_path, OTHER_VOCAB).index.n_tokens == 0
+    assert len(_pool_warnings(caplog)) == 1
+    assert Pool.open(tmp_path, VOCAB).index.n_tokens == 0  # no file of its own yet: nothing to say
+
+
+def test_a_full_disk_keeps_the_old_file(tmp_path, caplog, monkeypatch):
+    path = _saved_pool(tmp_path)
+    before = path.read_bytes()
+    pool = Pool.open(tmp_path, VOCAB)
+    pool.add("chat:2", list(range(7, 70)))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setattr(os, "replace", full)
+    assert pool.save() is False
+    assert len(_pool_warnings(caplog)) == 1
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    monkeypatch.undo()
+    assert pool.save()
+    assert "chat:2" in Pool.open(tmp_path, VOCAB).index
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path, caplog, monkeypatch):
+    path = _saved_pool(tmp_path)
+    before = path.read_bytes()
+    pool = Pool.open(tmp_path, VOCAB)
+    pool.add("chat:2", [1, 2])
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    caplog.set_level(logging.WARNING)
+    assert pool.save() is False and len(_pool_warnings(caplog)) == 1
+    assert path.read_bytes() == before
+
+
+def test_a_folder_that_cannot_be_created_leaves_a_pool_in_memory(tmp_path, caplog):
+    (tmp_path / "file").write_text("")
+    caplog.set_level(logging.WARNING)
+    pool = Pool.open(tmp_path / "file" / "pool", VOCAB)
+    pool.add("a", [1, 2, 3])
+    assert pool.index.match([1, 2], max_len=2)[0].tokens == (3,)
+    assert pool.save() is False
+    assert len(_pool_warnings(caplog)) >= 2
+
+
+def test_a_vocabulary_id_is_checked():
+    with pytest.raises(ValueError):
+        Pool.open(Path("/nonexistent"), "../etc")
+
+
+def _add_in_another_process(folder: str, doc: str, tokens: list[int], both_open) -> None:
+    pool = Pool.open(Path(folder), VOCAB)
+    both_open.wait(timeout=60)  # each has read the file before either writes it
+    pool.add(doc, tokens)
+    if not pool.save():
+        raise SystemExit(1)
+
+
+def test_two_processes_adding_at_once_keep_both_documents(tmp_path):
+    _saved_pool(tmp_path)
+    context = multiprocessing.get_context("spawn")
+    both_open = context.Barrier(2)
+    workers = [context.Process(target=_add_in_another_process,
+                               args=(str(tmp_path), f"proc{i}", _random(500, seed=i), both_open))
+               for i in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert [w.exitcode for w in workers] == [0, 0]
+    pool = Pool.open(tmp_path, VOCAB)
+    assert sorted(pool.index.documents()) == ["chat:1", "file:abc", "proc0", "proc1"]
+    assert pool.index.tokens("proc1").tolist() == _random(500, seed=1)
+
+
+def test_the_vocabulary_id_names_the_tokenizer(synth_target, synth_far_draft, synth_other_vocab):
+    from edgespec.engine.runtime import vocab_info
+    from edgespec.llama.model import LlamaModel
+    from edgespec.models.gguf_header import read_vocab_info
+
+    target = vocab_id(read_vocab_info(synth_target))
+    assert _VOCAB_ID_FORMAT.fullmatch(target)
+    assert vocab_id(read_vocab_info(synth_far_draft)) == target  # same vocabulary, other weights
+    assert vocab_id(read_vocab_info(synth_other_vocab)) != target
+    model = LlamaModel(synth_target, vocab_only=True)
+    try:
+        assert vocab_id(vocab_info(model)) == target  # a loaded model and its header agree
+    finally:
+        model.close()
+
+
+_VOCAB_ID_FORMAT = re.compile(r"[0-9a-f]{32}")
