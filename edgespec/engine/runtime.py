@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -44,7 +44,9 @@ class ModelSettings:
     path: str | Path
     n_gpu_layers: int = 0
     """Layers to offload to the GPU; -1 for all."""
-    n_ctx: int = 4096
+    n_ctx: int = field(kw_only=True)
+    """Context size in tokens; no default here: the face's LoadSettings gives it, or
+    edgespec.load chooses it for the models and this machine (placement.fit_context)."""
     n_threads: int | None = None
     """CPU threads; None for all cores."""
     n_batch: int = 512

@@ -42,7 +42,7 @@ class LlamaContext:
     KV_TYPES = {"f16": 1, "q8_0": 8}
     """ggml types for the KV cache (llama.cpp's --cache-type-k/-v)."""
 
-    def __init__(self, model: LlamaModel, *, n_ctx: int = 4096, n_batch: int = 512,
+    def __init__(self, model: LlamaModel, *, n_ctx: int, n_batch: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", flash_attn: bool | None = None,
                  n_seq_max: int = 1):
         """flash_attn None lets llama.cpp decide; a quantized KV cache needs it on."""
