@@ -55,6 +55,10 @@ MIN_CONFIDENCE = 0.1
 """A continuation stops before its confidence falls below this (SuffixDecoding's default)."""
 _FEW = 64
 """Where a match holds this many places or fewer, the rest of the history is compared at once."""
+_MAX_PLACES = 4096
+"""Where a suffix occurs in more places, its continuations are followed in an even sample of this many."""
+_SAMPLE = 256
+"""Where more places follow a match, the likeliest next tokens are chosen from this many of them."""
 _MERGE_FRACTION = 4
 """Waiting documents are merged into the sorted keys while they hold under 1/4 of
 the tokens already sorted; beyond that, all keys are sorted again."""
@@ -67,7 +71,8 @@ class Candidate:
     tokens: tuple[int, ...]
     """The proposed tokens, in order."""
     count: int
-    """How many times these tokens followed the matched suffix."""
+    """How many times these tokens followed the matched suffix (estimated from an even
+    sample where the suffix occurs in more than _MAX_PLACES places)."""
     occurrences: int
     """How many times the matched suffix occurs (followed by anything, or by a document's end)."""
     match_len: int
@@ -150,6 +155,9 @@ class SuffixIndex:
         than the whole budget keeps its last tokens that fit."""
         array = _checked(tokens)
         if doc in self._used:
+            if np.array_equal(self.tokens(doc), array):  # the same again: only used now
+                self._stamp(doc, time.time() if last_used is None else last_used)
+                return []
             self.remove(doc)
         if self.budget_bytes is not None:
             room = (self.budget_bytes - DOC_OVERHEAD) // BYTES_PER_TOKEN - 1
@@ -335,21 +343,20 @@ class SuffixIndex:
         """The most frequent continuations after `positions` (where a match of `length`
         tokens ends): one for each of the `firsts` most frequent first tokens."""
         occurrences = len(positions)
+        if occurrences > _MAX_PLACES:  # followed in an even sample, counts scaled up
+            positions = positions[:: occurrences // _MAX_PLACES]
         following = self._text[positions + 1]
-        values, counts = np.unique(following, return_counts=True)
-        ranked = [(int(c), int(v)) for v, c in zip(values, counts) if v != SEP]
-        ranked.sort(reverse=True)
         result = []
-        for count, first in ranked[:firsts]:
-            confidence = count / occurrences
+        for first, count in _top(following, firsts):
+            confidence = count / len(positions)
             if confidence < min_confidence:
                 break
             result.append(self._walk(positions[following == first], first, confidence, occurrences,
-                                     length, cap, min_confidence))
+                                     length, cap, min_confidence, scale=occurrences / len(positions)))
         return result
 
     def _walk(self, positions: np.ndarray, first: int, confidence: float, occurrences: int,
-              length: int, cap: int, min_confidence: float) -> Candidate:
+              length: int, cap: int, min_confidence: float, scale: float) -> Candidate:
         """Follow the most frequent path from `first` (which followed `positions`)
         while its confidence stays at or above min_confidence, up to `cap` tokens."""
         tokens, expected = [first], confidence
@@ -375,24 +382,43 @@ class SuffixIndex:
                 positions = positions[places]
                 break
             following = self._text[positions + 1 + len(tokens)]
-            values, counts = np.unique(following, return_counts=True)
-            counts[values == SEP] = 0
-            best = int(np.argmax(counts))
-            if counts[best] == 0 or confidence * counts[best] / len(positions) < min_confidence:
+            best = _top(following, 1)
+            if not best or confidence * best[0][1] / len(positions) < min_confidence:
                 break
-            confidence *= float(counts[best]) / len(positions)
+            token, count = best[0]
+            confidence *= count / len(positions)
             expected += confidence
-            tokens.append(int(values[best]))
-            positions = positions[following == values[best]]
-        return Candidate(tokens=tuple(tokens), count=len(positions), occurrences=occurrences,
+            tokens.append(token)
+            positions = positions[following == token]
+        return Candidate(tokens=tuple(tokens), count=round(len(positions) * scale), occurrences=occurrences,
                          match_len=length, confidence=confidence, expected=expected,
                          docs=self._docs_at(positions))
 
     def _docs_at(self, positions: np.ndarray) -> tuple[str, ...]:
         which = np.searchsorted(self._starts, positions, side="right") - 1
+        if len(which) <= _FEW:
+            ranked = sorted(Counter(which.tolist()).items(), key=lambda ic: (-ic[1], ic[0]))
+            return tuple(self._names[i] for i, _ in ranked)
         indices, counts = np.unique(which, return_counts=True)
-        ranked = sorted(zip(counts.tolist(), indices.tolist()), key=lambda ci: (-ci[0], ci[1]))
-        return tuple(self._names[i] for _, i in ranked)
+        return tuple(self._names[i] for i in indices[np.argsort(-counts, kind="stable")].tolist())
+
+
+def _top(following: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """The `n` most frequent tokens of `following` other than SEP, with their counts,
+    most frequent first (of a tie, the smaller token). Over a long array they are
+    chosen from an even sample of _SAMPLE, then counted exactly."""
+    if len(following) <= _FEW:
+        counts = Counter(following.tolist())
+        counts.pop(SEP, None)
+        return sorted(counts.items(), key=lambda tc: (-tc[1], tc[0]))[:n]
+    sample = following if len(following) <= _SAMPLE else following[:: len(following) // _SAMPLE]
+    values, counts = np.unique(sample, return_counts=True)
+    counts[values == SEP] = 0
+    best = [int(values[i]) for i in np.argsort(-counts, kind="stable")[:n] if counts[i] > 0]
+    if sample is following:
+        return [(token, int(counts[np.searchsorted(values, token)])) for token in best]
+    exact = [(token, int(np.count_nonzero(following == token))) for token in best]
+    return sorted(exact, key=lambda tc: (-tc[1], tc[0]))
 
 
 def _most_common(tokens: list[int]) -> tuple[int, int]:
