@@ -66,7 +66,7 @@ def test_k_0_outside_plain_mode_is_plain_decoding_and_the_stats_line_says_why():
     from edgespec.engine.choice import Policies
     from edgespec.engine.drafters import PromptLookup
 
-    policies = Policies(None, None, exact=False, lookup=PromptLookup(), draft_model=None, costs_path=lambda k: None)
+    policies = Policies(None, None, exact=False, drafters=[PromptLookup()], costs_path=lambda k: None)
     plan = policies.choose(GenerationParams(mode="lookup", k=0)).plan([])
     assert (plan.kind, plan.drafter, plan.k) == ("plain", None, 0)
     stats = Stats(mode="lookup", drafter="none", reason=plan.reason, generated_tokens=3)

@@ -6,11 +6,11 @@ measured once by the exactness probe)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.costs import calibrate, load_costs, save_costs
-from edgespec.engine.drafters import DraftModel, PromptLookup
+from edgespec.engine.drafters import Drafter
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.engine.exact import largest_exact_batch
 from edgespec.limits import MAX_DRAFT
@@ -36,14 +36,16 @@ def decoded_mode(params: GenerationParams) -> str:
 class Policies:
     """The policies of one engine's replies."""
 
-    def __init__(self, target, draft, *, exact: bool, lookup: PromptLookup, draft_model: DraftModel | None,
+    def __init__(self, target, draft, *, exact: bool, drafters: Sequence[Drafter],
                  costs_path: Callable[[int], Path | None]):
         """`target`, `draft`: the loaded models (their `seq`, the sequence in use, changes
-        with the conversation); `costs_path(k_max)`: where a calibration is kept between
-        runs (None: nowhere)."""
+        with the conversation); `drafters`: the engine's (drafters.engine_drafters);
+        `costs_path(k_max)`: where a calibration is kept between runs (None: nowhere)."""
         self.target, self.draft = target, draft
         self.exact = exact
-        self.lookup, self.draft_model = lookup, draft_model
+        self.drafters = list(drafters)
+        self._by_mode = {d.name: d for d in self.drafters}
+        """The mode table: a mode named after a drafter drafts with it alone."""
         self.costs_path = costs_path
         self.measured_batch: int = FAST_MAX_BATCH if not exact else 0
         """max_verify_batch once known (with exact kernels, 0 until the probe has run)."""
@@ -54,7 +56,8 @@ class Policies:
         """The policy for params.mode: which drafter (if any) and how many tokens."""
         if params.mode not in MODES:
             raise ValueError(f"unknown mode {params.mode!r}: choose one of {', '.join(MODES)}")
-        if params.mode == "draft" and self.draft_model is None:
+        fixed = self._by_mode.get(params.mode)
+        if params.mode == "draft" and fixed is None:
             raise ValueError("mode 'draft' needs a draft model: pass one, or use mode 'lookup' or 'auto'")
         if params.mode == "plain":
             return FixedPolicy(None, 0)
@@ -64,10 +67,8 @@ class Policies:
         if k_cap < 1:
             return FixedPolicy(None, 0, "plain: no batch gives exact logits on this backend "
                                         "(without --exact it speculates)")
-        if params.mode == "lookup":
-            return FixedPolicy(self.lookup, min(params.k, k_cap))
-        if params.mode == "draft":
-            return FixedPolicy(self.draft_model, min(params.k, k_cap))
+        if fixed is not None:
+            return FixedPolicy(fixed, min(params.k, k_cap))
         return self._auto_policy(params, k_cap)
 
     def max_verify_batch(self) -> int:
@@ -100,6 +101,5 @@ class Policies:
                                   measured=self._probe_timings)
                 if kept:
                     save_costs(costs, kept)
-            drafters = [self.lookup] + ([self.draft_model] if self.draft_model else [])
-            self._auto = AutoPolicy(costs, drafters, k_max=k_max, priors=ACCEPTANCE_PRIORS)
+            self._auto = AutoPolicy(costs, self.drafters, k_max=k_max, priors=ACCEPTANCE_PRIORS)
         return self._auto

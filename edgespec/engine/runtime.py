@@ -21,7 +21,7 @@ from edgespec.engine.attention import choose_cpu_flash_attn, default_slots
 from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.choice import Policies, decoded_mode
-from edgespec.engine.drafters import DraftModel, PromptLookup
+from edgespec.engine.drafters import DraftModel, engine_drafters
 from edgespec.engine.events import Chunk, GenerationParams
 from edgespec.engine.info import EngineInfo, LayerRun, ModelInfo
 from edgespec.engine.policy import Policy
@@ -204,11 +204,10 @@ class Engine:
         self._target = target
         self._draft = draft
         self._cache = cache
-        self.lookup = PromptLookup()
-        self.draft_model = (DraftModel(draft.seq, is_eog=draft.model.is_eog, n_vocab=target.model.n_vocab)
-                            if draft else None)
-        self.policies = Policies(target, draft, exact=target.exact, lookup=self.lookup,
-                                 draft_model=self.draft_model, costs_path=self._costs_path)
+        self.drafters = engine_drafters(draft.seq if draft else None, n_vocab=target.model.n_vocab,
+                                        is_eog=draft.model.is_eog if draft else target.model.is_eog)
+        self.policies = Policies(target, draft, exact=target.exact, drafters=self.drafters,
+                                 costs_path=self._costs_path)
         self._streams = 0
         """Streams of generate() running (their decodes are what interrupt() stops)."""
         self._stream_lock = threading.Lock()
@@ -242,6 +241,11 @@ class Engine:
     @property
     def has_draft(self) -> bool:
         return self._draft is not None
+
+    @property
+    def draft_model(self) -> DraftModel | None:
+        """The drafter that drafts with the draft model, if there is one."""
+        return next((d for d in self.drafters if isinstance(d, DraftModel)), None)
 
     @property
     def target_model(self) -> LlamaModel:
