@@ -45,18 +45,24 @@ def add_load_options(g) -> None:
     LoadSettings (load_settings_from_args reads them back, checked)."""
     for name, limit in LOAD_LIMITS.items():
         flag, metavar = LOAD_FLAGS[name]
-        g.add_argument(flag, dest=name, type=_whole_number, default=limit.default, metavar=metavar,
+        g.add_argument(flag, dest=name, type=_within(limit), default=limit.default, metavar=metavar,
                        help=f"{limit.help} ({limit.range()})".replace("%", "%%"))  # argparse formats help with %
     g.add_argument("--exact", action="store_true", help=SWITCHES["exact"])
     g.add_argument("--flash-attn", choices=FLASH_ATTN, default=LoadSettings().flash_attn_name,
                    help=SWITCHES["flash_attn"])
 
 
-def _whole_number(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+def _within(limit):
+    """An argparse type: a whole number in `limit`'s range (else a usage error naming it)."""
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not limit.allows(value):
+            raise argparse.ArgumentTypeError(f"must be {limit.range()} ({limit.help}), got {value}")
+        return value
+    return whole
 
 
 def add_model_names(g) -> None:
@@ -72,10 +78,9 @@ def add_no_draft(g) -> None:
 
 
 def load_settings_from_args(args: argparse.Namespace) -> LoadSettings:
-    """The LoadSettings the options give, checked before loading (a bad value is a
-    ValueError naming the option): threads above the cores are lowered, with a
-    note; GPU layers on a build without a GPU backend are noted (everything runs
-    on the CPU)."""
+    """The LoadSettings the options give (their ranges were checked as they were parsed),
+    before loading: threads above the cores are lowered, with a note; GPU layers on
+    a build without a GPU backend are noted (everything runs on the CPU)."""
     import os
 
     from edgespec.llama import system_info
@@ -87,9 +92,6 @@ def load_settings_from_args(args: argparse.Namespace) -> LoadSettings:
     if args.exact and args.flash_attn == "off":
         raise ValueError("--exact needs flash attention (its Q8_0 KV cache): leave out --flash-attn off")
     values = {name: getattr(args, name) for name in LOAD_LIMITS}
-    for name, value in values.items():
-        if value is not None and not LOAD_LIMITS[name].allows(value):
-            raise ValueError(f"{LOAD_FLAGS[name][0]} must be {LOAD_LIMITS[name].range()}, got {value}")
     settings = LoadSettings(**values, exact=args.exact, flash_attn=FLASH_ATTN[args.flash_attn],
                             rpc=rpc_split(args), cache=cache_from_args(args))
     asked = [option for option, value in (("--n-gpu-layers", settings.n_gpu_layers and not settings.rpc),
