@@ -220,13 +220,13 @@ def test_apply_without_edits_is_a_clear_error(home, project, monkeypatch):
 
 # -- one real round trip: the bundled coder renames in an attached file --------------------
 
-SMALL = '''def area(width, height):
-    """The area of a rectangle."""
-    return width * height
+SMALL = '''def total(prices):
+    """The sum of the prices."""
+    return sum(prices)
 
 
-def describe(width, height):
-    return f"{width} x {height} = {area(width, height)}"
+def receipt(prices):
+    return f"{len(prices)} items, {total(prices):.2f}"
 '''
 
 
@@ -245,17 +245,16 @@ def test_the_bundled_coder_renames_in_an_attached_file_and_exact_equals_plain(qw
         for mode in ("plain", "auto"):
             folder = tmp_path / mode
             folder.mkdir()
-            (folder / "geometry.py").write_text(SMALL)
+            (folder / "prices.py").write_text(SMALL)
             session = ChatSession(engine, workspace=Workspace(folder),
                                   params=GenerationParams(mode=mode, max_tokens=200))
-            list(session.send("Rename the function `area` to `rectangle_area` everywhere in geometry.py.",
-                              ["geometry.py"]))
+            list(session.send("Rename the function `total` to `sum_prices` everywhere in prices.py.",
+                              ["prices.py"]))
             edits = [e for e in session.pending_edits() if not e.edit.new]  # it may invent a file beside it
-            assert [e.path for e in edits] == ["geometry.py"], session.messages[-1].content
+            assert [e.path for e in edits] == ["prices.py"], session.messages[-1].content
             apply_edits(Workspace(folder), edits, allow_new=False, backups=tmp_path / "undo")
-            written[mode] = (folder / "geometry.py").read_text()
-    assert "def rectangle_area(width, height):" in written["plain"] and "area(width" not in written["plain"].replace(
-        "rectangle_area(width", "")
+            written[mode] = (folder / "prices.py").read_text()
+    assert written["plain"] == SMALL.replace("total(", "sum_prices(")
     assert written["auto"] == written["plain"]
 
 
