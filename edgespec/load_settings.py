@@ -90,6 +90,14 @@ class LoadSettings:
         """"auto", "on" or "off"."""
         return next(name for name, value in FLASH_ATTN.items() if value is self.flash_attn)
 
+    def over(self, base: LoadSettings) -> LoadSettings:
+        """`base` with what these settings give: their fields that are not at their
+        defaults (the RPC split and the cache are not carried: the app takes those apart)."""
+        default = LoadSettings()
+        given = {name: getattr(self, name) for name in (*LOAD_LIMITS, *SWITCHES)
+                 if getattr(self, name) != getattr(default, name)}
+        return replace(base, **given)
+
     def hardware(self) -> LoadSettings:
         """These settings without the cache: what, when it changes, needs the models loaded again."""
         return replace(self, cache=None)

@@ -130,3 +130,42 @@ def test_serve_fills_the_same_settings_and_refuses_a_bad_one_before_taking_the_p
     assert "--exact" in capsys.readouterr().err
     args = cli.build_parser().parse_args(["serve", "--ctx", "16384", "--flash-attn", "off"])
     assert options.load_settings_from_args(args).hardware() == LoadSettings(n_ctx=16384, flash_attn=False)
+
+
+def test_the_bare_command_takes_the_load_options_for_the_app(monkeypatch):
+    """`edgespec --ctx 16384 --flash-attn on` opens the app with them: they replace the
+    default settings' for this run (as --rpc does), the rest stay the settings'."""
+    import edgespec.tui as tui
+
+    seen = {}
+    monkeypatch.setattr(tui, "run_app", lambda **kw: seen.update(kw))
+    assert cli.main(["--ctx", "16384", "--flash-attn", "on"]) == 0
+    assert (seen["load"].n_ctx, seen["load"].flash_attn) == (16384, True)
+    saved = LoadSettings(n_ctx=8192, n_threads=2, exact=True)
+    assert seen["load"].over(saved) == LoadSettings(n_ctx=16384, n_threads=2, exact=True, flash_attn=True)
+    assert cli.main([]) == 0 and seen["load"].over(saved) == saved
+
+
+@pytest.fixture
+def store(tmp_path):
+    from edgespec.chat.store import ConversationStore
+
+    with ConversationStore(tmp_path / "chats.db") as s:
+        yield s
+
+
+async def test_the_apps_command_line_load_settings_are_its_defaults(store):
+    from tests.app_helpers import make_app, wait_for
+
+    loads = []
+
+    def load(choice, settings, progress):
+        from tests.fakes import SpecFakeEngine
+
+        loads.append(settings.load)
+        return SpecFakeEngine(reply=lambda prompt: "ok", n_ctx=settings.load.n_ctx or 4096)
+
+    app = make_app(store, load=load, load_given=LoadSettings(n_ctx=16384))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        assert loads[-1].n_ctx == 16384 and app.chat.settings.load.n_ctx == 16384

@@ -15,8 +15,8 @@ from typing import Callable
 
 from edgespec import __version__
 from edgespec.cli import chats, files, generate, models, serve, worker
-from edgespec.cli.options import (add_cache_options, add_model_names, add_no_draft, add_rpc_options, cache_from_args,
-                                  rpc_split)
+from edgespec.cli.options import (add_cache_options, add_load_options, add_model_names, add_no_draft,
+                                  add_rpc_options, load_settings_from_args)
 from edgespec.cli.output import quiet_stdout
 from edgespec.errors import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, EdgespecError
 
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     app = parser.add_argument_group("chat app (no command)")
     add_model_names(app)
     add_no_draft(app)
+    add_load_options(app)
     add_rpc_options(app)
     add_cache_options(app)
     app.add_argument("--root", metavar="DIR", help="the project folder files are attached from and edits written "
@@ -78,6 +79,7 @@ def _cmd_app(args: argparse.Namespace) -> int:
     """The chat app; a missing or broken model is shown there (with how to get it), not raised."""
     from edgespec.tui import run_app
 
-    run_app(pair=args.pair, target=args.target, draft=args.draft, no_draft=args.no_draft, rpc=rpc_split(args),
-            cache=cache_from_args(args), root=args.root)
+    load = load_settings_from_args(args)
+    run_app(pair=args.pair, target=args.target, draft=args.draft, no_draft=args.no_draft, rpc=load.rpc,
+            cache=load.cache, load=load, root=args.root)
     return 0

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 
 def run_app(*, pair: str | None = None, target: str | None = None, draft: str | None = None, no_draft: bool = False,
-            template: str | None = None, rpc=None, cache=None, root=None) -> None:
+            template: str | None = None, rpc=None, cache=None, load=None, root=None) -> None:
     """Open the chat app on a registry pair (default: the bundled one) or on model files / names
     (`no_draft`: the target alone).
     `rpc`: a Split (RPC workers, tensor split, output layer) for the target, instead of the settings' workers;
     `cache`: the engine's CacheSettings (default: edgespec.load.kv_cache());
+    `load`: the command line's LoadSettings: those it gives replace the default settings' for this run;
     `root`: the project folder files are attached from (default: the current folder)."""
     from edgespec.tui.app import EdgespecApp
     from edgespec.tui.library import ModelChoice
@@ -19,4 +20,4 @@ def run_app(*, pair: str | None = None, target: str | None = None, draft: str | 
         from edgespec.models.registry import DEFAULT_PAIR
 
         choice = ModelChoice(pair=pair or DEFAULT_PAIR, draft=draft, no_draft=no_draft)
-    EdgespecApp(choice, template=template, rpc=rpc, cache=cache, root=root).run()
+    EdgespecApp(choice, template=template, rpc=rpc, cache=cache, load_given=load, root=root).run()

@@ -35,6 +35,7 @@ from edgespec.chat.store import StoreError
 from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import EdgespecError
 from edgespec.limits import LIMITS
+from edgespec.load_settings import LoadSettings
 from edgespec.models.progress import Progress, ProgressCallback
 from edgespec.modes import DEFAULT_MODE
 from edgespec.net import Split
@@ -100,7 +101,8 @@ class EdgespecApp(App):
                  library: Library | Callable[[], Library] | None = None,
                  defaults: ChatSettings | None = None, defaults_path: str | Path | None = None,
                  export_dir: str | Path | None = None, template: str | None = None,
-                 rpc: str | None = None, cache=None, root: str | Path | None = None) -> None:
+                 rpc: str | None = None, cache=None, load_given: LoadSettings | None = None,
+                 root: str | Path | None = None) -> None:
         super().__init__()
         self.choice = choice or ModelChoice()
         self._store = store
@@ -120,6 +122,8 @@ class EdgespecApp(App):
         the split loaded."""
         self.cache = cache
         """The engine's CacheSettings (conversations held at once, snapshots); None: the defaults."""
+        self.load_given = load_given
+        """The command line's LoadSettings: what it gives replaces the default settings' for this run."""
         self.engine: ChatEngine | None = None
         self.model_label = self.choice.label
         """Which models are loaded (or being loaded), and once loaded where they run."""
@@ -195,6 +199,8 @@ class EdgespecApp(App):
             except ValueError as e:
                 self.defaults = ChatSettings()
                 self.notify(str(e), title="Settings file ignored", severity="warning", timeout=10)
+        if self.load_given is not None:
+            self.defaults = replace(self.defaults, load=self.load_given.over(self.defaults.load))
         if self.rpc is not None:  # the settings keep the workers; the split goes with them (load_choice)
             self.defaults = replace(self.defaults, load=replace(self.defaults.load, rpc=Split(self.rpc.workers)))
         self._chat.settings = self.defaults
