@@ -414,7 +414,9 @@ def test_a_client_that_gives_up_waiting_for_a_whole_reply_frees_the_engine(serve
     connection = http_client.HTTPConnection("127.0.0.1", int(served.url.rsplit(":", 1)[1]), timeout=30)
     connection.request("POST", "/v1/completions", json.dumps({"prompt": "1, 2, 3, 4,", "max_tokens": 900}),
                        {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
-    time.sleep(1)  # the server is idle: it is generating by now
+    deadline = time.monotonic() + 30  # wait for the server to start on it: a close before that is no test
+    while not any(r.getMessage().endswith(": started") for r in caplog.records) and time.monotonic() < deadline:
+        time.sleep(0.02)
     connection.close()
     after = client.completions.create(model=MODEL, prompt="Hello", max_tokens=1)
     assert after.usage.completion_tokens == 1

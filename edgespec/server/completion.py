@@ -88,6 +88,8 @@ class Completer:
         reply, reply_tokens, stats = [], [], None
         try:
             for chunk in stream:
+                if stats is None:
+                    log.info("%s: started", request_id)  # its first chunk (a batch of the prompt read, or a token)
                 stats = chunk.stats
                 reply.append(chunk.text)
                 reply_tokens += chunk.tokens
