@@ -144,13 +144,13 @@ def test_stopping_early_stores_the_partial_reply_as_stopped(store):
     assert (chat.messages[-1].content, chat.messages[-1].status) == ("a ", "stopped")
     stored = store.messages(chat.conversation_id)[-1]
     assert (stored.content, stored.status) == ("a ", "stopped")
-    assert stored.stats["generated_tokens"] == 2
+    assert stored.stats.generated_tokens == 2
 
 
 def test_an_engine_failure_stores_the_partial_reply_as_interrupted(store):
     class Failing(FakeEngine):
-        def generate(self, prompt_tokens, params):
-            yield from list(super().generate(prompt_tokens, params))[:3]
+        def generate(self, prompt_tokens, params, *, regions=()):
+            yield from list(super().generate(prompt_tokens, params, regions=regions))[:3]
             raise RuntimeError("decode failed")
 
     chat = ChatSession(Failing(), store=store, template="chatml")
@@ -171,7 +171,7 @@ def test_conversations_are_stored_with_title_settings_stats_and_origins(store):
     assert settings["template"] == "chatml" and settings["params"]["mode"] == "lookup"
     assert settings["target"] == "fake.gguf"
     reply = store.messages(info.id)[-1]
-    assert reply.stats["generated_tokens"] == len("reply 1") and reply.stats["stop_reason"] == "eog"
+    assert reply.stats.generated_tokens == len("reply 1") and reply.stats.stop_reason == "eog"
     assert reply.from_draft == [i % 2 == 1 for i in range(len("reply 1"))]
 
 
@@ -211,9 +211,9 @@ def test_builtin_format_stop_strings_are_passed_to_the_engine():
     seen = []
 
     class Recording(FakeEngine):
-        def generate(self, prompt_tokens, params):
+        def generate(self, prompt_tokens, params, *, regions=()):
             seen.append(params.stop)
-            return super().generate(prompt_tokens, params)
+            return super().generate(prompt_tokens, params, regions=regions)
 
     _run(ChatSession(Recording(), template="plain", params=GenerationParams(stop=("###",))).send("Hi"))
     assert seen == [("###", "\nUser:")]
@@ -267,7 +267,7 @@ def test_real_model_greedy_speculative_replies_equal_plain_replies(smol):
         replies[mode] = [m.content for m in chat.messages if m.role == "assistant"]
         assert all(replies[mode])
         if mode == "draft":  # the model drafting for itself (with faster kernels): nearly all accepted
-            assert all(m.stats["accepted"] > 0.5 * m.stats["drafted"] > 0 for m in chat.messages if m.role == "assistant")
+            assert all(m.stats.accepted > 0.5 * m.stats.drafted > 0 for m in chat.messages if m.role == "assistant")
     assert replies["lookup"] == replies["plain"]
     assert replies["draft"] == replies["plain"]
 
@@ -375,8 +375,23 @@ def test_a_conversation_that_fits_is_rendered_once_per_turn(monkeypatch, store):
 
 # -- two processes on one conversation: the second waits for the first's reply ----------
 
-def test_a_second_writer_waits_for_the_reply_in_progress_and_then_sees_it(tmp_path):
+def _streaming_in_a_thread(session: ChatSession, text: str):
+    """A thread sending `text` in `session`, returned once its reply streams."""
     import threading
+
+    streaming = threading.Event()
+
+    def reply():
+        for _ in session.send(text):
+            streaming.set()
+
+    writer = threading.Thread(target=reply)
+    writer.start()
+    assert streaming.wait(5)
+    return writer
+
+
+def test_a_second_writer_waits_for_the_reply_in_progress_and_then_sees_it(tmp_path):
 
     first_store, second_store = ConversationStore(tmp_path / "c.db"), ConversationStore(tmp_path / "c.db")
     cid = import_json(first_store, {"format": "edgespec.conversation", "version": 1,
@@ -388,15 +403,7 @@ def test_a_second_writer_waits_for_the_reply_in_progress_and_then_sees_it(tmp_pa
     second_engine = FakeEngine(reply=lambda p: "second answer")
     second = ChatSession(second_engine, store=second_store, conversation_id=cid, template="chatml",
                          on_wait=lambda: waited.append(True))
-    streaming = threading.Event()
-
-    def reply_first():
-        for chunk in first.send("one"):
-            streaming.set()
-
-    writer = threading.Thread(target=reply_first)
-    writer.start()
-    assert streaming.wait(5)
+    writer = _streaming_in_a_thread(first, "one")
     reply, _ = _run(second.send("two"))  # while the first is still streaming
     writer.join(5)
     assert waited == [True] and reply == "second answer"
@@ -443,15 +450,7 @@ def test_the_first_turn_of_a_new_conversation_holds_it_from_the_moment_it_exists
     hold = threading.Event()
     first = ChatSession(FakeEngine(reply=lambda p: "first answer", hold=hold, hold_after=3),
                         store=ConversationStore(tmp_path / "c.db"), template="chatml")
-    streaming = threading.Event()
-
-    def reply_first():
-        for _ in first.send("one"):
-            streaming.set()
-
-    writer = threading.Thread(target=reply_first)
-    writer.start()
-    assert streaming.wait(5)
+    writer = _streaming_in_a_thread(first, "one")
     waited = []
     second_engine = FakeEngine(reply=lambda p: "second answer")
     second = ChatSession(second_engine, store=ConversationStore(tmp_path / "c.db"),

@@ -41,12 +41,18 @@ def _chips(app) -> list[str]:
     return app.query_one(AttachmentBar).paths
 
 
+async def _focused_prompt(pilot) -> PromptInput:
+    """The prompt, focused, once the models are ready."""
+    await _ready(pilot)
+    prompt = pilot.app.query_one(PromptInput)
+    prompt.focus()
+    return prompt
+
+
 async def test_at_completion_attaches_a_file_as_a_chip_and_sends_it(store, project):
     app = make_app(store, reply="ok", root=project)
     async with app.run_test() as pilot:
-        await _ready(pilot)
-        prompt = app.query_one(PromptInput)
-        prompt.focus()
+        prompt = await _focused_prompt(pilot)
         await pilot.press("@", "s")
         await wait_for(pilot, lambda: prompt.completing)
         assert [str(o.prompt) for o in app.query_one("#completions", OptionList).options] == ["src/"]
@@ -82,9 +88,7 @@ async def test_pasting_a_path_attaches_the_file_and_other_text_is_pasted(store, 
 
     app = make_app(store, reply="ok", root=project)
     async with app.run_test() as pilot:
-        await _ready(pilot)
-        prompt = app.query_one(PromptInput)
-        prompt.focus()
+        prompt = await _focused_prompt(pilot)
         app.post_message(events.Paste("src/app.py"))
         await wait_for(pilot, lambda: _chips(app) == ["src/app.py"])
         app.post_message(events.Paste("src/none.py"))
