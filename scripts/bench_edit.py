@@ -89,8 +89,11 @@ def run_edgespec(engine, source: str, name: str, requests: list[str], params: Ge
             edits = session.pending_edits()
             if edits:
                 session.record_applied(apply_edits(edits, workspace, yes=True, out=io.StringIO()))
-            turns.append({"s": time.perf_counter() - start, "tokens": last.stats.generated_tokens,
-                          "decode_s": last.stats.decode_s, "applied": bool(edits)})
+            stats = last.stats
+            turns.append({"s": time.perf_counter() - start, "tokens": stats.generated_tokens,
+                          "decode_s": stats.decode_s, "applied": bool(edits), "ttft_s": stats.ttft_s,
+                          "drafted": stats.drafted, "accepted": stats.accepted,
+                          "accepted_by": dict(getattr(stats, "accepted_by", None) or {})})
             files.append((Path(folder) / name).read_text())
         return turns, files
 
@@ -194,7 +197,9 @@ def main() -> None:
                 results[system].append({"turns": turns, "files": files})
                 print(f"  repeat {r + 1} {system:24s} " + "  ".join(
                     f"turn {i + 1}: {t['s']:.1f} s, {t['tokens'] / max(t['decode_s'], 1e-9):.1f} tok/s"
-                    + ("" if t["applied"] else " (no edit)") for i, t in enumerate(turns)), flush=True)
+                    + ("" if t["applied"] else " (no edit)")
+                    + (f", accepted {t['accepted']}/{t['drafted']} {t['accepted_by']}" if "drafted" in t else "")
+                    for i, t in enumerate(turns)), flush=True)
     finally:
         for _, server in servers:
             server.stop()
