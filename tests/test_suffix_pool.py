@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from edgespec.engine.pool import FORMAT, Pool, vocab_id
+from edgespec.engine import suffix
 from edgespec.engine.suffix import BYTES_PER_TOKEN, DOC_OVERHEAD, SuffixIndex
 
 
@@ -154,6 +155,66 @@ def test_adding_the_same_tokens_again_only_marks_the_document_used():
     assert index.match([1, 2], max_len=2)[0].tokens == (3,)
 
 
+def test_a_conversation_grows_at_the_end_of_its_document():
+    index = SuffixIndex()
+    index.add("old", [9, 9, 9])
+    index.add("chat", [1, 2, 3])
+    index.match([1], max_len=1)
+    index.extend("chat", [4, 5])
+    index.add("chat", [1, 2, 3, 4, 5, 6, 7])  # its tokens so far: only 6 and 7 are new
+    assert index.tokens("chat").tolist() == [1, 2, 3, 4, 5, 6, 7] and index.n_tokens == 10
+    assert index.match([2, 3, 4, 5], max_len=4)[0].tokens == (6, 7)  # across what was added when
+    index.extend("old", [8])  # not the last document: stored again at the end
+    assert index.tokens("old").tolist() == [9, 9, 9, 8]
+    assert index.match([9, 9], max_len=2)[0].tokens == (9, 8)
+    assert index.match([2, 3], max_len=2)[0].tokens == (4, 5)
+    index.extend("new", [30, 31])
+    assert index.documents()[-1] == "new" and index.tokens("new").tolist() == [30, 31]
+
+
+def _reference_longest(docs: dict[str, list[int]], history: list[int], max_match: int) -> tuple[int, list[bool]]:
+    """The longest match by brute force, and for each place it occurs, whether a token follows it there."""
+    best, followed = 0, []
+    for tokens in docs.values():
+        for p in range(len(tokens)):
+            n = 0
+            while n < min(max_match, len(history)) and p - n >= 0 and tokens[p - n] == history[-1 - n]:
+                n += 1
+            if n > best:
+                best, followed = n, []
+            if n == best and n:
+                followed.append(p + 1 < len(tokens))
+    return best, followed
+
+
+@pytest.mark.parametrize("tail_min", [0, 8192], ids=["sorted", "scanned"])
+def test_the_longest_match_agrees_with_brute_force(monkeypatch, tail_min):
+    monkeypatch.setattr(suffix, "_TAIL_MIN", tail_min)
+    rng = np.random.default_rng(7)
+    index = SuffixIndex()
+    docs: dict[str, list[int]] = {}
+    for step in range(80):
+        name = f"d{rng.integers(0, 8)}"
+        roll = rng.random()
+        if roll < 0.2 and name in docs:
+            index.remove(name)
+            del docs[name]
+        elif roll < 0.5 and name in docs:
+            more = rng.integers(0, 6, rng.integers(0, 20)).tolist()
+            index.extend(name, more)
+            docs[name] = docs[name] + more
+        else:
+            docs[name] = rng.integers(0, 6, rng.integers(1, 60)).tolist()
+            index.add(name, docs[name])
+        history = rng.integers(0, 6, 12).tolist()
+        length, followed = _reference_longest(docs, history, 8)
+        found = index.match(history, max_len=4, max_match=8, min_confidence=0.0, limit=1)
+        if any(followed):
+            assert (found[0].match_len, found[0].occurrences) == (length, len(followed))
+        else:  # no match, or only at the ends of documents
+            assert found == []
+
+
 def test_documents_are_evicted_least_recently_used_first_at_the_budget():
     doc = 100
     index = SuffixIndex(budget_bytes=3 * ((doc + 1) * BYTES_PER_TOKEN + DOC_OVERHEAD))
@@ -280,12 +341,14 @@ def test_a_pool_is_kept_across_restarts(tmp_path, caplog):
     pool.add("chat:1", [1, 2, 3, 4, 5, 6])
     pool.add("file:abc", list(range(100, 140)))
     pool.touch("chat:1")
+    pool.extend("chat:1", [7, 8])
     assert pool.save()
     again = Pool.open(tmp_path / "pool", VOCAB)
     assert again.index.documents() == ["file:abc", "chat:1"]
+    assert again.index.tokens("chat:1").tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
     assert again.index.tokens("file:abc").tolist() == list(range(100, 140))
     assert again.index.last_used("chat:1") == pool.index.last_used("chat:1")
-    assert again.index.match([3, 4, 5], max_len=4)[0].tokens == (6,)
+    assert again.index.match([3, 4, 5], max_len=4)[0].tokens == (6, 7, 8)
     assert _pool_warnings(caplog) == []
 
 

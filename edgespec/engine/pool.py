@@ -111,6 +111,11 @@ class Pool:
         self._changed = True
         return self.index.add(doc, tokens)
 
+    def extend(self, doc: str, tokens: Sequence[int] | np.ndarray) -> list[str]:
+        """Add `tokens` at the end of document `doc` (SuffixIndex.extend); kept at the next save."""
+        self._changed = True
+        return self.index.extend(doc, tokens)
+
     def touch(self, doc: str) -> None:
         """`doc` was used now: the last to be evicted."""
         if doc in self.index:

@@ -19,12 +19,13 @@ the array starts with one), so no match or continuation crosses a document.
 Every token position has a key packing that token and the two before it, and
 the positions are kept sorted by key: a match of up to three tokens is one
 binary search (`np.searchsorted`), and each further token of the match filters
-the positions found. Adding is lazy: documents wait until the next match, then
-are merged into the sorted keys (or all keys are sorted again when many wait),
-so a reply added per turn costs O(n) copying, not a rebuild. Removing a
-document compacts the arrays in O(n). Memory: 16 bytes a token (the token,
-its key, its position). Documents are evicted least recently used first when
-adding goes over `budget_bytes`.
+the positions found. Positions added since the last sort are scanned instead,
+and sorted in (O(n) copying) once they number over 1/8 of the sorted ones, so
+adding a document costs about what its tokens do, and so does adding tokens to
+the end of the last document added (a conversation as it grows: `extend`, or
+`add` with its tokens so far). Removing a document compacts the arrays in O(n).
+Memory: 16 bytes a token (the token, its key, its position). Documents are
+evicted least recently used first when adding goes over `budget_bytes`.
 
 Not thread-safe: one thread (the engine's) uses an index.
 """
@@ -59,9 +60,10 @@ _MAX_PLACES = 4096
 """Where a suffix occurs in more places, its continuations are followed in an even sample of this many."""
 _SAMPLE = 256
 """Where more places follow a match, the likeliest next tokens are chosen from this many of them."""
-_MERGE_FRACTION = 4
-"""Waiting documents are merged into the sorted keys while they hold under 1/4 of
-the tokens already sorted; beyond that, all keys are sorted again."""
+_TAIL_MIN = 8192
+_TAIL_FRACTION = 8
+"""Positions added since the last sort are scanned when matching until they number
+over _TAIL_MIN and 1/_TAIL_FRACTION of the sorted ones; then they are sorted in."""
 
 
 @dataclass(frozen=True)
@@ -95,20 +97,26 @@ class SuffixIndex:
             raise ValueError(f"budget_bytes must be 0 or more, not {budget_bytes}")
         self.budget_bytes = budget_bytes
         self._used: dict[str, float] = {}
-        """Every document (stored or waiting) -> when it was last added or touched."""
+        """Every document -> when it was last added or touched."""
         self._tick = 0
         self._order_of_use: dict[str, int] = {}
         """Ties in `_used` broken by the order of use."""
         self._lengths: dict[str, int] = {}
-        self._waiting: dict[str, np.ndarray] = {}
-        """Documents added since the arrays were last brought up to date."""
-        # the stored documents, in the order of their blocks in _text
         self._names: list[str] = []
+        """The documents in the order of their blocks in the text."""
         self._starts = np.zeros(0, dtype=np.int64)
-        self._text = np.full(1, SEP, dtype=np.int32)
+        self._buffer = _Growing(np.int32, [SEP])
+        """Every document's tokens followed by SEP, after one SEP."""
         self._keys = np.zeros(0, dtype=np.int64)
         self._positions = np.zeros(0, dtype=np.int32)
-        """Token positions in _text, sorted by their key."""
+        """Token positions in the text, sorted by their key."""
+        self._tail_keys = _Growing(np.int64)
+        self._tail_positions = _Growing(np.int32)
+        """Positions added since the last sort, with their keys, in the order added."""
+
+    @property
+    def _text(self) -> np.ndarray:
+        return self._buffer.view
 
     # --- documents ---------------------------------------------------------
 
@@ -138,26 +146,24 @@ class SuffixIndex:
         return self._used[doc]
 
     def tokens(self, doc: str) -> np.ndarray:
-        """A read-only view of `doc`'s tokens."""
-        if doc in self._waiting:
-            view = self._waiting[doc]
-        else:
-            start = int(self._starts[self._names.index(doc)])
-            view = self._text[start:start + self._lengths[doc]]
-        view = view.view()
-        view.flags.writeable = False
-        return view
+        """A read-only copy of `doc`'s tokens."""
+        start = int(self._starts[self._names.index(doc)])
+        tokens = self._text[start:start + self._lengths[doc]].copy()
+        tokens.flags.writeable = False
+        return tokens
 
     def add(self, doc: str, tokens: Sequence[int] | np.ndarray, *, last_used: float | None = None) -> list[str]:
         """Hold `tokens` as document `doc`, replacing what it held before, and make it
         the most recently used (or place it in the order of use at `last_used`).
         Returns the documents evicted to stay within the budget. A document larger
-        than the whole budget keeps its last tokens that fit."""
+        than the whole budget keeps its last tokens that fit. Where `tokens` only
+        adds to the end of the last document added, this costs what the new tokens do."""
         array = _checked(tokens)
+        when = time.time() if last_used is None else last_used
         if doc in self._used:
-            if np.array_equal(self.tokens(doc), array):  # the same again: only used now
-                self._stamp(doc, time.time() if last_used is None else last_used)
-                return []
+            old = self._lengths[doc]
+            if len(array) >= old and np.array_equal(self._text[self._start(doc):][:old], array[:old]):
+                return self._extend(doc, array[old:], when)
             self.remove(doc)
         if self.budget_bytes is not None:
             room = (self.budget_bytes - DOC_OVERHEAD) // BYTES_PER_TOKEN - 1
@@ -165,9 +171,36 @@ class SuffixIndex:
                 array = array[len(array) - max(room, 0):]
         if len(array) == 0:
             return []
-        self._waiting[doc] = array
+        start = self._buffer.size
+        self._buffer.extend(np.append(array, SEP))
+        self._names.append(doc)
+        self._starts = np.append(self._starts, start)
         self._lengths[doc] = len(array)
-        self._stamp(doc, time.time() if last_used is None else last_used)
+        self._index_positions(np.arange(start, start + len(array)))
+        self._stamp(doc, when)
+        return self._evict(keep=doc)
+
+    def extend(self, doc: str, tokens: Sequence[int] | np.ndarray) -> list[str]:
+        """Add `tokens` at the end of document `doc` (a new document if it has none), as
+        a conversation grows; cheap where `doc` is the last document added."""
+        return self._extend(doc, _checked(tokens), time.time())
+
+    def _extend(self, doc: str, more: np.ndarray, when: float) -> list[str]:
+        if doc not in self._used:
+            return self.add(doc, more, last_used=when)
+        in_place = self._names[-1] == doc and (
+            self.budget_bytes is None or _cost(self._lengths[doc] + len(more)) <= self.budget_bytes)
+        if len(more) and not in_place:  # stored again, at the end
+            tokens = np.concatenate([self.tokens(doc), more])
+            self.remove(doc)
+            return self.add(doc, tokens, last_used=when)
+        if len(more):  # the last block: its SEP gives way to the new tokens
+            start = self._buffer.size - 1
+            self._buffer.size = start
+            self._buffer.extend(np.append(more, SEP))
+            self._lengths[doc] += len(more)
+            self._index_positions(np.arange(start, start + len(more)))
+        self._stamp(doc, when)
         return self._evict(keep=doc)
 
     def touch(self, doc: str, *, when: float | None = None) -> None:
@@ -181,6 +214,9 @@ class SuffixIndex:
 
     def clear(self) -> None:
         self._drop(list(self._used))
+
+    def _start(self, doc: str) -> int:
+        return int(self._starts[self._names.index(doc)])
 
     def _stamp(self, doc: str, when: float) -> None:
         self._tick += 1
@@ -205,63 +241,49 @@ class SuffixIndex:
         return evicted
 
     def _drop(self, docs: list[str]) -> None:
-        stored = []
-        for doc in docs:
-            if doc not in self._used:
-                continue
-            del self._used[doc], self._order_of_use[doc], self._lengths[doc]
-            if self._waiting.pop(doc, None) is None:
-                stored.append(doc)
-        if not stored:
+        """Remove documents' blocks from the text and their positions from the keys."""
+        gone = {doc for doc in docs if doc in self._used}
+        if not gone:
             return
-        gone = set(stored)
-        ends = [*self._starts[1:].tolist(), len(self._text)]  # a block: a document's tokens and its SEP
-        keep = np.ones(len(self._text), dtype=bool)
+        for doc in gone:
+            del self._used[doc], self._order_of_use[doc], self._lengths[doc]
+        ends = [*self._starts[1:].tolist(), self._buffer.size]  # a block: a document's tokens and its SEP
+        keep = np.ones(self._buffer.size, dtype=bool)
         for i, name in enumerate(self._names):
             if name in gone:
                 keep[int(self._starts[i]):ends[i]] = False
-        new_position = np.cumsum(keep, dtype=np.int64) - 1
+        new_position = (np.cumsum(keep, dtype=np.int64) - 1).astype(np.int32)
         kept = keep[self._positions]
-        self._positions = new_position[self._positions[kept]].astype(np.int32)
+        self._positions = new_position[self._positions[kept]]
         self._keys = self._keys[kept]
-        self._text = self._text[keep]
+        kept = keep[self._tail_positions.view]
+        self._tail_positions.replace(new_position[self._tail_positions.view[kept]])
+        self._tail_keys.replace(self._tail_keys.view[kept])
+        self._buffer.replace(self._text[keep])
         kept_docs = [i for i, name in enumerate(self._names) if name not in gone]
-        self._starts = new_position[self._starts[kept_docs]]
+        self._starts = new_position[self._starts[kept_docs]].astype(np.int64)
         self._names = [self._names[i] for i in kept_docs]
 
-    # --- the arrays ----------------------------------------------------------
+    # --- the keys ------------------------------------------------------------
 
-    def _store_waiting(self) -> None:
-        """Bring the waiting documents into the sorted arrays."""
-        if not self._waiting:
+    def _index_positions(self, positions: np.ndarray) -> None:
+        """Key new token positions; they are sorted in with the others when matching needs it."""
+        self._tail_keys.extend(_keys_at(self._text, positions))
+        self._tail_positions.extend(positions)
+
+    def _sort_tail(self) -> None:
+        """Merge the positions added since the last sort into the sorted keys: O(n)
+        copying, done when they hold over 1/_TAIL_FRACTION of the sorted ones."""
+        added = self._tail_keys.size
+        if added <= max(_TAIL_MIN, len(self._keys) // _TAIL_FRACTION):
             return
-        base = len(self._text)
-        blocks, starts, offset = [], [], base
-        for doc, tokens in self._waiting.items():
-            self._names.append(doc)
-            starts.append(offset)
-            blocks.append(tokens)
-            blocks.append(np.full(1, SEP, dtype=np.int32))
-            offset += len(tokens) + 1
-        self._waiting.clear()
-        added = np.concatenate(blocks)
-        self._starts = np.concatenate([self._starts, np.asarray(starts, dtype=np.int64)])
-        if len(added) * _MERGE_FRACTION < len(self._keys):
-            # merge: sort the new keys alone, then insert them where they belong
-            with_sep = np.concatenate([np.full(1, SEP, dtype=np.int32), added])
-            positions, keys = _keyed(with_sep)
-            order = np.argsort(keys, kind="stable")
-            keys, positions = keys[order], positions[order] + (base - 1)
-            at = np.searchsorted(self._keys, keys, side="right")
-            self._keys = np.insert(self._keys, at, keys)
-            self._positions = np.insert(self._positions, at, positions.astype(np.int32))
-            self._text = np.concatenate([self._text, added])
-        else:
-            self._text = np.concatenate([self._text, added])
-            positions, keys = _keyed(self._text)
-            order = np.argsort(keys, kind="stable")
-            self._keys = keys[order]
-            self._positions = positions[order].astype(np.int32)
+        order = np.argsort(self._tail_keys.view, kind="stable")
+        keys = self._tail_keys.view[order]
+        at = np.searchsorted(self._keys, keys, side="right")
+        self._keys = np.insert(self._keys, at, keys)
+        self._positions = np.insert(self._positions, at, self._tail_positions.view[order])
+        self._tail_keys.replace([])
+        self._tail_positions.replace([])
 
     # --- matching ------------------------------------------------------------
 
@@ -274,7 +296,7 @@ class SuffixIndex:
         more places."""
         if max_len <= 0 or limit <= 0 or not self._used:
             return []
-        self._store_waiting()
+        self._sort_tail()
         tail = np.asarray(history[-max_match:], dtype=np.int64)
         if len(tail) == 0:
             return []
@@ -299,26 +321,14 @@ class SuffixIndex:
             return []
         bad = np.flatnonzero((backwards < 0) | (backwards > MAX_TOKEN))
         usable = backwards[: bad[0]] if len(bad) else backwards
-        depth = min(3, len(usable))
-        # keys of 1, 2 and 3 tokens: token, token before, the one before that
-        lows = [usable[0] << (2 * _BITS)]
-        if depth > 1:
-            lows.append(lows[0] | (usable[1] << _BITS))
-        if depth > 2:
-            lows.append(lows[1] | usable[2])
-        widths = [1 << (2 * _BITS), 1 << _BITS, 1][:depth]
-        bounds = np.searchsorted(self._keys, np.array([*lows, *[lo + w for lo, w in zip(lows, widths)]]))
-        ranges = [(int(bounds[i]), int(bounds[i + depth])) for i in range(depth)]
-        found = [(d + 1, lo, hi) for d, (lo, hi) in enumerate(ranges) if hi > lo]
+        found = [(d + 1, positions) for d, positions in enumerate(self._depth_sets(usable)) if len(positions)]
         if not found:
             return []
         nodes: list[tuple[int, np.ndarray]] = []
-        previous = None
-        for length, lo, hi in found:
-            if previous is not None and previous[1].size > hi - lo:
-                nodes.append(previous)
-            previous = (length, self._positions[lo:hi])
-        length, positions = previous
+        for (length, positions), (_, longer) in zip(found, found[1:]):
+            if len(positions) > len(longer):
+                nodes.append((length, positions))
+        length, positions = found[-1]
         # beyond three tokens: keep the positions preceded by the next history tokens
         while length < len(usable) and len(positions) > _FEW:
             preceded = positions[self._text[positions - length] == usable[length]]
@@ -337,6 +347,29 @@ class SuffixIndex:
         else:
             nodes.append((length, positions))
         return nodes[::-1]
+
+    def _depth_sets(self, usable: np.ndarray) -> list[np.ndarray]:
+        """The positions where the history's last 1, 2 and 3 tokens occur (those it has):
+        a binary search in the sorted keys, a scan of those added since."""
+        depth = min(3, len(usable))
+        # keys of 1, 2 and 3 tokens: token, token before, the one before that
+        lows = [usable[0] << (2 * _BITS)]
+        if depth > 1:
+            lows.append(lows[0] | (usable[1] << _BITS))
+        if depth > 2:
+            lows.append(lows[1] | usable[2])
+        highs = [lo + width for lo, width in zip(lows, [1 << (2 * _BITS), 1 << _BITS, 1])]
+        bounds = np.searchsorted(self._keys, np.array([*lows, *highs]))
+        sets = [self._positions[bounds[d]:bounds[d + depth]] for d in range(depth)]
+        tail = self._tail_keys.view
+        if len(tail):
+            inside = np.flatnonzero((tail >= lows[0]) & (tail < highs[0]))
+            for d in range(depth):
+                if d:
+                    inside = inside[(tail[inside] >= lows[d]) & (tail[inside] < highs[d])]
+                if len(inside):
+                    sets[d] = np.concatenate([sets[d], self._tail_positions.view[inside]])
+        return sets
 
     def _continuations(self, positions: np.ndarray, length: int, cap: int, min_confidence: float,
                        firsts: int) -> list[Candidate]:
@@ -443,15 +476,38 @@ def _checked(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
     return array.astype(np.int32, copy=True)
 
 
-def _keyed(text: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(position, key) of each token in `text` (which starts with SEP): the key packs
-    the token, the one before it and the one before that, most significant first;
-    a separator, or anything before one, packs as _MASK, which no history token is."""
-    t = text.astype(np.int64)
-    t[t == SEP] = _MASK
-    prev1 = np.concatenate([[_MASK], t[:-1]])
-    prev2 = np.concatenate([[_MASK, _MASK], t[:-2]])
-    prev2[prev1 == _MASK] = _MASK
-    keys = (t << (2 * _BITS)) | (prev1 << _BITS) | prev2
-    positions = np.flatnonzero(t != _MASK)
-    return positions, keys[positions]
+def _keys_at(text: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The keys of token positions in `text`: the token, the one before it and the one
+    before that, most significant first; a separator packs as _MASK, which no history
+    token is, so no key of a document's first two tokens matches beyond its start."""
+    token = text[positions].astype(np.int64)
+    before = text[positions - 1].astype(np.int64)
+    before2 = text[positions - 2].astype(np.int64)
+    before[before == SEP] = _MASK
+    before2[before2 == SEP] = _MASK
+    return (token << (2 * _BITS)) | (before << _BITS) | before2
+
+
+class _Growing:
+    """A one-dimensional array appended to in place, its storage doubled when full."""
+
+    def __init__(self, dtype: type, values: Sequence[int] = ()):
+        self._data = np.array(values, dtype=dtype)
+        self.size = len(self._data)
+
+    @property
+    def view(self) -> np.ndarray:
+        return self._data[: self.size]
+
+    def extend(self, values: np.ndarray) -> None:
+        end = self.size + len(values)
+        if end > len(self._data):
+            grown = np.empty(max(end, 2 * len(self._data), 64), dtype=self._data.dtype)
+            grown[: self.size] = self.view
+            self._data = grown
+        self._data[self.size:end] = values
+        self.size = end
+
+    def replace(self, values: Sequence[int] | np.ndarray) -> None:
+        self._data = np.array(values, dtype=self._data.dtype)
+        self.size = len(self._data)
