@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.engine.pool import FORMAT, Pool, vocab_id
+from edgespec.engine.pool import FORMAT, Pool, forget_everywhere, vocab_id
 from edgespec.engine import suffix
 from edgespec.engine.suffix import BYTES_PER_TOKEN, DOC_OVERHEAD, SuffixIndex
 
@@ -380,6 +380,21 @@ def test_a_document_forgotten_by_one_process_is_not_written_back_by_another(tmp_
     final = Pool.open(tmp_path, VOCAB)
     assert sorted(final.index.documents()) == ["file:abc", "request:9"]
     assert "chat:1" not in server.index
+
+
+def test_a_document_is_forgotten_in_the_pools_of_every_vocabulary(tmp_path):
+    for vocab in (VOCAB, OTHER_VOCAB):
+        pool = Pool.open(tmp_path, vocab)
+        pool.add("chat:1", [1, 2, 3])
+        pool.add("chat:2", [4, 5, 6])
+        pool.save()
+    server = Pool.open(tmp_path, VOCAB)
+    server.add("chat:3", [7, 8, 9])  # not saved yet when the conversation is deleted
+    assert forget_everywhere(tmp_path, "chat:1") and forget_everywhere(tmp_path, "chat:3")
+    for vocab in (VOCAB, OTHER_VOCAB):
+        assert Pool.open(tmp_path, vocab).index.documents() == ["chat:2"]
+    server.save()
+    assert Pool.open(tmp_path, VOCAB).index.documents() == ["chat:2"]
 
 
 def test_a_document_added_again_after_it_was_forgotten_is_kept(tmp_path):

@@ -76,7 +76,8 @@ class _Stored:
 
 
 class Pool:
-    """Earlier text for one tokenizer, matched through `index`, kept in `path`."""
+    """Earlier text for one tokenizer, matched through `index`, kept in `path`.
+    One thread at a time uses a Pool (the engine's); processes share its file."""
 
     def __init__(self, path: Path, vocab: str, index: SuffixIndex, tombstones: dict[str, float]):
         self.path = path
@@ -89,7 +90,9 @@ class Pool:
     @classmethod
     def open(cls, folder: Path, vocab: str, *, budget_bytes: int | None = None) -> Pool:
         """The pool for vocabulary `vocab` (vocab_id()) kept in `folder`, holding at most
-        `budget_bytes` (None: no limit); empty where there is no usable file yet."""
+        `budget_bytes` (None: no limit); empty where there is no usable file yet. The
+        file keeps what the budget of the last process to save it kept: a pool that is
+        turned off is not opened (forget_everywhere still reaches its files)."""
         if not _VOCAB_ID.fullmatch(vocab):
             raise ValueError(f"a vocabulary id is 8-64 lowercase hex digits, not {vocab!r}")
         folder = Path(folder)
@@ -172,16 +175,30 @@ class Pool:
 
     def _contents(self) -> bytes:
         names = self.index.documents()
+        tokens = [self.index.tokens(name) for name in names]
         header = json.dumps({
             "vocab": self.vocab_id,
             "edgespec": __version__,
-            "documents": [[name, len(self.index.tokens(name)), self.index.last_used(name)] for name in names],
+            "documents": [[name, len(t), self.index.last_used(name)] for name, t in zip(names, tokens)],
             "tombstones": [[name, when] for name, when in self._tombstones.items()],
         }).encode()
         parts = [_HEAD.pack(MAGIC, FORMAT, len(header)), header]
-        parts += [self.index.tokens(name).astype("<i4").tobytes() for name in names]
+        parts += [t.astype("<i4").tobytes() for t in tokens]
         body = b"".join(parts)
         return body + _CRC.pack(zlib.crc32(body))
+
+
+def forget_everywhere(folder: Path, doc: str) -> bool:
+    """Remove `doc` from every pool file in `folder`, whatever its vocabulary: a
+    deleted conversation may have been remembered under several models, and the
+    pool may be turned off now. False, with a line in the log, where a file could
+    not be written."""
+    saved = True
+    for path in sorted(Path(folder).glob("*.pool")):
+        if _VOCAB_ID.fullmatch(path.stem):
+            # a tombstone even where the file lacks it: another process may hold it unsaved
+            saved = Pool.open(folder, path.stem).forget(doc) and saved
+    return saved
 
 
 def _write(path: Path, data: bytes) -> bool:
