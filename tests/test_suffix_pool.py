@@ -206,6 +206,8 @@ def test_the_longest_match_agrees_with_brute_force(monkeypatch, tail_min):
         else:
             docs[name] = rng.integers(0, 6, rng.integers(1, 60)).tolist()
             index.add(name, docs[name])
+        if step % 7 == 0:
+            index.prepare()  # all sorted in, whatever the thresholds
         history = rng.integers(0, 6, 12).tolist()
         length, followed = _reference_longest(docs, history, 8)
         found = index.match(history, max_len=4, max_match=8, min_confidence=0.0, limit=1)
