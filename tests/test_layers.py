@@ -20,6 +20,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("__main__",),  # the launcher: `edgespec` and `python -m edgespec`
     ("cli", "tui", "server", "bench"),  # the faces
     ("load", "chat"),  # siblings: neither imports the other
+    ("load_settings",),  # what a face asks to load (names the engine's CacheSettings)
     ("engine",),
     ("models",),
     ("llama",),  # the only package that touches ctypes
@@ -29,7 +30,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
 """Rooms, top floor first. A room imports rooms on lower floors only (it may skip
 floors), never one on its own floor or above, except as SIDEWAYS allows."""
 
-GROUND = frozenset({"__init__", "errors", "config", "modes", "machine", "net"})
+GROUND = frozenset({"__init__", "errors", "config", "limits", "modes", "machine", "net"})
 """The modules directly under edgespec/ that make up the ground (stdlib and platformdirs only)."""
 
 SIDEWAYS = frozenset({("cli", "tui"), ("cli", "server"), ("cli", "bench")})
