@@ -14,7 +14,7 @@ import sys
 from typing import Callable
 
 from edgespec import __version__
-from edgespec.cli import chats, files, generate, models, serve, worker
+from edgespec.cli import caches, chats, files, generate, models, serve, worker
 from edgespec.cli.options import (add_cache_options, add_load_options, add_model_names, add_no_draft,
                                   add_rpc_options, load_settings_from_args)
 from edgespec.cli.output import quiet_stdout
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--root", metavar="DIR", help="the project folder files are attached from and edits written "
                                                    "to (default: the current folder)")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for family in (generate, models, chats, files, serve, worker):
+    for family in (generate, models, chats, files, caches, serve, worker):
         family.add_parsers(sub)
     return parser
 
