@@ -270,3 +270,14 @@ def test_each_file_shown_is_a_labelled_region_of_the_prompt(store, project):
     [region] = [r for r in prompt.regions if r.label == "file:src/app.py"]
     assert engine.detokenize(prompt.tokens[region.start:region.end]) == APP
     assert prompt.tokens == engine.prompts[-1]
+
+
+def test_chat_says_when_a_reply_s_diff_does_not_apply_and_keeps_the_reply(home, project, monkeypatch, capsys):
+    reply = "```diff\n--- a/src/app.py\n+++ b/src/app.py\n@@ -1,2 +1,2 @@\n-def nothing_like_it():\n+def x():\n```\n"
+    _load(monkeypatch, FakeEngine(reply=lambda p: reply))
+    monkeypatch.chdir(project)
+    assert cli.main(["chat", "--new", "--template", "chatml", "--file", "src/app.py", "--once", "Change it"]) == 0
+    with ConversationStore() as store:
+        assert store.messages(1)[-1].content == reply
+    assert cli.main(["apply", "--yes"]) == 1  # EditError: a clear message, the file as it was
+    assert (project / "src" / "app.py").read_text() == APP

@@ -137,3 +137,15 @@ async def test_a_reopened_conversation_shows_its_attachments(store, project):
         await again.chat.open_conversation(store.latest())
         await wait_for(pilot, lambda: len(boxes(again)) == 2)
         assert boxes(again)[0].attachments == ["notes.txt"]
+
+
+async def test_a_reply_whose_diff_does_not_apply_is_said_and_the_file_kept(store, project):
+    reply = "```diff\n--- a/src/app.py\n+++ b/src/app.py\n@@ -1,2 +1,2 @@\n-def nothing_like_it():\n+def x():\n```\n"
+    app = make_app(store, reply=reply, root=project)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await send(pilot, "Change it @src/app.py")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        await wait_for(pilot, lambda: app.notes)  # said, not raised: the app goes on
+        assert not isinstance(app.screen, DiffScreen) and app.is_running
+        assert (project / "src" / "app.py").read_bytes() == APP.encode()

@@ -98,7 +98,11 @@ def _cmd_chat(args: argparse.Namespace) -> int:
                 left_out = f" (the {dropped} oldest messages were left out to fit the context)" if dropped else ""
                 print(stderr_stats(last.stats) + left_out, file=sys.stderr)
             attach = []  # the files go with the first message
-            changed = [e.path for e in session.pending_edits()]
+            try:
+                changed = [e.path for e in session.pending_edits()]
+            except EdgespecError as e:  # the reply's changes do not apply; the reply itself is kept
+                note(f"the reply's changes cannot be applied: {e}")
+                changed = []
             if changed:
                 note(f"the reply changes {', '.join(changed)}: `edgespec apply` shows the diff and writes it")
     print(f"[conversation {session.conversation_id}]", file=sys.stderr)

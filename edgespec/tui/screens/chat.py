@@ -495,7 +495,11 @@ class ChatScreen(Screen):
 
     def action_review_edits(self, quiet: bool = False) -> None:
         """Show the last reply's changes to attached files as a diff, to apply them."""
-        edits = self.session.pending_edits() if self.session is not None else []
+        try:
+            edits = self.session.pending_edits() if self.session is not None else []
+        except EdgespecError as e:  # a change that does not apply (a diff whose context is not in the file)
+            self.notify(str(e), title="The reply's changes cannot be applied", severity="warning", timeout=10)
+            return
         if not edits:
             if not quiet:
                 self.notify("The last reply changes none of the attached files.")
