@@ -77,6 +77,19 @@ def test_a_conversation_evicted_from_the_cache_comes_back_from_ram(smollm2):
         assert out == fresh_a
 
 
+def test_a_conversation_evicted_by_a_short_prompt_comes_back_from_ram_too(smollm2):
+    """A short prompt (fewer new tokens than are worth looking for in snapshots)
+    still keeps what it makes the sequence give up."""
+    with load(smollm2, slots=1, ram_mib=64) as engine:
+        a = conversation(engine, TOPICS[0])
+        fresh_a, _ = reply(engine, a)
+        short = engine.tokenize(chat_template(engine).render([{"role": "user", "content": "Hi!"}]), special=True)
+        reply(engine, short)
+        out, stats = reply(engine, a)
+        assert stats.prompt_cache == "ram" and stats.prompt_evaluated == 1
+        assert out == fresh_a
+
+
 def test_a_tiny_ram_budget_is_never_exceeded_and_the_output_stays_the_same(smollm2):
     with load(smollm2, slots=1, ram_mib=1) as engine:
         cache = engine._cache
@@ -320,12 +333,12 @@ async def test_the_app_switches_between_two_chats_without_reading_them_again(smo
                 await wait_for(pilot, replied, timeout=60)
                 return store.messages(cid)[-1].stats
 
-            assert (await turn(ids[0], "Summarise."))["prompt_cache"] == ""  # read once
-            assert (await turn(ids[1], "Summarise."))["prompt_cache"] == ""
+            assert (await turn(ids[0], "Summarise.")).prompt_cache == ""  # read once
+            assert (await turn(ids[1], "Summarise.")).prompt_cache == ""
             decoded = engines[0].target_seq.ctx.decoded
             stats = await turn(ids[0], "Shorter, please.")
-            assert stats["prompt_cache"] == "sequence" and stats["prompt_evaluated"] < 20, stats
-            assert stats["prompt_cached"] > 400
+            assert stats.prompt_cache == "sequence" and stats.prompt_evaluated < 20, stats
+            assert stats.prompt_cached > 400
             # the new message and at most 8 single-token passes: nothing of either chat read again
             assert engines[0].target_seq.ctx.decoded - decoded < 20 + 8
 

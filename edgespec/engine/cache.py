@@ -40,8 +40,9 @@ class Neighbours(Protocol):
         """Free cells for n more tokens of `seq` (others' go to snapshots); False if none could be freed."""
 
     def recall(self, seq: "KVSequence", tokens: Sequence[int], held: int) -> str | None:
-        """Before `seq` reads `tokens` (sharing `held` with it): restore a snapshot that
-        holds more of them; where it came from."""
+        """Before `seq` reads `tokens` (sharing `held` with it): keep what it gives up
+        to another conversation, and restore a snapshot that holds more of them (when
+        that spares a real read: RECALL_MIN); where it came from."""
 
 
 class KVSequence:
@@ -118,7 +119,7 @@ class KVSequence:
         if self.pool is None:
             return None
         held = common_prefix_length(self.tokens, tokens) if held is None else held
-        return self.pool.recall(self, tokens, held) if len(tokens) - held >= RECALL_MIN else None
+        return self.pool.recall(self, tokens, held)
 
     def restored(self, tokens: Sequence[int]) -> None:
         """The cache now holds `tokens` (a snapshot was loaded into it)."""

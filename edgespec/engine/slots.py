@@ -107,10 +107,13 @@ class SequencePool:
     # -- snapshots --------------------------------------------------------------------
     def recall(self, seq: KVSequence, tokens: Sequence[int], held: int) -> str | None:
         """Before `seq` reads `tokens`, of which it holds the first `held`: keep what it
-        would give up, and restore the snapshot that shares at least RECALL_MIN more
+        would give up (on a short read, only to another conversation: not a reply
+        asked again), and restore the snapshot that shares at least RECALL_MIN more
         of `tokens` than it does, if any. Returns "ram" or "disk" when one was restored."""
-        self.keep(seq, beyond=held)
-        if self.cache is None:
+        short = len(tokens) - held < RECALL_MIN  # fewer new tokens than a snapshot is worth looking for
+        if not short or held < KEEP_SHARE * len(seq.tokens):
+            self.keep(seq, beyond=held)
+        if short or self.cache is None:
             return None
         # one that spares a real read and fits this context
         found = self.cache.find(self.key, tokens, more_than=held + RECALL_MIN - 1, room=seq.n_ctx)
