@@ -169,6 +169,8 @@ class EngineThread(Generic[R]):
             items = job.work(self.resource)
             job._running(getattr(self.resource, "interrupt", None))
             try:
+                if job.cancelled:  # cancelled before it could be interrupted
+                    raise Cancelled()
                 for item in items:
                     job._send("item", item)
                     if job.cancelled:
