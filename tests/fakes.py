@@ -59,6 +59,8 @@ class FakeEngine:
         self.cache: list[int] = []
         self.prompts: list[list[int]] = []
         """The prompt tokens of every generate() call, in order."""
+        self.regions: list[tuple] = []
+        """The prompt regions of every generate() call, in order."""
         self.interrupts = 0
         """interrupt() calls (the real engine stops the decode in progress)."""
         self.closed = False
@@ -92,8 +94,9 @@ class FakeEngine:
     def interrupt(self) -> None:
         self.interrupts += 1
 
-    def generate(self, prompt_tokens: list[int], params: GenerationParams) -> Iterator[Chunk]:
+    def generate(self, prompt_tokens: list[int], params: GenerationParams, *, regions=()) -> Iterator[Chunk]:
         self.generating = True
+        self.regions.append(tuple(regions))
         try:
             yield from self._generate(prompt_tokens, params)
         finally:
@@ -148,11 +151,17 @@ class FakeEngine:
 
 class SpecFakeEngine(FakeEngine):
     """FakeEngine whose chunks look like speculative cycles: up to 3 accepted draft
-    tokens then one target token, with deterministic statistics."""
+    tokens then one target token, with deterministic statistics. With `sources`, the
+    accepted tokens are credited in Stats.accepted_by to "draft", and every other
+    cycle's to lookup in the prompt's last region ("lookup/<label>"), or
+    "lookup/prompt" without regions (off by default: the app's snapshots show none)."""
 
-    def generate(self, prompt_tokens: list[int], params: GenerationParams):
-        inner = super().generate(prompt_tokens, params)
+    sources = False
+
+    def generate(self, prompt_tokens: list[int], params: GenerationParams, *, regions=()):
+        inner = super().generate(prompt_tokens, params, regions=regions)
         stats = Stats(mode=params.mode, k=3, drafter="draft", reason="acceptance 75%")
+        lookup = f"lookup/{regions[-1].label}" if regions else "lookup/prompt"
         pending: list[Chunk] = []
         try:
             for chunk in inner:
@@ -161,7 +170,8 @@ class SpecFakeEngine(FakeEngine):
                     if len(pending) < 4:
                         continue
                 if pending:
-                    yield self._cycle(pending, stats)
+                    source = (lookup if stats.target_passes % 2 else "draft") if self.sources else ""
+                    yield self._cycle(pending, stats, source)
                     pending = []
                 if chunk.finish_reason:
                     stats.stop_reason = chunk.finish_reason
@@ -170,12 +180,14 @@ class SpecFakeEngine(FakeEngine):
             inner.close()
 
     @staticmethod
-    def _cycle(chunks: list[Chunk], stats: Stats) -> Chunk:
+    def _cycle(chunks: list[Chunk], stats: Stats, source: str) -> Chunk:
         n = len(chunks)
         stats.generated_tokens += n
         stats.target_passes += 1
         stats.drafted += 3
         stats.accepted += n - 1
+        if n > 1 and source:
+            stats.accepted_by[source] = stats.accepted_by.get(source, 0) + n - 1
         stats.decode_s = 0.01 * stats.generated_tokens
         return Chunk(text="".join(c.text for c in chunks), tokens=[t for c in chunks for t in c.tokens],
                      from_draft=[True] * (n - 1) + [False], stats=stats)
@@ -234,14 +246,14 @@ class SlowReader(FakeEngine):
         self.ended = threading.Event()
         """Set when a generate() call has ended, read to the end or not."""
 
-    def generate(self, prompt_tokens, params):
+    def generate(self, prompt_tokens, params, *, regions=()):
         read = 0
         try:
             for read in range(1, self.batches + 1):
                 time.sleep(0.05)
                 self.reading.set()
                 yield Chunk("", stats=Stats(prompt_tokens=len(prompt_tokens), prompt_evaluated=read * 512))
-            yield from super().generate(prompt_tokens, params)
+            yield from super().generate(prompt_tokens, params, regions=regions)
         finally:
             self.batches_read.append(read)
             self.ended.set()

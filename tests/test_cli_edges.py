@@ -235,10 +235,10 @@ def test_bench_counts_the_layers_a_gpu_holds_not_those_asked_for():
     assert "0/31 layers on GPU" in line and "30/31 layers on GPU" in line
 
 
-def stats(**kw) -> dict:
+def stats(**kw):
     from edgespec.engine.events import Stats
 
-    return Stats(**kw).to_dict()
+    return Stats(**kw)
 
 
 def test_a_plain_reply_ending_on_eos_shows_one_token_per_pass():

@@ -372,3 +372,26 @@ def test_draft_mode_without_a_draft_model_is_explained(synth_target):
     with Engine.load(settings(synth_target)) as engine:
         with pytest.raises(ValueError, match="needs a draft model"):
             run(engine, PROMPTS[0], mode="draft")
+
+
+@pytest.mark.parametrize(("pair", "mode"), [("same", "draft"), ("near", "lookup"), ("near", "auto")])
+def test_accepted_tokens_are_credited_to_their_sources_and_sum_to_accepted(engines, pair, mode):
+    from edgespec.engine.regions import Region
+
+    prompt = PROMPTS[3]  # a repeated pair: lookup matches it in the prompt, then in the reply
+    regions = [Region(1, len(prompt), "user:1")]
+    _, _, last = run_with_regions(engines[pair], prompt, regions, mode=mode, k=4, max_tokens=40)
+    stats = last.stats
+    assert stats.accepted > 0 and sum(stats.accepted_by.values()) == stats.accepted
+    allowed = {"draft": {"draft"}, "lookup": {"lookup/user:1", "lookup/reply"},
+               "auto": {"draft", "lookup/user:1", "lookup/reply"}}[mode]
+    assert set(stats.accepted_by) <= allowed, stats.accepted_by
+
+
+def run_with_regions(engine, prompt, regions, **kw):
+    tokens, flags, last = [], [], None
+    for chunk in engine.generate(prompt, GenerationParams(**kw), regions=regions):
+        tokens += chunk.tokens
+        flags += chunk.from_draft
+        last = chunk
+    return tokens, flags, last

@@ -163,3 +163,26 @@ def test_the_exactness_probe_uses_only_sizes_measured_exact(inexact, largest):
     n, timings = largest_exact_batch(cache, limit=8)
     assert n == largest and cache.tokens == []  # the cache is left as it was
     assert set(timings) == {1, *range(2, min(largest + 1, 8) + 1)}  # every size up to the first inexact one
+
+
+def test_lookup_credits_its_draft_to_the_region_its_match_was_copied_from():
+    from edgespec.engine.regions import Region, Regions
+
+    lookup = PromptLookup(ngram_max=2)
+    history = [0, 5, 6, 7, 8, 1, 2, 3, 9, 5, 6]  # "5 6" occurs in the file (1-5) first
+    lookup.start(Regions(9, [Region(0, 9, "user:1"), Region(1, 5, "file:a.py")]))
+    draft = lookup.propose(history, 2, None, None)
+    assert (draft.tokens, draft.source) == ([7, 8], "lookup/file:a.py")
+    assert lookup.offer(history, 2).source == "lookup/file:a.py"
+    assert lookup.propose([0, 5, 6, 7, 8, 1, 2, 3, 9, 1, 2], 1, None, None).source == "lookup/user:1"
+    lookup.start(Regions(3, []))
+    assert lookup.propose([4, 1, 2, 3, 1, 2], 1, None, None).source == "lookup/reply"  # copied from the reply
+    assert lookup.propose([1, 2, 3, 1, 2], 1, None, None).source == "lookup/prompt"  # no region holds it
+
+
+def test_regions_name_the_innermost_label_then_prompt_then_reply():
+    from edgespec.engine.regions import PROMPT, REPLY, Region, Regions
+
+    regions = Regions(20, [Region(2, 10, "user:1"), Region(4, 6, "file:x"), Region(12, 15, "assistant:2")])
+    assert [regions.label_at(i) for i in (0, 2, 4, 5, 6, 9, 10, 12, 16, 20, 99)] == [
+        PROMPT, "user:1", "file:x", "file:x", "user:1", "user:1", PROMPT, "assistant:2", PROMPT, REPLY, REPLY]

@@ -333,12 +333,12 @@ async def test_the_app_switches_between_two_chats_without_reading_them_again(smo
                 await wait_for(pilot, replied, timeout=60)
                 return store.messages(cid)[-1].stats
 
-            assert (await turn(ids[0], "Summarise."))["prompt_cache"] == ""  # read once
-            assert (await turn(ids[1], "Summarise."))["prompt_cache"] == ""
+            assert (await turn(ids[0], "Summarise.")).prompt_cache == ""  # read once
+            assert (await turn(ids[1], "Summarise.")).prompt_cache == ""
             decoded = engines[0].target_seq.ctx.decoded
             stats = await turn(ids[0], "Shorter, please.")
-            assert stats["prompt_cache"] == "sequence" and stats["prompt_evaluated"] < 20, stats
-            assert stats["prompt_cached"] > 400
+            assert stats.prompt_cache == "sequence" and stats.prompt_evaluated < 20, stats
+            assert stats.prompt_cached > 400
             # the new message and at most 8 single-token passes: nothing of either chat read again
             assert engines[0].target_seq.ctx.decoded - decoded < 20 + 8
 

@@ -30,9 +30,9 @@ class Recording:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def generate(self, tokens, params):
+    def generate(self, tokens, params, *, regions=()):
         self.calls.append((list(tokens), params.stop))
-        return self.engine.generate(tokens, params)
+        return self.engine.generate(tokens, params, regions=regions)
 
     def __enter__(self):
         return self
@@ -109,7 +109,8 @@ def test_without_a_template_raw_text_still_encodes_and_a_conversation_says_why_n
     assert encoder.encode_text("<s>hi").tokens == [engine.bos, engine.bos, ord("h"), ord("i")]
     with pytest.raises(TemplateError, match="tiny.gguf has no chat template"):
         encoder.encode([{"role": "user", "content": FIRST}])
-    assert encode_prompt(engine, "<s>hi", raw=True) == (engine.tokenize("<s>hi", add_bos=True, special=False), ())
+    raw = encode_prompt(engine, "<s>hi", raw=True)
+    assert (raw.tokens, raw.stop, raw.regions) == (engine.tokenize("<s>hi", add_bos=True, special=False), (), ())
 
 
 @pytest.mark.slow

@@ -248,8 +248,8 @@ def test_after_a_lost_worker_the_next_request_loads_the_model_again():
     engines = []
 
     class LosingEngine(FakeEngine):
-        def generate(self, prompt_tokens, params):
-            for i, chunk in enumerate(super().generate(prompt_tokens, params)):
+        def generate(self, prompt_tokens, params, *, regions=()):
+            for i, chunk in enumerate(super().generate(prompt_tokens, params, regions=regions)):
                 if i == 2 and len(engines) == 1:
                     raise lost
                 yield chunk

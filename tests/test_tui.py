@@ -551,7 +551,7 @@ async def test_model_that_fails_to_load_is_shown_not_raised(store):
 
 async def test_generation_error_is_reported(store):
     class Broken(SpecFakeEngine):
-        def generate(self, prompt_tokens, params):
+        def generate(self, prompt_tokens, params, *, regions=()):
             yield from []
             raise RuntimeError("llama_decode returned -1")
 

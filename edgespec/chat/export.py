@@ -17,6 +17,7 @@ from pathlib import Path
 from edgespec.chat.attachments import ORIGINS, Attachment
 from edgespec.chat.store import ROLES, STATUSES, ConversationStore, Message, StoreError
 from edgespec.chat.words import stats_line
+from edgespec.engine.events import Stats
 from edgespec.workspace.root import fence_for, language_for
 
 EXPORT_FORMAT = "edgespec.conversation"
@@ -37,7 +38,8 @@ def export_json(store: ConversationStore, conversation_id: int) -> dict:
         "updated": info.updated.astimezone().isoformat(),
         "settings": store.settings(conversation_id),
         "messages": [
-            {"role": m.role, "content": m.content, "status": m.status, "stats": m.stats,
+            {"role": m.role, "content": m.content, "status": m.status,
+             "stats": m.stats.to_dict() if m.stats is not None else None,
              "from_draft": m.from_draft,
              **({"attachments": [dataclasses.asdict(a) for a in m.attachments]} if m.attachments else {})}
             for m in messages
@@ -64,7 +66,7 @@ def export_markdown(store: ConversationStore, conversation_id: int) -> str:
         lines.append(m["content"])
         notes = [] if m["status"] == "done" else [m["status"]]
         if m["stats"]:
-            notes.append(stats_line(m["stats"]))
+            notes.append(stats_line(Stats.from_dict(m["stats"])))
         if notes:
             lines += ["", "*" + " · ".join(notes) + "*"]
     return "\n".join(lines) + "\n"
@@ -97,6 +99,7 @@ def import_json(store: ConversationStore, data: dict) -> int:
 
 
 _NUMBER, _INT, _TEXT = "a number", "a whole number", "a text"
+_COUNTS = "an object of whole numbers"
 SETTINGS_TYPES = {
     "target": _TEXT, "draft": _TEXT, "template": _TEXT, "system_prompt": _TEXT, "mode": _TEXT,
     "temperature": _NUMBER, "top_p": _NUMBER, "top_k": _INT, "max_tokens": _INT, "k": _INT,
@@ -114,6 +117,7 @@ STATS_TYPES = {
     "acceptance_rate": _NUMBER, "tokens_per_pass": _NUMBER, "tokens_per_s": _NUMBER,
     **{name: _INT for name in ("prompt_tokens", "prompt_evaluated", "prompt_cached", "generated_tokens", "drafted",
                                "accepted", "target_passes", "k", "dropped_messages")},
+    "accepted_by": _COUNTS,
 }
 """A reply's statistics (Stats.to_dict())."""
 
@@ -127,7 +131,9 @@ def _check_fields(values, types: dict[str, str], where: str) -> None:
         ok = (value is None or (kind == _TEXT and isinstance(value, str))
               or (kind == _INT and isinstance(value, int) and not isinstance(value, bool))
               or (kind == _NUMBER and isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and math.isfinite(value)))
+                  and math.isfinite(value))
+              or (kind == _COUNTS and isinstance(value, dict)
+                  and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value.values())))
         if not ok:
             raise StoreError(f"{where}: {name} must be {kind}, not {value!r}.")
 
@@ -167,7 +173,8 @@ def _validated_messages(data) -> list[Message]:
             _check_fields(stats, STATS_TYPES, f"Message {i} of the export: stats")
         if origins is not None and not (isinstance(origins, list) and all(x in (0, 1) for x in origins)):
             raise StoreError(f"Message {i} of the export: from_draft must be a list of true/false, one per token.")
-        messages.append(Message(m["role"], m["content"], status=status, stats=stats,
+        messages.append(Message(m["role"], m["content"], status=status,
+                                stats=Stats.from_dict(stats) if stats is not None else None,
                                 from_draft=[bool(x) for x in origins] if origins is not None else None,
                                 attachments=_validated_attachments(m.get("attachments"), i)))
     return messages

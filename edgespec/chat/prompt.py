@@ -20,18 +20,8 @@ from edgespec.chat.prefix import PrefixTokenizer, Stretch, Tokenized
 from edgespec.chat.template import ChatTemplate, Placed, Rendered, chat_template
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.protocol import ChatEngine
+from edgespec.engine.regions import Region
 from edgespec.errors import TemplateError
-
-
-@dataclass(frozen=True)
-class Region:
-    """Tokens [start, end) of a prompt that hold one message's content."""
-
-    start: int
-    end: int
-    label: str
-    """The message's "label" if it has one (e.g. "file:src/app.py"), else "system" for a
-    system message and "<role>:<index in the messages>" for others ("user:3")."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +36,11 @@ class Prompt:
     regions: tuple[Region, ...] = ()
     """Where each message's content is, in message order, each followed by the regions
     of its "spans"; a message the template left out, or whose content is empty, has
-    none. Empty for a raw prompt, and for a conversation whose layout could not be read
-    (see `PromptEncoder.encode`)."""
+    none. A region's label is the message's "label" if it has one (e.g.
+    "file:src/app.py"), else "system" for a system message and "<role>:<index in the
+    messages>" for others ("user:3"); the engine credits lookup matches to it. Empty
+    for a raw prompt, and for a conversation whose layout could not be read (see
+    `PromptEncoder.encode`)."""
     tokenized: Tokenized | None = field(default=None, repr=False, compare=False)
     """How the text was laid out for its tokens (for the prefix tokenizer)."""
 
@@ -174,13 +167,11 @@ def _label(index: int, message: Mapping) -> str:
 
 
 def encode_prompt(engine: ChatEngine, prompt: str, *, raw: bool = False, system: str | None = None,
-                  template: str | None = None) -> tuple[list[int], tuple[str, ...]]:
-    """The tokens of a one-message chat: `prompt` as the user's message (after a
-    `system` message if given), rendered with `engine`'s template or the built-in
-    format `template` names; with `raw`, the prompt itself. And the stop strings
-    the template needs (none for a raw prompt)."""
+                  template: str | None = None) -> Prompt:
+    """A one-message chat: `prompt` as the user's message (after a `system` message
+    if given), rendered with `engine`'s template or the built-in format `template`
+    names; with `raw`, the prompt itself (no stop strings, no regions)."""
     if raw:
-        return engine.tokenize(prompt, add_bos=True, special=False), ()
+        return Prompt(prompt, engine.tokenize(prompt, add_bos=True, special=False))
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    encoded = PromptEncoder(engine, template=template).encode(messages)
-    return encoded.tokens, encoded.stop
+    return PromptEncoder(engine, template=template).encode(messages)

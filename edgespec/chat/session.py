@@ -260,7 +260,7 @@ class ChatSession:
         stats = finish = None
         saved = time.monotonic()
         try:
-            with closing(self.engine.generate(prompt.tokens, params)) as stream:
+            with closing(self.engine.generate(prompt.tokens, params, regions=prompt.regions)) as stream:
                 for chunk in stream:
                     chunk.stats.dropped_messages = fitted.dropped
                     stats = chunk.stats
@@ -283,7 +283,7 @@ class ChatSession:
             raise
         finally:
             if stats is not None:
-                reply.stats = stats.to_dict()
+                reply.stats = stats
             self._save(reply, stats)
             self._encoder.remember(prompt, reply.content, tokens)
 
@@ -309,7 +309,7 @@ class ChatSession:
 
     def _save(self, reply: Message, stats) -> None:
         if self.store is not None and reply.id is not None:
-            self.store.update(dataclasses.replace(reply, stats=stats.to_dict() if stats is not None else None))
+            self.store.update(dataclasses.replace(reply, stats=stats))
 
     def _forget(self, messages: list[Message]) -> None:
         """Delete `messages` (the tail of the conversation) from the store."""

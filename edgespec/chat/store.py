@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from edgespec.chat.attachments import Attachment
+from edgespec.engine.events import Stats
 from edgespec.errors import EdgespecError
 
 ROLES = ("system", "user", "assistant")
@@ -77,8 +78,8 @@ class Message:
     """"system" | "user" | "assistant"."""
     content: str
     id: int | None = None
-    stats: dict | None = None
-    """Stats.to_dict() of an assistant reply."""
+    stats: Stats | None = None
+    """An assistant reply's statistics (stored as Stats.to_dict(), read back as Stats)."""
     from_draft: list[bool] | None = None
     """Per generated token: True when it was an accepted draft token."""
     status: str = "done"
@@ -264,7 +265,7 @@ class ConversationStore:
                     "JOIN messages m ON m.id = a.message_id WHERE m.conversation_id = ? ORDER BY a.id",
                     (conversation_id,)):
                 attached.setdefault(mid, []).append(Attachment(path, content, sha256, added=added, origin=origin))
-        return [Message(role, content, id=mid, status=status, stats=json.loads(stats) if stats else None,
+        return [Message(role, content, id=mid, status=status, stats=Stats.from_dict(json.loads(stats)) if stats else None,
                         from_draft=[c == "1" for c in from_draft] if from_draft is not None else None,
                         attachments=attached.get(mid, []))
                 for mid, role, content, status, stats, from_draft in rows]
@@ -409,7 +410,7 @@ def _dumps(value) -> str:
 
 
 def _message_extras(m: Message) -> tuple[str | None, str | None]:
-    stats = _dumps(m.stats) if m.stats is not None else None
+    stats = _dumps(m.stats.to_dict()) if m.stats is not None else None
     origins = "".join("1" if d else "0" for d in m.from_draft) if m.from_draft is not None else None
     return stats, origins
 

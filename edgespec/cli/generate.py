@@ -61,12 +61,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         n_ctx = engine.n_ctx
         if messages is not None:
             encoded = PromptEncoder(engine, template=args.template).encode(files.model_messages(messages))
-            tokens, stops = encoded.tokens, encoded.stop
         else:
-            tokens, stops = encode_prompt(engine, prompt, raw=args.raw, system=args.system, template=args.template)
-        params.stop += stops
+            encoded = encode_prompt(engine, prompt, raw=args.raw, system=args.system, template=args.template)
+        params.stop += encoded.stop
         text, ids, flags, last = [], [], [], None
-        chunks = engine.generate(tokens, params)
+        chunks = engine.generate(encoded.tokens, params, regions=encoded.regions)
         try:
             for last in chunks:
                 text.append(last.text)
@@ -176,7 +175,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         try:
             results = bench.run_suite(
                 engine, prompts, modes=modes, repeats=args.repeats, params=params, baseline=baseline,
-                encode=lambda text: encode_prompt(engine, text)[0], overhead=args.overhead,
+                encode=lambda text: encode_prompt(engine, text).tokens, overhead=args.overhead,
                 on_result=lambda table: print(table, flush=True),
             )
         finally:

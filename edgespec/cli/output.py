@@ -38,7 +38,7 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
 def stderr_stats(stats) -> str:
     """The statistics line `generate` and `chat` print to stderr: the reply's line,
     time to first token, and in auto mode what was chosen last and why."""
-    parts = [stats_line(stats.to_dict())]
+    parts = [stats_line(stats)]
     if stats.ttft_s is not None:
         parts.append(f"first token {stats.ttft_s * 1000:.0f} ms")
     if stats.reason and stats.mode == "auto":

@@ -6,6 +6,7 @@ what drafting saved against plain decoding.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from edgespec.engine.costs import Costs
@@ -330,7 +331,7 @@ class AutoPolicy(Policy):
         if offer.k_max <= self.k_max:
             return offer
         proposal = offer.proposal[: self.k_max] if offer.proposal is not None else None
-        return Offer(self.k_max, offer.key, proposal)
+        return replace(offer, k_max=self.k_max, proposal=proposal)
 
     def _options(self, history: Sequence[int], offers: list[tuple[Drafter, Offer]], plain_rate: float):
         """(plan, expected tokens per second, worst loss) for each drafter and each k it offers."""
@@ -342,8 +343,8 @@ class AutoPolicy(Policy):
             p_draft = self.costs.break_even(drafter.name) if offer.proposal is None else None
             for k in range(1, offer.k_max + 1):
                 rate = self._rate(drafter, a, k, catch_up / self.SWITCH_CYCLES)
-                plan = Plan(drafter, k, bucket=bucket, proposal=offer.proposal, p_draft=p_draft,
-                            speedup=rate / plain_rate, acceptance=a.rate)
+                plan = Plan(drafter, k, bucket=bucket, proposal=offer.proposal, source=offer.source,
+                            p_draft=p_draft, speedup=rate / plain_rate, acceptance=a.rate)
                 yield plan, rate, self._worst_loss(drafter, k, catch_up)
 
     def _probe(self, history: Sequence[int], offers: list[tuple[Drafter, Offer]]) -> Plan | None:

@@ -34,6 +34,8 @@ class Step:
     accepted: int = 0
     """Draft tokens the target agreed with (an end-of-generation token among them is not emitted)."""
     finish_reason: str | None = None
+    source: str = ""
+    """Where the draft came from (Draft.source, or the drafter's name)."""
 
 
 def speculative_steps(
@@ -90,7 +92,7 @@ def speculative_steps(
         policy.observe(CycleReport(plan, drafted=len(draft.tokens), accepted=n, draft_s=t1 - t0, verify_s=t2 - t1,
                                    caught_up=draft.caught_up, catch_up_s=draft.catch_up_s, asked=max(k, 0)))
         yield Step(new, [True] * min(n, len(new)) + [False] * (len(new) - n), plan,
-                   len(draft.tokens), n, finish)
+                   len(draft.tokens), n, finish, draft.source or plan.name)
 
 
 def _choose(draft: Draft, rows: list[np.ndarray], params: GenerationParams,
@@ -116,7 +118,7 @@ def _propose(plan: Plan, history, k, params, rng) -> Draft:
     if plan.drafter is None or k <= 0:
         return Draft([])
     if plan.proposal is not None:
-        return Draft(plan.proposal[:k])
+        return Draft(plan.proposal[:k], source=plan.source)
     if plan.p_draft is not None:
         params = replace(params, p_draft=plan.p_draft)
     try:
@@ -177,6 +179,8 @@ def generate(
             stats.target_passes += 1
             stats.drafted += step.drafted
             stats.accepted += step.accepted
+            if step.accepted:
+                stats.accepted_by[step.source] = stats.accepted_by.get(step.source, 0) + step.accepted
             stats.k, stats.drafter, stats.reason = step.plan.k, step.plan.name, step.plan.reason
             stats.plan_kind = step.plan.kind
             text, stopped = stops.feed(detok.add(step.tokens))

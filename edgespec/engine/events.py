@@ -8,7 +8,8 @@ object throughout a generation, so a consumer may keep a reference to it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Mapping
 
 from edgespec.limits import LIMITS
 from edgespec.modes import DEFAULT_MODE
@@ -60,6 +61,11 @@ class Stats:
     generated_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
+    accepted_by: dict[str, int] = field(default_factory=dict)
+    """Accepted draft tokens per source, summing to `accepted`: "draft" (the draft
+    model), "lookup/<label>" (prompt lookup, by the prompt region its match lay in:
+    "lookup/system", "lookup/user:3", "lookup/file:<path>", "lookup/prompt" outside
+    every region, "lookup/reply" in the reply itself), or another drafter's name."""
     target_passes: int = 0
     ttft_s: float | None = None
     """Seconds from the call to the first generated token (includes prompt evaluation)."""
@@ -100,6 +106,7 @@ class Stats:
         return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
 
     def to_dict(self) -> dict:
+        """The stored, exported and served form: every field, and the derived rates."""
         d = asdict(self)
         d.update(
             acceptance_rate=self.acceptance_rate,
@@ -107,6 +114,18 @@ class Stats:
             tokens_per_s=self.tokens_per_s,
         )
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Stats:
+        """to_dict()'s output read back (a stored reply, an export, a served reply), of
+        this version or an earlier one: a field it lacks keeps its default, and the
+        derived rates are computed again."""
+        stats = cls(**{name: d[name] for name in _FIELDS if name in d})
+        stats.accepted_by = dict(stats.accepted_by or {})
+        return stats
+
+
+_FIELDS = tuple(f.name for f in fields(Stats))
 
 
 @dataclass
@@ -121,13 +140,3 @@ class Chunk:
     stats: Stats = field(default_factory=Stats)
     finish_reason: str | None = None
 
-
-CACHE_SOURCES = {"sequence": "KV cache", "ram": "RAM snapshot", "disk": "disk snapshot"}
-"""Stats.prompt_cache, for people."""
-
-
-def cache_note(stats: dict) -> str:
-    """How much of the prompt was not read, and from where: 'prompt 1,500/1,531 cached (RAM snapshot)'."""
-    where = CACHE_SOURCES.get(stats.get("prompt_cache", ""), "")
-    return (f"prompt {stats.get('prompt_cached', 0):,}/{stats.get('prompt_tokens', 0):,} cached"
-            + (f" ({where})" if where else ""))

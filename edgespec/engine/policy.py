@@ -34,6 +34,8 @@ class Plan:
     """Whose acceptance this cycle measures (auto mode)."""
     proposal: list[int] | None = None
     """The draft, when the policy already made it to choose k (prompt lookup in auto mode)."""
+    source: str = ""
+    """Where that proposal came from (Offer.source)."""
     p_draft: float | None = None
     """The least chance that a draft model's whole draft is right for it to go on
     drafting (GenerationParams.p_draft). Auto mode derives it from the measured costs."""

@@ -8,6 +8,7 @@ from typing import Iterator, Protocol, Sequence
 
 from edgespec.engine.events import Chunk, GenerationParams
 from edgespec.engine.info import EngineInfo
+from edgespec.engine.regions import Region
 
 
 class ChatEngine(Protocol):
@@ -31,8 +32,11 @@ class ChatEngine(Protocol):
 
     def detokenize(self, tokens: Sequence[int]) -> str: ...
 
-    def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
-        """Stream the reply to `prompt_tokens`, one Chunk per decode cycle."""
+    def generate(self, prompt_tokens: Sequence[int], params: GenerationParams, *,
+                 regions: Sequence[Region] = ()) -> Iterator[Chunk]:
+        """Stream the reply to `prompt_tokens`, one Chunk per decode cycle. `regions`:
+        labelled spans of the prompt (chat/prompt.py: Prompt.regions), to which
+        Stats.accepted_by credits the lookup matches found in them."""
 
     def interrupt(self) -> None:
         """From any thread: end the reply being generated now (a long prompt's read

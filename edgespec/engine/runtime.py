@@ -22,6 +22,7 @@ from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.choice import Policies, decoded_mode
 from edgespec.engine.drafters import DraftModel, engine_drafters
+from edgespec.engine.regions import Region, Regions
 from edgespec.engine.events import Chunk, GenerationParams
 from edgespec.engine.info import EngineInfo, LayerRun, ModelInfo
 from edgespec.engine.policy import Policy
@@ -315,13 +316,18 @@ class Engine:
                         n_batch=self._target.ctx.n_batch, exact=self._target.exact)
         return self._cache.disk / "costs" / f"{key}.json"
 
-    def generate(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
+    def generate(self, prompt_tokens: Sequence[int], params: GenerationParams, *,
+                 regions: Sequence[Region] = ()) -> Iterator[Chunk]:
         """Stream a completion in the sequence that holds most of the prompt (the
         same conversation), reusing what it holds, or restoring a snapshot that
-        holds more; both models use the same sequence number."""
+        holds more; both models use the same sequence number. `regions`: the
+        prompt's labelled spans, which accepted lookup tokens are credited to."""
         model = self._target.model
         params = replace(params, mode=decoded_mode(params))
         policy = self.policy(params)
+        spans = Regions(len(prompt_tokens), regions)
+        for drafter in self.drafters:
+            drafter.start(spans)
         slot = self._target.pool.choose(prompt_tokens)
         if self._draft:
             self.draft_model.seq = self._draft.pool.use(slot)

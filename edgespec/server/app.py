@@ -26,7 +26,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from sse_starlette import EventSourceResponse
 
 from edgespec import __version__
-from edgespec.engine.events import GenerationParams
+from edgespec.engine.events import GenerationParams, Stats
 from edgespec.limits import SERVER_MAX_TOKENS
 from edgespec.errors import WorkerLostError
 from edgespec.server.completion import Completer, Delta, Done
@@ -177,19 +177,19 @@ def _params(body, settings: ServerSettings) -> GenerationParams:
 
 # -- responses ---------------------------------------------------------------------------------
 
-def _usage(stats: dict) -> Usage:
-    return Usage(prompt_tokens=stats["prompt_tokens"], completion_tokens=stats["generated_tokens"],
-                 total_tokens=stats["prompt_tokens"] + stats["generated_tokens"])
+def _usage(stats: Stats) -> Usage:
+    return Usage(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.generated_tokens,
+                 total_tokens=stats.prompt_tokens + stats.generated_tokens)
 
 
-def _timings(s: dict) -> Timings:
+def _timings(s: Stats) -> Timings:
     return Timings(
-        prompt_n=s["prompt_evaluated"], cache_n=s["prompt_cached"], cache_from=s["prompt_cache"],
-        predicted_n=s["generated_tokens"], predicted_ms=s["decode_s"] * 1000,
-        predicted_per_second=s["tokens_per_s"], draft_n=s["drafted"], draft_n_accepted=s["accepted"],
-        ttft_ms=s["ttft_s"] * 1000 if s["ttft_s"] is not None else None, mode=s["mode"], drafter=s["drafter"],
-        k=s["k"], acceptance_rate=s["acceptance_rate"], tokens_per_pass=s["tokens_per_pass"],
-        target_passes=s["target_passes"],
+        prompt_n=s.prompt_evaluated, cache_n=s.prompt_cached, cache_from=s.prompt_cache,
+        predicted_n=s.generated_tokens, predicted_ms=s.decode_s * 1000,
+        predicted_per_second=s.tokens_per_s, draft_n=s.drafted, draft_n_accepted=s.accepted,
+        accepted_by=dict(s.accepted_by), ttft_ms=s.ttft_s * 1000 if s.ttft_s is not None else None,
+        mode=s.mode, drafter=s.drafter, k=s.k, acceptance_rate=s.acceptance_rate,
+        tokens_per_pass=s.tokens_per_pass, target_passes=s.target_passes,
     )
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-from edgespec.chat.prompt import Prompt, PromptEncoder
+from edgespec.chat.prompt import Prompt, PromptEncoder, Region
 from edgespec.chat.words import stats_line
-from edgespec.engine.events import GenerationParams
+from edgespec.engine.events import GenerationParams, Stats
 from edgespec.errors import ContextFullError
 
 log = logging.getLogger("edgespec.server")
@@ -38,8 +38,7 @@ class Done:
 
     text: str
     finish_reason: str
-    stats: dict
-    """Stats.to_dict() of the reply."""
+    stats: Stats
 
 
 class Completer:
@@ -61,7 +60,7 @@ class Completer:
              request_id: str = "") -> Iterator[Delta | Done]:
         """Stream the assistant's reply to `messages` (dicts with "role" and "content")."""
         prompt = self._encoder.encode(messages)
-        return self._generate(prompt, prompt.tokens, prompt.params(params), request_id)
+        return self._generate(prompt, prompt.tokens, prompt.params(params), request_id, regions=prompt.regions)
 
     def complete(self, prompt: str | list[int], params: GenerationParams, *,
                  request_id: str = "") -> Iterator[Delta | Done]:
@@ -72,7 +71,7 @@ class Completer:
         return self._generate(encoded, encoded.tokens, params, request_id)
 
     def _generate(self, prompt: Prompt | None, tokens: list[int], params: GenerationParams,
-                  request_id: str) -> Iterator[Delta | Done]:
+                  request_id: str, *, regions: Sequence[Region] = ()) -> Iterator[Delta | Done]:
         """`prompt`: what `tokens` encode, kept for reuse; None for token ids from the client."""
         n_ctx = self.engine.n_ctx
         if len(tokens) >= n_ctx:
@@ -81,7 +80,7 @@ class Completer:
                 f"tokens. Shorten the prompt, or restart the server with a larger context (--ctx).")
         if params.max_tokens is None:  # no limit asked for: until the context is full
             params = dataclasses.replace(params, max_tokens=n_ctx)
-        stream = self.engine.generate(tokens, params)
+        stream = self.engine.generate(tokens, params, regions=regions)
         return self._stream(stream, prompt, request_id)
 
     def _stream(self, stream, prompt, request_id) -> Iterator[Delta | Done]:
@@ -94,7 +93,7 @@ class Completer:
                 reply.append(chunk.text)
                 reply_tokens += chunk.tokens
                 if chunk.finish_reason:
-                    yield Done(chunk.text, FINISH_REASONS.get(chunk.finish_reason, "stop"), stats.to_dict())
+                    yield Done(chunk.text, FINISH_REASONS.get(chunk.finish_reason, "stop"), stats)
                 else:  # empty while a long prompt is read: each is a point where a client gone is noticed
                     yield Delta(chunk.text)
         finally:
@@ -103,7 +102,7 @@ class Completer:
                 self._encoder.remember(prompt, "".join(reply), reply_tokens)
             if stats is not None:
                 log.info("%s: %d prompt tokens (%d evaluated); %s", request_id, stats.prompt_tokens,
-                         stats.prompt_evaluated, stats_line(stats.to_dict()))
+                         stats.prompt_evaluated, stats_line(stats))
 
     def interrupt(self) -> None:
         """From any thread: end the reply in progress now (Engine.interrupt)."""

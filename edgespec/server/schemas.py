@@ -240,6 +240,8 @@ class Timings(BaseModel):
     predicted_per_second: float
     draft_n: int
     draft_n_accepted: int
+    accepted_by: dict[str, int] = {}
+    """draft_n_accepted per source (Stats.accepted_by): "draft", "lookup/<region label>", ..."""
     ttft_ms: float | None
     mode: str
     drafter: str

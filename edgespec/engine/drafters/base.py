@@ -1,9 +1,11 @@
 """The drafter interface: what every drafter gives (Draft) and offers (Offer).
 
-One small interface, so that a new drafter is a new class and tests can swap
+One small interface, so that a new drafter is a new module and tests can swap
 in a fake: `propose(history, k, params, rng) -> Draft`, plus `rewind(history)`
-called after each cycle with the accepted tokens, and `offer(history, k_max)`:
-what a policy that prices drafters (auto mode) may expect of it next cycle.
+called after each cycle with the accepted tokens, `offer(history, k_max)`:
+what a policy that prices drafters (auto mode) may expect of it next cycle,
+and `start(regions)` at each reply. A draft and an offer name their `source`,
+which the decoder credits with the tokens the target accepted of them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from edgespec.engine.events import GenerationParams
+from edgespec.engine.regions import Regions
 
 
 @dataclass
@@ -28,6 +31,9 @@ class Draft:
     1 or 2 when it drafted last cycle too, many after it sat idle."""
     catch_up_s: float = 0.0
     """Seconds that catch-up took."""
+    source: str = ""
+    """Where the tokens came from, for Stats.accepted_by: "lookup/<region label>"
+    (see engine/regions.py); "": the drafter itself (its name)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,9 @@ class Offer:
     is, and scored against what the cycle produced when another plan is taken.
     None: drafted on demand, in the cycle (a draft model), so its acceptance is
     only learnt by using it."""
+    source: str = ""
+    """Where the proposal came from (see Draft.source): the decoder credits the
+    tokens accepted of it there."""
 
 
 class Drafter(ABC):
@@ -60,6 +69,9 @@ class Drafter(ABC):
     def behind(self, history: Sequence[int]) -> int:
         """Tokens of `history` the drafter would have to read before drafting."""
         return 0
+
+    def start(self, regions: Regions) -> None:
+        """A new reply: where its prompt's labelled parts lie (for Draft.source)."""
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Read the prompt while the target reads it, so that drafting starts warm."""

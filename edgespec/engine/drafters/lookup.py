@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from edgespec.engine.drafters.base import Draft, Drafter, Offer
+from edgespec.engine.regions import Regions
 
 
 class PromptLookup(Drafter):
@@ -33,13 +34,19 @@ class PromptLookup(Drafter):
     def __init__(self, *, ngram_max: int = 4, ngram_min: int = 2):
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
+        self.regions = Regions()
+        """The reply's prompt regions: a match is credited to the one its continuation lies in."""
+
+    def start(self, regions):
+        self.regions = regions
 
     def propose(self, history, k, params, rng):
-        return Draft(self.lookup(history, k))
+        tokens, _, begin = self._match(history, k)
+        return Draft(tokens, source=self._source(begin))
 
     def offer(self, history, k_max):
-        tokens, kind = self.match(history, k_max, skip=True)
-        return Offer(len(tokens), kind or "none", tokens)
+        tokens, kind, begin = self._match(history, k_max, skip=True)
+        return Offer(len(tokens), kind or "none", tokens, source=self._source(begin))
 
     def lookup(self, history: Sequence[int], k: int) -> list[int]:
         return self.match(history, k)[0]
@@ -50,19 +57,28 @@ class PromptLookup(Drafter):
         auto mode tracks acceptance per kind), "skip" (only when asked for:
         right on renames, wrong on most other edits, so only worth it to a
         policy that learns which), or "" for none."""
+        return self._match(history, k, skip=skip)[:2]
+
+    def _source(self, begin: int | None) -> str:
+        """The source of a proposal copied from position `begin`: "lookup/<label of its region>"."""
+        return self.name if begin is None else f"{self.name}/{self.regions.label_at(begin)}"
+
+    def _match(self, history: Sequence[int], k: int, *,
+               skip: bool = False) -> tuple[list[int], str, int | None]:
+        """match()'s proposal and kind, and where in `history` the proposal was copied from."""
         if k <= 0:
-            return [], ""
+            return [], "", None
         arr = np.asarray(history, dtype=np.int64)
         found = self._find(arr, len(arr))
         if found is not None:
             begin, context = found
-            return arr[begin : begin + k].tolist(), f"{min(context, self.KINDS_MAX)}-gram"
+            return arr[begin : begin + k].tolist(), f"{min(context, self.KINDS_MAX)}-gram", begin
         if skip and len(arr) > 2:
             found = self._find(arr, len(arr) - 1)  # the context before the new token
             if found is not None and found[0] + 1 < len(arr):
                 begin = found[0] + 1  # past the token the new one replaced
-                return arr[begin : begin + k].tolist(), "skip"
-        return [], ""
+                return arr[begin : begin + k].tolist(), "skip", begin
+        return [], "", None
 
     def _find(self, arr: np.ndarray, end: int) -> tuple[int, int] | None:
         """Where the continuation of arr[:end]'s last n-gram starts (at an

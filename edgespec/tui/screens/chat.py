@@ -362,8 +362,8 @@ class ChatScreen(Screen):
         if event.error:
             self.notify(event.error, title="Generation failed", severity="error", timeout=10)
         stats = event.stats
-        if stats and stats.get("mode") == "plain" and stats.get("tokens_per_s"):
-            self.plain_tps = stats["tokens_per_s"]
+        if stats and stats.mode == "plain" and stats.tokens_per_s:
+            self.plain_tps = stats.tokens_per_s
         self.generating = False
         self._follow_new_conversation()
         self._save_settings()

@@ -20,6 +20,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from edgespec.engine.events import Stats
 from edgespec.errors import EdgespecError
 from edgespec.tui.origin import chunk_spans, stored_spans
 from edgespec.tui.stream import RENDER_SHARE, RedrawTimer, ReplyBuffer
@@ -31,16 +32,16 @@ class Conversation(VerticalScroll):
 
     @dataclass
     class ReplyProgressed(Message):
-        """The statistics of the reply so far (ChatSession's stats dict)."""
+        """The statistics of the reply so far (the live Stats)."""
 
-        stats: dict
+        stats: Stats
 
     @dataclass
     class ReplyEnded(Message):
         """A reply is finished, stopped or failed, and shown as such."""
 
         status: str
-        stats: dict | None
+        stats: Stats | None
         error: str | None
         """Why decoding failed (None: it did not)."""
 

@@ -12,13 +12,14 @@ from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 
 from edgespec.chat.words import stats_line
+from edgespec.engine.events import Stats
 from edgespec.tui import origin
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "error": "error"}
 
 
-def reply_stats(stats: dict | None) -> str:
+def reply_stats(stats: Stats | None) -> str:
     """One line about a finished reply: tokens, speed, and how speculation did."""
     return stats_line(stats)
 
@@ -44,7 +45,7 @@ class MessageBox(Vertical, can_focus=True):
     """A message; focus one to copy, edit or regenerate it."""
 
     def __init__(self, role: str, content: str = "", *, index: int | None = None, status: str = "done",
-                 stats: dict | None = None, runs: list[tuple[str, bool]] | None = None,
+                 stats: Stats | None = None, runs: list[tuple[str, bool]] | None = None,
                  show_origin: bool = False, attachments: list[str] | None = None) -> None:
         super().__init__(classes=f"message {role}")
         self.attachments = list(attachments or [])
@@ -110,7 +111,7 @@ class MessageBox(Vertical, can_focus=True):
                 self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
             await self._stream.write(text)
 
-    async def finish(self, *, content: str, status: str, stats: dict | None) -> None:
+    async def finish(self, *, content: str, status: str, stats: Stats | None) -> None:
         """The reply ended: settle the text, show its status and statistics."""
         if self._stream is not None:
             await self._stream.stop()

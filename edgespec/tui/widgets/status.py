@@ -7,7 +7,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from edgespec.engine.events import Stats, cache_note
+from edgespec.chat.words import accepted_by_note, cache_note
+from edgespec.engine.events import Stats
 from edgespec.engine.info import EngineInfo
 from edgespec.tui.origin import DRAFT_STYLE
 
@@ -60,11 +61,12 @@ def format_live(stats: Stats, *, plain_tps: float | None = None) -> str:
         if plain_tps and stats.mode != "plain":
             parts.append(f"×{stats.tokens_per_s / plain_tps:.2f} vs plain")
     if stats.drafted:
-        parts.append(f"accept {stats.acceptance_rate:.0%}")
+        by = f" ({accepted_by_note(stats)})" if stats.accepted_by else ""
+        parts.append(f"accept {stats.acceptance_rate:.0%}{by}")
     if stats.target_passes:
         parts.append(f"{stats.tokens_per_pass:.2f} tok/pass")
     if stats.prompt_cached:
-        parts.append(cache_note(stats.to_dict()))
+        parts.append(cache_note(stats))
     drafter = f"drafter {stats.drafter}"
     if stats.reason:
         drafter += f" ({stats.reason})"
