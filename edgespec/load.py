@@ -134,12 +134,21 @@ def _need(path: str | Path, *, n_ctx: int, kv_type: str) -> ModelNeed:
     return ModelNeed.from_gguf(meta, sizes, n_ctx=n_ctx, kv_type=kv_type)
 
 
-def kv_cache(*, parallel: int | None = None, ram_mib: int | None = None, disk_mib: int | None = None) -> CacheSettings:
+def kv_cache(*, parallel: int | None = None, ram_mib: int | None = None, disk_mib: int | None = None,
+             pool_mib: int | None = None) -> CacheSettings:
     """What every face keeps of the conversations it reads: CacheSettings' defaults
     for what is not given, disk snapshots under edgespec's cache folder (0 MiB:
-    none), and what is measured of this machine there too (always)."""
+    none), what is measured of this machine there too (always), and the lookup
+    pool there (0 MiB: off; its folder is named all the same, so that deleting a
+    conversation reaches the pool files)."""
     default = CacheSettings()
     disk_mib = default.disk_mib if disk_mib is None else disk_mib
     return CacheSettings(slots=parallel, ram_mib=default.ram_mib if ram_mib is None else ram_mib,
                          disk=dirs().cache / "kv" if disk_mib > 0 else None, disk_mib=disk_mib,
-                         measured=dirs().cache / "measured")
+                         measured=dirs().cache / "measured", pool=pool_folder(),
+                         pool_mib=default.pool_mib if pool_mib is None else pool_mib)
+
+
+def pool_folder() -> Path:
+    """Where the lookup pool's files are (engine/pool.py), one per tokenizer."""
+    return dirs().cache / "pool"

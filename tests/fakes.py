@@ -63,6 +63,10 @@ class FakeEngine:
         """The prompt regions of every generate() call, in order."""
         self.interrupts = 0
         """interrupt() calls (the real engine stops the decode in progress)."""
+        self.remembered: dict[str, list[int]] = {}
+        """The lookup pool: what remember() was given last for each document."""
+        self.forgotten: list[str] = []
+        """forget() calls, in order."""
         self.closed = False
         self.generating = False
         self.closed_while_generating = False
@@ -93,6 +97,13 @@ class FakeEngine:
     # -- generation --------------------------------------------------------------------
     def interrupt(self) -> None:
         self.interrupts += 1
+
+    def remember(self, doc: str, tokens) -> None:
+        self.remembered[doc] = list(tokens)
+
+    def forget(self, doc: str) -> None:
+        self.forgotten.append(doc)
+        self.remembered.pop(doc, None)
 
     def generate(self, prompt_tokens: list[int], params: GenerationParams, *, regions=()) -> Iterator[Chunk]:
         self.generating = True

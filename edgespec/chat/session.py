@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Sequence
 from edgespec.chat import attachments
 from edgespec.chat.attachments import Attachment, PendingEdit, changed_on_disk as files_changed
 from edgespec.chat.prompt import Prompt, PromptEncoder
+from edgespec.chat.remember import continued, conversation_doc
 from edgespec.chat.reply_lock import reply_lock
 from edgespec.chat.store import ConversationStore, Message
 from edgespec.engine.events import Chunk, GenerationParams
@@ -77,6 +78,10 @@ class ChatSession:
         """Turns the last prompt left out; None when unknown (a conversation just loaded)."""
         self._held = ExitStack()
         """The reply lock of the turn in progress (see _turn)."""
+        self.private = False
+        """Kept out of the engine's lookup pool (see keep_private)."""
+        self._remembered: list[int] = []
+        """What this session gave the lookup pool of the conversation (chat/remember.py)."""
         if conversation_id is not None:
             self.load(conversation_id)
         else:
@@ -90,6 +95,7 @@ class ChatSession:
         self.messages = [Message("system", self.system_prompt)] if self.system_prompt else []
         self.conversation_id = None
         self._dropped = 0
+        self._remembered = []
 
     def load(self, conversation_id: int) -> None:
         """Switch to a stored conversation."""
@@ -98,6 +104,16 @@ class ChatSession:
         self.messages = self.store.messages(conversation_id)
         self.conversation_id = conversation_id
         self._dropped = None
+        self._remembered = []
+        self.private = bool(self.store.settings(conversation_id).get("private"))  # ChatSettings.private, as stored
+
+    def keep_private(self, private: bool) -> None:
+        """Keep this conversation out of the lookup pool (and remove what it gave it), or
+        let its next turns in."""
+        if private and self.conversation_id is not None:
+            self.engine.forget(conversation_doc(self.conversation_id))
+        self.private = private
+        self._remembered = []
 
     # -- turns -------------------------------------------------------------------------
     def send(self, text: str, files: Sequence[str] = ()) -> Iterator[Chunk]:
@@ -286,6 +302,15 @@ class ChatSession:
                 reply.stats = stats
             self._save(reply, stats)
             self._encoder.remember(prompt, reply.content, tokens)
+            self._remember([*prompt.tokens, *tokens])
+
+    def _remember(self, tokens: list[int]) -> None:
+        """Give the lookup pool this turn's prompt and reply, as a stored conversation
+        that is not private (an unsaved one, which nothing could delete, is not kept)."""
+        if self.private or self.conversation_id is None:
+            return
+        self._remembered = continued(self._remembered, tokens)
+        self.engine.remember(conversation_doc(self.conversation_id), self._remembered)
 
     # -- persistence -------------------------------------------------------------------
     def _persist(self) -> None:

@@ -141,7 +141,8 @@ def open_store():
 # -- caches ------------------------------------------------------------------------------
 
 def add_cache_options(g) -> None:
-    """--parallel, --cache-ram, --cache-disk: conversations held in the KV caches and their snapshots."""
+    """--parallel, --cache-ram, --cache-disk: conversations held in the KV caches and their snapshots;
+    --lookup-pool: the earlier text the pool drafter proposes from."""
     from edgespec.engine.attention import SLOTS
     from edgespec.engine.runtime import CacheSettings
 
@@ -155,12 +156,16 @@ def add_cache_options(g) -> None:
     g.add_argument("--cache-disk", type=_non_negative, default=default.disk_mib, metavar="MiB",
                    help=f"disk space for them between runs, in edgespec's cache folder (default {default.disk_mib}; "
                         "0: none)")
+    g.add_argument("--lookup-pool", type=_non_negative, default=default.pool_mib, metavar="MiB",
+                   help="earlier replies, prompts and files kept (as tokens, in edgespec's cache folder) for "
+                        f"drafting text that repeats them (default {default.pool_mib}; 0: off)")
 
 
 def cache_from_args(args: argparse.Namespace):
     from edgespec.load import kv_cache
 
-    return kv_cache(parallel=args.parallel, ram_mib=args.cache_ram, disk_mib=args.cache_disk)
+    return kv_cache(parallel=args.parallel, ram_mib=args.cache_ram, disk_mib=args.cache_disk,
+                    pool_mib=args.lookup_pool)
 
 
 def _positive(text: str) -> int:

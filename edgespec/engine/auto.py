@@ -232,7 +232,8 @@ class AutoPolicy(Policy):
         self._priors = priors or {}
         self.acceptance: dict[Bucket, Acceptance] = {}
         self.probes = Probes([d.name for d in self.drafters], every=self.PROBE_EVERY, most=self.PROBE_MAX)
-        self._shadow: tuple[int, list[int], Bucket] | None = None
+        self._shadows: list[tuple[int, list[int], Bucket]] = []
+        """Last cycle's unused free proposals: (where they started, the tokens, their bucket)."""
         self._reply_s = self.TYPICAL_REPLY * costs.target_pass(1)
         """Plain decode seconds of a reply, averaged over the replies so far."""
         self.ledger = Ledger(self._reply_s)
@@ -316,8 +317,8 @@ class AutoPolicy(Policy):
                 if rate > plain_rate * (1.0 + self.MARGIN) and self._affordable(plan.k, worst_loss, reserve)]
         best = max(safe, key=_second, default=(Plan(None, 0), plain_rate))[0]  # of equal rates, the first
         self.probes.cycle(used=best.drafter.name if best.drafter else None)
-        self._shadow = next(((len(history), offer.proposal, Bucket(d.name, offer.key)) for d, offer in offers
-                             if offer.proposal and d is not best.drafter), None)
+        self._shadows = [(len(history), offer.proposal, Bucket(d.name, offer.key)) for d, offer in offers
+                         if offer.proposal and d is not best.drafter]
         if best.drafter is None:
             best = self._probe(history, offers) or best
         if best.kind == "plain" and options:
@@ -402,16 +403,14 @@ class AutoPolicy(Policy):
         return catch_up_s + self.costs.draft(drafter.name, k) + verify
 
     def _score_shadow(self, history: Sequence[int]) -> None:
-        """Score last cycle's unused free proposal against what was generated."""
-        if self._shadow is None:
-            return
-        start, proposal, bucket = self._shadow
-        self._shadow = None
-        generated = history[start:]
-        n = min(len(proposal), len(generated))
-        agreed = next((i for i in range(n) if proposal[i] != generated[i]), n)
-        if n:
-            self._acceptance(bucket).observe(n, n, agreed)
+        """Score last cycle's unused free proposals (every drafter's) against what was generated."""
+        for start, proposal, bucket in self._shadows:
+            generated = history[start:]
+            n = min(len(proposal), len(generated))
+            agreed = next((i for i in range(n) if proposal[i] != generated[i]), n)
+            if n:
+                self._acceptance(bucket).observe(n, n, agreed)
+        self._shadows = []
 
     def _prior(self, bucket: Bucket) -> float:
         return self._priors.get(bucket.drafter, 0.5)

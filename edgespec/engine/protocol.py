@@ -38,6 +38,14 @@ class ChatEngine(Protocol):
         labelled spans of the prompt (chat/prompt.py: Prompt.regions), to which
         Stats.accepted_by credits the lookup matches found in them."""
 
+    def remember(self, doc: str, tokens: Sequence[int]) -> None:
+        """Keep `tokens` in the lookup pool as document `doc` ("conversation:<id>",
+        "request:<hash>", "file:<sha256>"), replacing what it held: earlier text the
+        pool drafter proposes from, in this run and later ones. Nothing where it is off."""
+
+    def forget(self, doc: str) -> None:
+        """From any thread: remove `doc` from the lookup pool, here and in its files."""
+
     def interrupt(self) -> None:
         """From any thread: end the reply being generated now (a long prompt's read
         stops mid-batch); the stream ends with stop_reason "cancelled"."""

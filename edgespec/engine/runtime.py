@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -26,6 +27,7 @@ from edgespec.engine.regions import Region, Regions
 from edgespec.engine.events import Chunk, GenerationParams
 from edgespec.engine.info import EngineInfo, LayerRun, ModelInfo
 from edgespec.engine.policy import Policy
+from edgespec.engine.pool import Pool, forget_everywhere, vocab_id
 from edgespec.engine.slots import SequencePool
 from edgespec.engine.snapshots import SnapshotCache, cache_key, file_identity
 from edgespec.errors import ModelLoadError
@@ -36,6 +38,10 @@ from edgespec.models.compat import VocabInfo, ensure_compatible
 from edgespec.net import Split
 
 log = logging.getLogger("edgespec.cache")
+
+POOL_SAVE_S = 300.0
+"""The lookup pool is written at close, and after a remember this long after its last save
+(a server that runs for days, a crash): never while a reply decodes."""
 
 
 @dataclass
@@ -100,6 +106,12 @@ class CacheSettings:
     """Folder for what is measured of this machine once and kept between runs
     (flash attention on the CPU, engine/attention.py), whether or not snapshots
     are; None: measured again by each process."""
+    pool: Path | None = None
+    """Folder of the lookup pool, the earlier text kept between runs (engine/pool.py);
+    None: no pool, and nothing to forget."""
+    pool_mib: int = 64
+    """What the pool holds at most (the file keeps what the last process to save it
+    kept); 0: off (nothing remembered, but forgetting still reaches the files)."""
 
     def snapshot_cache(self) -> SnapshotCache:
         return SnapshotCache(ram_bytes=self.ram_mib << 20, disk=self.disk, disk_bytes=self.disk_mib << 20)
@@ -185,6 +197,16 @@ class _Loaded:
         self.model.close()
 
 
+def _open_pool(cache: CacheSettings, model: LlamaModel) -> Pool | None:
+    """The lookup pool for the model's tokenizer, sorted for matching here (on the
+    loading thread, so that no reply waits for it); None where it is off."""
+    if cache.pool is None or cache.pool_mib <= 0:
+        return None
+    pool = Pool.open(cache.pool, vocab_id(vocab_info(model)), budget_bytes=cache.pool_mib << 20)
+    pool.index.prepare()
+    return pool
+
+
 def _placement(model: LlamaModel) -> tuple[LayerRun, ...]:
     """How many layers (the output layer counts as one) each device holds, in
     layer order: (LayerRun("CPU", None, 12), LayerRun("RPC0", "10.0.0.2:50052", 19))."""
@@ -201,12 +223,23 @@ def _placement(model: LlamaModel) -> tuple[LayerRun, ...]:
 class Engine:
     """Generates with the target, speculating with a draft model or prompt lookup."""
 
-    def __init__(self, target: _Loaded, draft: _Loaded | None, cache: SnapshotCache | None = None):
+    def __init__(self, target: _Loaded, draft: _Loaded | None, cache: SnapshotCache | None = None, *,
+                 pool: Pool | None = None, pool_folder: Path | None = None):
+        """`pool`: the lookup pool for the target's tokenizer, if it is on; `pool_folder`:
+        where every tokenizer's pool file is (CacheSettings.pool), for `forget`."""
         self._target = target
         self._draft = draft
         self._cache = cache
+        self._pool = pool
+        self._pool_folder = pool_folder
+        self._pool_saved = time.monotonic()
+        self._to_forget: set[str] = set()
+        """Documents forgotten (from any thread) and not yet removed from `_pool`, which
+        only the thread that generates touches."""
+        self._forget_lock = threading.Lock()
         self.drafters = engine_drafters(draft.seq if draft else None, n_vocab=target.model.n_vocab,
-                                        is_eog=draft.model.is_eog if draft else target.model.is_eog)
+                                        is_eog=draft.model.is_eog if draft else target.model.is_eog,
+                                        pool=pool.index if pool else None)
         self.policies = Policies(target, draft, exact=target.exact, drafters=self.drafters,
                                  costs_path=self._costs_path)
         self._streams = 0
@@ -227,12 +260,13 @@ class Engine:
                 d = _Loaded(draft, slots=t.ctx.n_seq_max, cache=snapshots, measured=measured)
                 ensure_compatible(vocab_info(t.model), vocab_info(d.model),
                                   target_name=Path(target.path).name, draft_name=Path(draft.path).name)
+            pool = _open_pool(cache, t.model) if cache else None
         except BaseException:
             if d is not None:
                 d.close()
             t.close()
             raise
-        return cls(t, d, snapshots)
+        return cls(t, d, snapshots, pool=pool, pool_folder=cache.pool if cache else None)
 
     # -- the model, for chat formatting ----------------------------------
     @property
@@ -323,6 +357,7 @@ class Engine:
         holds more; both models use the same sequence number. `regions`: the
         prompt's labelled spans, which accepted lookup tokens are credited to."""
         model = self._target.model
+        self._forget_pending()
         params = replace(params, mode=decoded_mode(params))
         policy = self.policy(params)
         spans = Regions(len(prompt_tokens), regions)
@@ -337,6 +372,41 @@ class Engine:
             piece=lambda t: model.token_to_piece(t, special=False),
             last_alone=self._target.exact,  # a prompt read afresh or again gives the same logits
         ))
+
+    # -- the lookup pool: earlier text the pool drafter proposes from ------
+    def remember(self, doc: str, tokens: Sequence[int]) -> None:
+        """Keep `tokens` in the lookup pool as document `doc` ("conversation:<id>",
+        "request:<hash>", "file:<sha256>"), replacing what it held: remembering a
+        conversation whole after each turn costs what its new tokens do. Kept between
+        runs (written at close); nothing where the pool is off. Not while a reply decodes."""
+        self._forget_pending()
+        if self._pool is None:
+            return
+        self._pool.add(doc, tokens)
+        if time.monotonic() - self._pool_saved >= POOL_SAVE_S:
+            self._save_pool()
+
+    def forget(self, doc: str) -> None:
+        """From any thread: remove `doc` from the lookup pool, here (before the next
+        reply drafts) and in every pool file in its folder, whatever the tokenizer and
+        whether or not the pool is on now (a deleted conversation)."""
+        with self._forget_lock:
+            self._to_forget.add(doc)
+        if self._pool_folder is not None:
+            forget_everywhere(self._pool_folder, doc)
+
+    def _forget_pending(self) -> None:
+        with self._forget_lock:
+            docs, self._to_forget = self._to_forget, set()
+        for doc in docs:
+            if self._pool is not None:
+                self._pool.index.remove(doc)  # the file holds its tombstone: merged at the next save
+
+    def _save_pool(self) -> None:
+        if self._pool is not None:
+            self._forget_pending()
+            self._pool.save()
+            self._pool_saved = time.monotonic()
 
     def interrupt(self) -> None:
         """From any thread: end the reply being generated now. The decode in progress
@@ -414,12 +484,14 @@ class Engine:
                 m.pool.save()
 
     def close(self) -> None:
-        """Save what the caches hold (see save), then free the models (a target
-        whose RPC worker was lost is abandoned: see LlamaModel.close)."""
+        """Save what the caches hold (see save) and the lookup pool, then free the models
+        (a target whose RPC worker was lost is abandoned: see LlamaModel.close)."""
         try:
             self.save()
         except Exception as e:  # keeping the reading for next time must never stop a close
             log.warning("could not save the KV caches: %s", e)
+        self._save_pool()  # logs its own failures
+        self._pool = None
         if self._draft:
             self._draft.close()
             self._draft = None

@@ -1,0 +1,81 @@
+"""What the chat layer gives the engine's lookup pool (chat/remember.py): a stored
+conversation's turns, not a private one's; deleting forgets (fake engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgespec.chat import ChatSession, ConversationStore
+from edgespec.chat.remember import ANCHOR, continued, conversation_doc, request_doc
+from tests.fakes import FakeEngine
+
+
+@pytest.fixture
+def store(tmp_path):
+    with ConversationStore(tmp_path / "chats.db") as s:
+        yield s
+
+
+def _turn(chat, text):
+    return list(chat.send(text))
+
+
+def test_a_stored_conversation_is_remembered_whole_after_each_turn(store):
+    engine = FakeEngine()
+    chat = ChatSession(engine, store=store, template="chatml", system_prompt="Be brief.")
+    _turn(chat, "Hi")
+    doc = conversation_doc(chat.conversation_id)
+    first = engine.remembered[doc]
+    assert engine.detokenize(first).endswith("reply 1")
+    _turn(chat, "Again")
+    second = engine.remembered[doc]
+    assert second[:len(first)] == first and engine.detokenize(second).endswith("reply 2")
+    assert second[len(first):] == engine.prompts[-1][len(first):] + engine.tokenize("reply 2")
+
+
+def test_a_private_conversation_is_kept_out_and_what_it_gave_is_forgotten(store):
+    engine = FakeEngine()
+    chat = ChatSession(engine, store=store, template="chatml")
+    _turn(chat, "Hi")
+    doc = conversation_doc(chat.conversation_id)
+    chat.keep_private(True)
+    assert engine.forgotten == [doc] and doc not in engine.remembered
+    _turn(chat, "Secret")
+    assert doc not in engine.remembered
+
+
+def test_a_conversation_stored_as_private_stays_out_when_opened_again(store):
+    engine = FakeEngine()
+    chat = ChatSession(engine, store=store, template="chatml")
+    _turn(chat, "Hi")
+    store.save_settings(chat.conversation_id, {**store.settings(chat.conversation_id), "private": True})
+    engine.remembered.clear()
+    again = ChatSession(engine, store=store, template="chatml", conversation_id=chat.conversation_id)
+    _turn(again, "More")
+    assert engine.remembered == {}
+
+
+def test_an_unsaved_conversation_is_not_remembered():
+    engine = FakeEngine()
+    _turn(ChatSession(engine, template="chatml"), "Hi")
+    assert engine.remembered == {}
+
+
+def test_a_turn_continues_what_was_remembered():
+    known = list(range(100))
+    assert continued(known, [*known, 7, 8]) == [*known, 7, 8]
+    # the earliest turns left the prompt: what follows the end of what was known is added
+    trimmed = [1, 2, *known[-ANCHOR - 5:], 7, 8]
+    assert continued(known, trimmed) == [*known, 7, 8]
+    # an edited history: the conversation as it now reads
+    assert continued(known, [5, 6, 7]) == [5, 6, 7]
+    assert continued([], [5, 6]) == [5, 6]
+
+
+def test_requests_of_one_client_conversation_share_a_document():
+    first = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]
+    later = [*first, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "More"}]
+    other = [{"role": "system", "content": "S"}, {"role": "user", "content": "Other"}]
+    assert request_doc(first) == request_doc(later) != request_doc(other)
+    assert request_doc([1, 2, 3]) != request_doc([1, 2, 4])
+    assert request_doc(first).startswith("request:")
