@@ -49,7 +49,7 @@ def main() -> int:
     with engine_from_args(args) as engine:
         print(f"{machine()}; exact kernels: {engine.describe().exact}")
         for prompt in load_prompts(categories=args.category):
-            tokens = encode_prompt(engine, prompt.prompt)[0]
+            tokens = encode_prompt(engine, prompt.prompt).tokens
             cost, total, ratios = defaultdict(float), defaultdict(int), []
             for r in range(args.repeats):
                 runs = {}

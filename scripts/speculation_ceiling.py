@@ -110,7 +110,7 @@ def record_suite(args, prompts) -> tuple[list[Trace], Costs]:
         if not engine.has_draft:
             sys.exit("this needs a draft model")
         k_max = min(engine.max_verify_batch() - 1, 16)
-        encoded = [(p, encode_prompt(engine, p.prompt)[0]) for p in prompts]
+        encoded = [(p, encode_prompt(engine, p.prompt).tokens) for p in prompts]
         costs = measure_costs(engine, encoded[0][1], k_max)
         traces = [record(engine, prompt.id, tokens, args.max_tokens) for prompt, tokens in encoded]
     if args.save_traces:
