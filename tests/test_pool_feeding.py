@@ -79,3 +79,35 @@ def test_requests_of_one_client_conversation_share_a_document():
     assert request_doc(first) == request_doc(later) != request_doc(other)
     assert request_doc([1, 2, 3]) != request_doc([1, 2, 4])
     assert request_doc(first).startswith("request:")
+
+
+def test_the_server_remembers_each_request_and_its_reply():
+    from edgespec.engine.events import GenerationParams
+    from edgespec.server.completion import Completer
+
+    engine = FakeEngine(chat_template=None)
+    completer = Completer(engine, template="chatml")
+    first = [{"role": "user", "content": "Hi"}]
+    list(completer.chat(first, GenerationParams(max_tokens=20)))
+    later = [*first, {"role": "assistant", "content": "reply 1"}, {"role": "user", "content": "More"}]
+    list(completer.chat(later, GenerationParams(max_tokens=20)))
+    list(completer.complete([5, 6, 7], GenerationParams(max_tokens=20)))
+    assert list(engine.remembered) == [request_doc(first), request_doc([5, 6, 7])]
+    assert engine.remembered[request_doc(first)] == [*engine.prompts[1], *engine.tokenize("reply 2")]
+
+
+def test_deleting_a_conversation_in_the_app_forgets_it_with_or_without_an_engine(home):
+    from edgespec.engine.pool import Pool
+    from edgespec.load import pool_folder
+    from edgespec.tui.screens.chat import forget_conversation
+
+    engine = FakeEngine()
+    forget_conversation(engine, 3)
+    assert engine.forgotten == [conversation_doc(3)]
+    vocab = "0123456789abcdef"
+    pool = Pool.open(pool_folder(), vocab)
+    pool.add(conversation_doc(4), [1, 2, 3])
+    pool.add(conversation_doc(5), [4, 5, 6])
+    assert pool.save()
+    forget_conversation(None, 4)  # no engine loaded (or the pool is off): the files still forget it
+    assert Pool.open(pool_folder(), vocab).index.documents() == [conversation_doc(5)]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from edgespec.chat.prompt import Prompt, PromptEncoder, Region
+from edgespec.chat.remember import request_doc
 from edgespec.chat.words import stats_line
 from edgespec.engine.events import GenerationParams, Stats
 from edgespec.errors import ContextFullError
@@ -60,19 +61,21 @@ class Completer:
              request_id: str = "") -> Iterator[Delta | Done]:
         """Stream the assistant's reply to `messages` (dicts with "role" and "content")."""
         prompt = self._encoder.encode(messages)
-        return self._generate(prompt, prompt.tokens, prompt.params(params), request_id, regions=prompt.regions)
+        return self._generate(prompt, prompt.tokens, prompt.params(params), request_id, regions=prompt.regions,
+                              doc=request_doc(messages))
 
     def complete(self, prompt: str | list[int], params: GenerationParams, *,
                  request_id: str = "") -> Iterator[Delta | Done]:
         """Stream the continuation of a raw prompt (text, special tokens parsed, or token ids)."""
         if isinstance(prompt, list):
-            return self._generate(None, prompt, params, request_id)
+            return self._generate(None, prompt, params, request_id, doc=request_doc(prompt))
         encoded = self._encoder.encode_text(prompt)
-        return self._generate(encoded, encoded.tokens, params, request_id)
+        return self._generate(encoded, encoded.tokens, params, request_id, doc=request_doc(encoded.tokens))
 
     def _generate(self, prompt: Prompt | None, tokens: list[int], params: GenerationParams,
-                  request_id: str, *, regions: Sequence[Region] = ()) -> Iterator[Delta | Done]:
-        """`prompt`: what `tokens` encode, kept for reuse; None for token ids from the client."""
+                  request_id: str, *, regions: Sequence[Region] = (), doc: str) -> Iterator[Delta | Done]:
+        """`prompt`: what `tokens` encode, kept for reuse; None for token ids from the client.
+        `doc`: the lookup pool's document the request and its reply are remembered as."""
         n_ctx = self.engine.n_ctx
         if len(tokens) >= n_ctx:
             raise ContextFullError(
@@ -81,9 +84,9 @@ class Completer:
         if params.max_tokens is None:  # no limit asked for: until the context is full
             params = dataclasses.replace(params, max_tokens=n_ctx)
         stream = self.engine.generate(tokens, params, regions=regions)
-        return self._stream(stream, prompt, request_id)
+        return self._stream(stream, prompt, request_id, doc, tokens)
 
-    def _stream(self, stream, prompt, request_id) -> Iterator[Delta | Done]:
+    def _stream(self, stream, prompt, request_id, doc, tokens) -> Iterator[Delta | Done]:
         reply, reply_tokens, stats = [], [], None
         try:
             for chunk in stream:
@@ -100,6 +103,7 @@ class Completer:
             stream.close()  # the engine's caches are consistent from here on
             if prompt is not None:
                 self._encoder.remember(prompt, "".join(reply), reply_tokens)
+            self.engine.remember(doc, [*tokens, *reply_tokens])
             if stats is not None:
                 log.info("%s: %d prompt tokens (%d evaluated); %s", request_id, stats.prompt_tokens,
                          stats.prompt_evaluated, stats_line(stats))

@@ -25,6 +25,7 @@ from textual.widgets import Footer, Header, OptionList, Static, TextArea
 
 from edgespec.chat import attachments
 from edgespec.chat.export import write_markdown
+from edgespec.chat.remember import conversation_doc
 from edgespec.chat.store import StoreError
 from edgespec.errors import EdgespecError
 from edgespec.tui.library import PullProgress
@@ -289,6 +290,7 @@ class ChatScreen(Screen):
             except StoreError as e:
                 store_failed(self, e)
                 return
+            self.app.run_worker(lambda: forget_conversation(self.app.engine, cid), thread=True, group="forget")
             self.query_one(ConversationList).refresh_list()
             await self.open_conversation(None)
             self.notify("Chat deleted.")
@@ -545,3 +547,17 @@ class ChatScreen(Screen):
             return
         self.notify(f"Undone: {', '.join(a.path for a in self.applied)} restored.", title="Undo")
         self.applied = []
+
+
+def forget_conversation(engine, conversation_id: int) -> None:
+    """Remove a deleted conversation from the lookup pool: from the engine's, and from
+    every pool file (remembered under another model, or the engine still loading).
+    Reads and writes files: off the UI thread."""
+    doc = conversation_doc(conversation_id)
+    if engine is not None:
+        engine.forget(doc)
+        return
+    from edgespec.engine.pool import forget_everywhere
+    from edgespec.load import pool_folder
+
+    forget_everywhere(pool_folder(), doc)
