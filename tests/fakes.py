@@ -127,7 +127,7 @@ class FakeEngine:
             if len(self.cache) >= self.n_ctx:
                 finish = "context"
                 break
-            if i >= params.max_tokens:
+            if params.max_tokens is not None and i >= params.max_tokens:
                 finish = "max_tokens"
                 break
             if self._hold is not None and i == self._hold_after:

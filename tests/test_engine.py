@@ -382,7 +382,8 @@ def test_accepted_tokens_are_credited_to_their_sources_and_sum_to_accepted(engin
     regions = [Region(1, len(prompt), "user:1")]
     _, _, last = run_with_regions(engines[pair], prompt, regions, mode=mode, k=4, max_tokens=40)
     stats = last.stats
-    assert stats.accepted > 0 and sum(stats.accepted_by.values()) == stats.accepted
+    assert sum(stats.accepted_by.values()) == stats.accepted
+    assert stats.accepted > 0 or mode == "auto"  # auto may find drafting too dear on a busy machine
     allowed = {"draft": {"draft"}, "lookup": {"lookup/user:1", "lookup/reply"},
                "auto": {"draft", "lookup/user:1", "lookup/reply"}}[mode]
     assert set(stats.accepted_by) <= allowed, stats.accepted_by
@@ -395,3 +396,12 @@ def run_with_regions(engine, prompt, regions, **kw):
         flags += chunk.from_draft
         last = chunk
     return tokens, flags, last
+
+
+def test_max_tokens_none_decodes_until_the_context_is_full(engines):
+    """None is "until the context is full" (the server's default): the engine owns that rule."""
+    engine = engines["same"]
+    for mode in ("plain", "draft"):
+        tokens, _, last = run(engine, PROMPTS[2], mode=mode, k=4, max_tokens=None)
+        assert last.stats.stop_reason == "context" and len(PROMPTS[2]) + len(tokens) == engine.n_ctx, mode
+        assert last.stats.target_passes <= len(tokens) + 1

@@ -1,12 +1,14 @@
 """The decode loop, as two stacked generators.
 
-`speculative_steps` works on tokens: draft, verify in one target pass, accept,
-truncate. `generate` turns steps into text chunks with statistics. Plain
-decoding is the same loop with no drafter, so callers never branch on mode.
+`speculative_steps` works on tokens, one `cycle` at a time: draft, verify in one
+target pass, accept, truncate both caches. `generate` turns steps into text
+chunks with statistics (Stats.record). Plain decoding is the same loop with no
+drafter, so callers never branch on mode.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
@@ -16,26 +18,73 @@ import numpy as np
 from edgespec.engine.cache import KVSequence, common_prefix_length
 from edgespec.engine.policy import CycleReport, Plan, Policy
 from edgespec.engine.detok import Detokenizer, StopStrings
-from edgespec.engine.drafters import Draft
+from edgespec.engine.drafters import Draft, Drafter
 from edgespec.engine.events import Chunk, GenerationParams, Stats
 from edgespec.engine.sampling import check_params, distribution
 from edgespec.engine.verify import accept_greedy, accept_sampled
 from edgespec.errors import ContextFullError
 
 
-@dataclass
+@dataclass(slots=True)
+class Cycle:
+    """What one cycle did: the draft, how much of it the target accepted, its own
+    token after that, and the time each half took."""
+
+    plan: Plan
+    draft: Draft
+    accepted: int
+    """Draft tokens the target agreed with."""
+    token: int | None
+    """The target's own token after them (a correction, or a bonus after a whole
+    draft); None where no pass ran (the context is full)."""
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    """The target's pass and the acceptance (the caches' truncation is not timed, as
+    costs.measure_pass does not time it)."""
+
+    @property
+    def source(self) -> str:
+        """Where the draft came from (Draft.source, else the drafter's name): what Stats.accepted_by credits."""
+        return self.draft.source or self.plan.name
+
+    @property
+    def tokens(self) -> list[int]:
+        """What the cycle adds to the history: the accepted drafts and the target's token."""
+        return [*self.draft.tokens[: self.accepted], self.token]
+
+
+@dataclass(slots=True)
 class Step:
-    """The tokens one cycle added."""
+    """What one cycle added to the reply (speculative_steps yields one per cycle)."""
 
     tokens: list[int]
+    """The cycle's tokens, none from an end-of-generation token on."""
     from_draft: list[bool]
-    plan: Plan
-    drafted: int = 0
-    accepted: int = 0
-    """Draft tokens the target agreed with (an end-of-generation token among them is not emitted)."""
+    cycle: Cycle
     finish_reason: str | None = None
-    source: str = ""
-    """Where the draft came from (Draft.source, or the drafter's name)."""
+
+    # What Stats.record reads (events.StepFacts):
+    @property
+    def drafted(self) -> int:
+        return len(self.cycle.draft.tokens)
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens the target agreed with (an end-of-generation token among them is not emitted)."""
+        return self.cycle.accepted
+
+    @property
+    def source(self) -> str:
+        return self.cycle.source
+
+    @property
+    def plan(self) -> Plan:
+        return self.cycle.plan
+
+    @property
+    def passes(self) -> int:
+        """Target passes the step took: one, none where the context was full."""
+        return int(self.cycle.token is not None)
 
 
 def speculative_steps(
@@ -60,39 +109,74 @@ def speculative_steps(
     and verifying for the policy (engine/replay.py passes a simulated one)."""
     if target.tokens != history:
         raise RuntimeError("the target cache must hold the history, its last token's logits at hand")
+    limit = reply_limit(params)
+    first = Plan(None, 0, "plain: the first token comes from the prompt's pass")
     _, token = _choose(Draft([]), [target.logits(-1)], params, rng)
-    new, finish = _ended([token], 0, params, is_eog)
-    history.extend(new)
-    produced = len(new)
-    yield Step(new, [False] * len(new), Plan(None, 0, "plain: the first token comes from the prompt's pass"),
-               finish_reason=finish)
-    if not finish:
+    step = _step(Cycle(first, Draft([]), 0, token), 0, limit, is_eog)
+    history.extend(step.tokens)
+    produced = len(step.tokens)
+    yield step
+    if not step.finish_reason:
         policy.prefill(history[:-1])
-    while not finish:
+    while not step.finish_reason:
         room = target.room - 1  # free positions once the last token is in
         if room < 1:
-            yield Step([], [], Plan(None, 0), finish_reason="context")
+            yield Step([], [], Cycle(Plan(None, 0), Draft([]), 0, None), finish_reason="context")
             return
         plan = policy.plan(history)
-        k = min(plan.k, room - 1, params.max_tokens - produced - 1)
+        k = min(plan.k, room - 1, limit - produced - 1)
+        done = cycle(target, history, plan, k, params, rng, clock)
+        step = _step(done, produced, limit, is_eog)
+        history.extend(step.tokens)
+        produced += len(step.tokens)
+        policy.observe(CycleReport(plan, drafted=len(done.draft.tokens), accepted=done.accepted,
+                                   draft_s=done.draft_s, verify_s=done.verify_s, caught_up=done.draft.caught_up,
+                                   catch_up_s=done.draft.catch_up_s, asked=max(k, 0)))
+        yield step
 
-        t0 = clock()
-        draft = _propose(plan, history, k, params, rng)
-        t1 = clock()
-        target.extend([history[-1], *draft.tokens], all_logits=True)
-        n, token = _choose(draft, [target.logits(i) for i in range(len(draft.tokens) + 1)], params, rng)
-        target.truncate(len(history) + n)  # drop the rejected drafts from the target's cache
-        t2 = clock()
 
-        new, finish = _ended([*draft.tokens[:n], token], produced, params, is_eog)
-        history.extend(new)
-        produced += len(new)
-        if plan.drafter is not None:
-            plan.drafter.rewind(history)  # and from the drafter's
-        policy.observe(CycleReport(plan, drafted=len(draft.tokens), accepted=n, draft_s=t1 - t0, verify_s=t2 - t1,
-                                   caught_up=draft.caught_up, catch_up_s=draft.catch_up_s, asked=max(k, 0)))
-        yield Step(new, [True] * min(n, len(new)) + [False] * (len(new) - n), plan,
-                   len(draft.tokens), n, finish, draft.source or plan.name)
+def cycle(target: KVSequence, history: list[int], plan: Plan, k: int, params: GenerationParams,
+          rng: np.random.Generator, clock: Callable[[], float] = time.perf_counter) -> Cycle:
+    """One cycle: draft up to k tokens, verify them in one target pass over
+    [last token, drafts], accept up to the first rejection plus the target's own
+    token, and leave both caches holding what was accepted."""
+    t0 = clock()
+    draft = _propose(plan, history, k, params, rng)
+    t1 = clock()
+    target.extend([history[-1], *draft.tokens], all_logits=True)
+    n, token = _choose(draft, [target.logits(i) for i in range(len(draft.tokens) + 1)], params, rng)
+    t2 = clock()
+    done = Cycle(plan, draft, n, token, draft_s=t1 - t0, verify_s=t2 - t1)
+    _rewind(target, plan.drafter, history, done.tokens)
+    return done
+
+
+def _rewind(target: KVSequence, drafter: Drafter | None, history: list[int], added: list[int]) -> None:
+    """Both caches back to what was accepted, `history` and the cycle's `added` tokens:
+    the target's holds all of it but the last token (read at the head of the next
+    pass), and the drafter drops its rejected guesses."""
+    target.truncate(len(history) + len(added) - 1)
+    if drafter is not None:
+        drafter.rewind([*history, *added])
+
+
+def reply_limit(params: GenerationParams) -> int:
+    """The most tokens a reply may have: params.max_tokens, or for None ("until the
+    context is full") no limit of its own, so that the full context ends it."""
+    return params.max_tokens if params.max_tokens is not None else sys.maxsize
+
+
+def _step(done: Cycle, produced: int, limit: int, is_eog: Callable[[int], bool]) -> Step:
+    """The cycle's tokens as the reply takes them (none from an end-of-generation
+    token on), and why the reply ends there, if it does."""
+    new = done.tokens
+    eog = next((i for i, t in enumerate(new) if is_eog(t)), None)
+    if eog is not None:
+        new, finish = new[:eog], "eog"
+    else:
+        finish = "max_tokens" if produced + len(new) >= limit else None
+    n = min(done.accepted, len(new))
+    return Step(new, [True] * n + [False] * (len(new) - n), done, finish)
 
 
 def _choose(draft: Draft, rows: list[np.ndarray], params: GenerationParams,
@@ -102,16 +186,6 @@ def _choose(draft: Draft, rows: list[np.ndarray], params: GenerationParams,
     if params.temperature == 0:
         return accept_greedy(draft.tokens, rows)
     return accept_sampled(draft.tokens, draft.probs, [distribution(r, params) for r in rows], rng)
-
-
-def _ended(new: list[int], produced: int, params: GenerationParams,
-           is_eog: Callable[[int], bool]) -> tuple[list[int], str | None]:
-    """The tokens a cycle adds (none from an end-of-generation token on), and why
-    the reply ends there, if it does."""
-    eog = next((i for i, t in enumerate(new) if is_eog(t)), None)
-    if eog is not None:
-        return new[:eog], "eog"
-    return new, "max_tokens" if produced + len(new) >= params.max_tokens else None
 
 
 def _propose(plan: Plan, history, k, params, rng) -> Draft:
@@ -172,17 +246,7 @@ def generate(
         steps = speculative_steps(target, list(prompt), params, policy, is_eog, rng)
         for step in steps:
             now = time.perf_counter()
-            if stats.ttft_s is None and step.tokens:
-                stats.ttft_s = now - start
-            stats.decode_s = now - decode_start
-            stats.generated_tokens += len(step.tokens)
-            stats.target_passes += 1
-            stats.drafted += step.drafted
-            stats.accepted += step.accepted
-            if step.accepted:
-                stats.accepted_by[step.source] = stats.accepted_by.get(step.source, 0) + step.accepted
-            stats.k, stats.drafter, stats.reason = step.plan.k, step.plan.name, step.plan.reason
-            stats.plan_kind = step.plan.kind
+            stats.record(step, since_call=now - start, since_decode=now - decode_start)
             text, stopped = stops.feed(detok.add(step.tokens))
             finish = "stop" if stopped else step.finish_reason
             if finish:

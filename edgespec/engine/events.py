@@ -9,7 +9,7 @@ object throughout a generation, so a consumer may keep a reference to it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Mapping
+from typing import Mapping, Protocol
 
 from edgespec.limits import LIMITS
 from edgespec.modes import DEFAULT_MODE
@@ -42,6 +42,34 @@ class GenerationParams:
     its top probabilities) falls below this: a guess after an unsure one is
     likely wasted. Auto mode sets it each cycle from the measured costs (see
     Costs.break_even); None: p_min alone."""
+
+
+class _PlanFacts(Protocol):
+    @property
+    def k(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+
+
+class StepFacts(Protocol):
+    """What Stats.record reads of one decode cycle (decoder.Step, which this module cannot import)."""
+
+    @property
+    def tokens(self) -> list[int]: ...
+    @property
+    def passes(self) -> int: ...
+    @property
+    def drafted(self) -> int: ...
+    @property
+    def accepted(self) -> int: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def plan(self) -> _PlanFacts: ...
 
 
 @dataclass
@@ -104,6 +132,22 @@ class Stats:
         for free and flatter speculation.)"""
         n = self.generated_tokens
         return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+    def record(self, step: StepFacts, *, since_call: float, since_decode: float) -> None:
+        """Add one decode cycle (decoder.Step): its tokens, its pass, its draft and how
+        much of it was accepted, from where, and the plan it followed; `since_call`,
+        `since_decode`: seconds from the call and from the end of the prompt's reading."""
+        if self.ttft_s is None and step.tokens:
+            self.ttft_s = since_call
+        self.decode_s = since_decode
+        self.generated_tokens += len(step.tokens)
+        self.target_passes += step.passes
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        if step.accepted:
+            self.accepted_by[step.source] = self.accepted_by.get(step.source, 0) + step.accepted
+        plan = step.plan
+        self.k, self.drafter, self.reason, self.plan_kind = plan.k, plan.name, plan.reason, plan.kind
 
     def to_dict(self) -> dict:
         """The stored, exported and served form: every field, and the derived rates."""

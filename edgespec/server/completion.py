@@ -8,7 +8,6 @@ the whole conversation each turn pays for the new message only.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,8 +80,6 @@ class Completer:
             raise ContextFullError(
                 f"This model's maximum context length is {n_ctx} tokens, but the prompt has {len(tokens)} "
                 f"tokens. Shorten the prompt, or restart the server with a larger context (--ctx).")
-        if params.max_tokens is None:  # no limit asked for: until the context is full
-            params = dataclasses.replace(params, max_tokens=n_ctx)
         stream = self.engine.generate(tokens, params, regions=regions)
         return self._stream(stream, prompt, request_id, doc, tokens)
 
