@@ -185,6 +185,21 @@ def test_settings_stored_by_others_are_kept(store):
     assert settings["theme"] == "dark" and settings["params"]["mode"] == "draft"
 
 
+def test_a_reply_the_engine_was_interrupted_in_is_stored_as_stopped(store):
+    """Engine.interrupt ends the stream without a finish reason: the reply is kept as stopped."""
+    class Interrupted(FakeEngine):
+        def generate(self, prompt_tokens, params, **kw):
+            for i, chunk in enumerate(super().generate(prompt_tokens, params, **kw)):
+                if i == 3:
+                    return  # what an interrupted engine's stream does
+                yield chunk
+
+    chat = ChatSession(Interrupted(reply=lambda p: "a long reply"), store=store, template="chatml")
+    list(chat.send("Hi"))
+    stored = store.messages(chat.conversation_id)[-1]
+    assert stored.status == "stopped" and stored.content == "a l"
+
+
 def test_a_stored_conversation_continues_where_it_stopped(store):
     engine = FakeEngine()
     first = ChatSession(engine, store=store, template="chatml", system_prompt="Be brief.")

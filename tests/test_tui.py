@@ -169,6 +169,7 @@ async def test_escape_stops_the_reply_and_keeps_it(store):
         await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) > 20)
         await pilot.press("escape")
         await wait_for(pilot, lambda: not app.chat.generating)
+        assert app.engines[0].interrupts >= 1  # the engine is told at once: a long prompt's read stops mid-batch
         reply = boxes(app)[1]
         assert reply.status == "stopped" and "stopped" in str(reply.query_one(".header").render())
         stored = store.messages(app.chat.conversation_id)[-1]

@@ -290,6 +290,8 @@ class ChatSession:
                     if self.store is not None and time.monotonic() - saved >= SAVE_EVERY_S:
                         self._save(reply, stats)
                         saved = time.monotonic()
+            if not finish:  # the engine was interrupted (Esc, a client gone): what was generated is kept
+                reply.status = "stopped"
         except GeneratorExit:
             if not finish:
                 reply.status = "stopped"

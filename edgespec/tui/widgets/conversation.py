@@ -147,8 +147,10 @@ class Conversation(VerticalScroll):
         await self._reply(session, lambda: session.edit(index, text))
 
     def stop(self) -> None:
-        """Ask the reply worker to stop at its next chunk (or batch of the prompt); the reply is kept."""
+        """Stop the reply now, also mid-batch of a long prompt (Engine.interrupt); the reply is kept."""
         self._stop.set()
+        if self.engine is not None:
+            self.engine.interrupt()
 
     async def _reply(self, session, make_chunks: Callable[[], Iterator]) -> None:
         box = MessageBox("assistant", show_origin=self.show_origin)
