@@ -4,6 +4,7 @@ made-up token streams; the engine's remember/forget on a synthetic model."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.costs import Costs
@@ -177,3 +178,30 @@ def test_a_pool_from_another_tokenizer_is_not_used(synth_target, synth_other_voc
         pool = next(d for d in engine.drafters if isinstance(d, PoolLookup))
         assert pool.index.documents() == []
     assert len(list((tmp_path / "pool").glob("*.pool"))) == 1  # the other's is written only once it holds something
+
+
+@pytest.mark.slow
+def test_smollm2_drafts_an_answer_given_before_from_the_pool_and_changes_nothing(smollm2, tmp_path):
+    """A conversation asks what an earlier one asked (another system prompt): its reply,
+    remembered, is drafted from the pool and accepted; greedy output is plain greedy's."""
+    from edgespec.chat.template import chat_template
+
+    def chat(engine, system):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": QUESTION}]
+        return engine.tokenize(chat_template(engine).render(messages), special=True)
+
+    settings = ModelSettings(smollm2, n_ctx=1024, exact=True)
+    with Engine.load(settings, cache=CacheSettings(pool=tmp_path / "pool", pool_mib=8)) as engine:
+        first = chat(engine, "You are a helpful assistant.")
+        plain, _ = _generate(engine, first, mode="plain", max_tokens=64)
+        engine.remember("conversation:1", [*first, *plain])
+        second = chat(engine, "Be precise.")
+        expected, _ = _generate(engine, second, mode="plain", max_tokens=64)
+        engine.reset()
+        engine.auto(GenerationParams(mode="auto", k=4))
+        again, stats = _generate(engine, second, mode="auto", k=4, max_tokens=64)
+    assert again == expected
+    assert stats.accepted_by.get("pool/conversation", 0) > 0
+
+
+QUESTION = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
