@@ -139,7 +139,9 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=3000)
-    ap.add_argument("--llama-server", metavar="BIN", help="also time llama-server (defaults, and ngram-mod)")
+    ap.add_argument("--llama-server", metavar="BIN", help="also time llama-server (see --server-modes)")
+    ap.add_argument("--server-modes", default="default,ngram-mod",
+                    help="llama-server configurations: default (plain) and/or any --spec-type (default: %(default)s)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
 
@@ -175,7 +177,9 @@ def main() -> None:
     if args.llama_server:
         log_dir = Path(tempfile.mkdtemp(prefix="bench-edit-"))
         threads = str(args.threads or os.cpu_count())
-        for label, extra in (("llama-server", []), ("llama-server ngram-mod", ["--spec-type", "ngram-mod"])):
+        modes = [m.strip() for m in args.server_modes.split(",") if m.strip()]
+        for label, extra in [("llama-server" if m == "default" else f"llama-server {m}",
+                              [] if m == "default" else ["--spec-type", m]) for m in modes]:
             server = Server(ServerSpec(label, lambda port, extra=extra: [
                 args.llama_server, "-m", info.target.path, "--port", str(port), "-c", str(args.ctx), "-t", threads,
                 "-np", "1", *extra]), log_dir)
