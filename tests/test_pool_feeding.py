@@ -111,3 +111,19 @@ def test_deleting_a_conversation_in_the_app_forgets_it_with_or_without_an_engine
     assert pool.save()
     forget_conversation(None, 4)  # no engine loaded (or the pool is off): the files still forget it
     assert Pool.open(pool_folder(), vocab).index.documents() == [conversation_doc(5)]
+
+
+def test_the_apps_private_setting_is_stored_and_given_to_the_session(store):
+    from edgespec.tui.settings import ChatSettings, give_session
+
+    assert ChatSettings.from_dict(ChatSettings(private=True).to_dict()).private is True
+    engine = FakeEngine()
+    chat = ChatSession(engine, store=store, template="chatml")
+    _turn(chat, "Hi")
+    give_session(chat, ChatSettings(private=True), store, ("auto", 4))
+    assert chat.private and engine.forgotten == [conversation_doc(chat.conversation_id)]
+    _turn(chat, "Secret")
+    assert engine.remembered == {}
+    give_session(chat, ChatSettings(), store, ("auto", 4))
+    _turn(chat, "Public again")
+    assert list(engine.remembered) == [conversation_doc(chat.conversation_id)]

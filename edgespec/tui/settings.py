@@ -46,6 +46,8 @@ class ChatSettings:
     """Speculation mode: plain, draft, lookup or auto; None: the pair's (models.yaml)."""
     k: int | None = None
     """Maximum draft length per cycle; None: the pair's."""
+    private: bool = False
+    """Kept out of the lookup pool: its text is never drafted from in other conversations."""
     load: LoadSettings = LoadSettings()
     """How the models are loaded: context size, threads, GPU layers, kernels, RPC workers
     (their workers only: the command line's tensor split goes with the same workers)."""
@@ -146,6 +148,8 @@ def give_session(session, settings: ChatSettings, store, decoding: tuple[str, in
     mode and k, ChatSettings.params), and its system prompt (in the stored conversation
     too, or starting an empty chat with it)."""
     session.params = settings.params(decoding)
+    if session.private != settings.private:
+        session.keep_private(settings.private)
     prompt = settings.system_prompt
     session.system_prompt = prompt or None
     messages = session.messages

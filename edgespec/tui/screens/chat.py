@@ -228,6 +228,8 @@ class ChatScreen(Screen):
             self.session.params = self.settings.params(app.pair_decoding())
         elif app.engine is not None:
             self.session = self._make_session(conversation_id)
+        if self.session is not None:
+            self.session.private = self.settings.private  # as stored, or the defaults for a new chat
         app.reload_for(self.settings)
 
     @on(ConversationList.Selected)

@@ -73,6 +73,8 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
                              id="flash_attn")
                 yield Label("Exact kernels (greedy = plain)")
                 yield Checkbox("exact", value=self.settings.load.exact, id="exact")
+                yield Label("Private (not drafted from elsewhere)")
+                yield Checkbox("private", value=self.settings.private, id="private")
             yield Static("", id="error")
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
@@ -86,6 +88,7 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
         data["mode"] = None if mode is Select.NULL else mode
         data["flash_attn"] = self.query_one("#flash_attn", Select).value
         data["exact"] = self.query_one("#exact", Checkbox).value
+        data["private"] = self.query_one("#private", Checkbox).value
         data["system_prompt"] = self.query_one("#system_prompt", TextArea).text
         for name in WHOLE:
             if name in LOAD_LIMITS and data[name].lower() in (AUTO, ""):
