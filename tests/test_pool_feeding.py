@@ -127,3 +127,19 @@ def test_the_apps_private_setting_is_stored_and_given_to_the_session(store):
     give_session(chat, ChatSettings(), store, ("auto", 4))
     _turn(chat, "Public again")
     assert list(engine.remembered) == [conversation_doc(chat.conversation_id)]
+
+
+def test_lookup_pool_sets_the_pools_budget_and_0_turns_it_off(monkeypatch, home):
+    import edgespec.cli as cli
+    import edgespec.tui as tui
+    from edgespec.engine.runtime import CacheSettings
+    from edgespec.load import pool_folder
+
+    seen = {}
+    monkeypatch.setattr(tui, "run_app", lambda **kw: seen.update(kw))
+    assert cli.main(["--lookup-pool", "0"]) == 0
+    assert (seen["cache"].pool, seen["cache"].pool_mib) == (pool_folder(), 0)  # off, but deletions reach its files
+    assert cli.main(["--lookup-pool", "16"]) == 0 and seen["cache"].pool_mib == 16
+    assert cli.main([]) == 0 and seen["cache"].pool_mib == CacheSettings().pool_mib
+    with pytest.raises(SystemExit):
+        cli.main(["--lookup-pool", "-1"])
