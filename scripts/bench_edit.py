@@ -69,9 +69,9 @@ class Recorder:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def generate(self, tokens, params):
+    def generate(self, tokens, params, **kwargs):
         self.prompts.append(list(tokens))
-        return self.engine.generate(tokens, params)
+        return self.engine.generate(tokens, params, **kwargs)
 
 
 def run_edgespec(engine, source: str, name: str, requests: list[str], params: GenerationParams):
