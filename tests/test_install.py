@@ -33,7 +33,7 @@ def choose(tmp_path: Path, *fakes: str, args: tuple[str, ...] = (), **env: str) 
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     return {"backend": lines[0].removeprefix("backend="), "cmake_args": lines[1].removeprefix("cmake_args="),
-            "rpc": lines[2].removeprefix("rpc="), "sentence": lines[3]}
+            "rpc": lines[2].removeprefix("rpc="), "sentence": lines[3], "venv": lines[4].removeprefix("venv=")}
 
 
 NVIDIA_SMI = "nvidia-smi=echo 'GPU 0: NVIDIA H200 (UUID: GPU-1234)'"
@@ -119,3 +119,15 @@ def test_cmake_args_that_turn_a_backend_off_build_for_the_cpu(tmp_path, value):
 def test_the_installed_build_needs_rpc_only_where_cmake_args_leave_it_on(tmp_path, cmake_args, rpc):
     """A build made with -DGGML_RPC=OFF is kept by later runs (has_build reads the same answer)."""
     assert choose(tmp_path, **({"CMAKE_ARGS": cmake_args} if cmake_args else {}))["rpc"] == rpc
+
+
+def test_venv_chooses_where_it_installs_relative_to_where_the_caller_stands(tmp_path):
+    assert choose(tmp_path)["venv"] == ".venv"
+    assert choose(tmp_path, args=("--venv", "/opt/edgespec"))["venv"] == "/opt/edgespec"
+    assert choose(tmp_path, args=("--venv=/opt/e2",))["venv"] == "/opt/e2"
+    done = subprocess.run(["bash", str(ROOT / "scripts/install.sh"), "--venv", "mine", "--print-backend"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.stdout.splitlines()[-1] == f"venv={tmp_path}/mine"
+    done = subprocess.run(["bash", str(ROOT / "scripts/install.sh"), "--venv"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
