@@ -143,3 +143,31 @@ def test_lookup_pool_sets_the_pools_budget_and_0_turns_it_off(monkeypatch, home)
     assert cli.main([]) == 0 and seen["cache"].pool_mib == CacheSettings().pool_mib
     with pytest.raises(SystemExit):
         cli.main(["--lookup-pool", "-1"])
+
+
+def test_chat_private_keeps_the_conversation_out_and_stores_the_choice(home, monkeypatch, capsys):
+    import edgespec.cli as cli
+    import edgespec.cli.chats as chats
+    from edgespec.cli.options import open_store
+
+    engine = FakeEngine()
+    monkeypatch.setattr(chats, "engine_from_args", lambda args, progress=None: _Held(engine))
+    assert cli.main(["chat", "--new", "--private", "--once", "Secret", "--template", "chatml"]) == 0
+    assert engine.remembered == {}
+    cid = open_store().latest()
+    assert open_store().settings(cid)["private"] is True
+    assert cli.main(["chat", "--conversation", str(cid), "--once", "More", "--template", "chatml"]) == 0
+    assert engine.remembered == {}  # stored private: still kept out
+    assert cli.main(["chat", "--new", "--once", "Public", "--template", "chatml"]) == 0
+    assert list(engine.remembered) == [conversation_doc(open_store().latest())]
+
+
+class _Held:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __enter__(self):
+        return self.engine
+
+    def __exit__(self, *exc):
+        return False

@@ -352,6 +352,7 @@ class ChatSession:
         settings = {
             "target": paths.get("target"), "draft": paths.get("draft"),
             "template": self.template.name, "params": dataclasses.asdict(self.params),
+            "private": self.private,  # the app's ChatSettings.private
         }
         if self.workspace is not None and any(m.attachments for m in self.messages):
             settings["root"] = str(self.workspace.root)  # where `edgespec apply` writes its files

@@ -26,6 +26,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--conversation", type=int, metavar="ID", help="conversation to continue (see `edgespec chats`)")
     p.add_argument("--new", action="store_true", help="start a new conversation")
     p.add_argument("--system", metavar="TEXT", type=model_text("--system"), help="system prompt of a new conversation")
+    p.add_argument("--private", action="store_true",
+                   help="keep the conversation out of the lookup pool, from now on (stored with it: the app "
+                        "keeps it out too), and remove what it gave the pool before")
     add_template_option(p)
     add_file_options(p)
     p.add_argument("--stats", action="store_true", help="print each reply's statistics to stderr")
@@ -86,6 +89,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
                               params=params, template=template, model_name=name, workspace=workspace,
                               on_wait=lambda: note("another edgespec is replying in this conversation; waiting for "
                                                    "its reply to finish (Ctrl+C gives up)"))
+        if args.private:
+            session.keep_private(True)
         attach = list(args.file)
         for text in [args.once] if args.once is not None else _stdin_lines():
             last = None
