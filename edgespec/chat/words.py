@@ -18,6 +18,9 @@ CACHE_SOURCES = {"sequence": "KV cache", "ram": "RAM snapshot", "disk": "disk sn
 DRAFTERS = {"draft": "draft model", "lookup": "lookup", "pool": "pool"}
 """The drafter part of a Stats.accepted_by source, for people."""
 
+POOL_KINDS = {"conversation": "earlier conversations", "request": "earlier requests", "file": "earlier files"}
+"""The kind of document a pool match lay in ("pool/<kind>", chat/remember.py's names), for people."""
+
 REGIONS = {"system": "system prompt", "prompt": "prompt", "reply": "the reply"}
 """Region labels (engine/regions.py, chat/prompt.py) that read differently for people."""
 
@@ -59,8 +62,11 @@ def accepted_by_note(stats: Stats) -> str:
 
 def source_words(source: str) -> str:
     """A Stats.accepted_by source for people: "lookup/file:app.py" -> 'lookup in file app.py',
-    "lookup/user:3" -> 'lookup in user message 3', "draft" -> 'draft model'."""
+    "lookup/user:3" -> 'lookup in user message 3', "draft" -> 'draft model',
+    "pool/conversation" -> 'earlier conversations'."""
     drafter, _, label = source.partition("/")
+    if drafter == "pool" and label:
+        return POOL_KINDS.get(label, f"earlier {label}")
     words = DRAFTERS.get(drafter, drafter)
     return f"{words} in {_region_words(label)}" if label else words
 
