@@ -171,3 +171,12 @@ class _Held:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_bench_drafts_from_no_pool_unless_asked():
+    from edgespec.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["bench"]).lookup_pool == 0
+    assert parser.parse_args(["bench", "--lookup-pool", "8"]).lookup_pool == 8
+    assert parser.parse_args(["generate", "hi"]).lookup_pool > 0

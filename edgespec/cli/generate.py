@@ -129,7 +129,7 @@ def _add_bench(sub) -> None:
                        description="Runs a prompt suite in several modes, interleaved, and prints tokens/s, "
                                    "acceptance and the speedup over plain decoding; writes JSON and a PNG chart.")
     add_model_options(p)
-    p.set_defaults(cache_disk=0)  # a benchmark keeps nothing for a later run
+    p.set_defaults(cache_disk=0, lookup_pool=0)  # a benchmark keeps nothing for a later run, nor drafts from earlier ones
     p.add_argument("--prompts", metavar="FILE", help="a prompt suite YAML (default: the shipped one)")
     p.add_argument("--category", action="append", help="only these categories (repeatable)")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES),
