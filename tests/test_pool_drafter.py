@@ -205,3 +205,16 @@ def test_smollm2_drafts_an_answer_given_before_from_the_pool_and_changes_nothing
 
 
 QUESTION = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
+
+
+def test_a_long_running_engine_saves_the_pool_now_and_then_after_a_reply(synth_target, tmp_path, monkeypatch):
+    from edgespec.engine import runtime
+    from edgespec.engine.pool import Pool
+
+    with _load(synth_target, tmp_path / "pool") as engine:
+        engine.remember("request:a", PROMPT)
+        assert not list((tmp_path / "pool").glob("*.pool"))  # not yet: saved at close, or after POOL_SAVE_S
+        monkeypatch.setattr(runtime, "POOL_SAVE_S", 0.0)
+        engine.remember("request:b", PROMPT[::-1])
+        (path,) = (tmp_path / "pool").glob("*.pool")
+        assert Pool.open(tmp_path / "pool", path.stem).index.documents() == ["request:a", "request:b"]
