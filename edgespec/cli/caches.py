@@ -18,7 +18,7 @@ PARTS = {
     "kv": "KV snapshots of conversations (read instead of the prompt when one is reopened)",
     "measured": "what was measured of this machine (flash attention on the CPU)",
     "verified": "markers of model files whose sha256 was checked",
-    "pool": "earlier text that prompt lookup drafts from, per tokenizer",
+    "pool": "earlier replies, prompts and files the pool drafter proposes from, per tokenizer",
 }
 """The cache's folders and what each keeps, for people."""
 
