@@ -260,6 +260,8 @@ def test_chat_waits_for_another_reply_in_the_conversation_and_then_answers(engin
     from edgespec.chat.reply_lock import reply_lock
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / engine.describe().target.path).write_bytes(b"")  # the stored model is still there: no note of it
     assert cli.main(["chat", "--new", "--template", "chatml", "--once", "first"]) == 0
     capsys.readouterr()
     waiting, notes = threading.Event(), []
