@@ -22,8 +22,6 @@ MAX_FILE_BYTES = 512 * 1024
 SKIPPED_NAMES = frozenset({".git", "__pycache__", "node_modules", ".venv"})
 """Folders completion leaves out unless the prefix names them."""
 
-_CHUNK = 1024 * 1024
-
 
 @dataclass(frozen=True)
 class FileText:
@@ -78,24 +76,10 @@ class Workspace:
         return FileText(path=rel, text=decode_text(data, rel), sha256=sha256_hex(data), size=len(data))
 
     def sha256_of(self, path: str | Path) -> str | None:
-        """The sha256 of a file's bytes, or None when it does not exist."""
+        """The sha256 of a file's bytes, or None when it does not exist (read as `read` reads it)."""
         full = self.resolve(path)
-        rel = full.relative_to(self.root).as_posix()
-        try:
-            info = os.stat(full)
-        except FileNotFoundError:
-            return None
-        except OSError as error:
-            raise FileAccessError(f"{rel} cannot be read ({error.strerror}).") from None
-        _require_regular(info, rel)
-        digest = hashlib.sha256()
-        try:
-            with _open_nonblocking(full) as handle:
-                while chunk := handle.read(_CHUNK):
-                    digest.update(chunk)
-        except OSError as error:
-            raise FileAccessError(f"{rel} cannot be read ({error.strerror}).") from None
-        return digest.hexdigest()
+        data = read_regular(full, full.relative_to(self.root).as_posix())
+        return None if data is None else sha256_hex(data)
 
     def complete(self, prefix: str, limit: int = 50) -> list[str]:
         """Paths under the root starting with `prefix`, one folder level deep; folders end with "/".

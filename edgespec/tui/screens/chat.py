@@ -435,26 +435,24 @@ class ChatScreen(Screen):
 
     def _attach_pasted(self, line: str) -> bool:
         """A pasted line that names a file of the project folder attaches it (False: it is text)."""
-        workspace = self.app.workspace
-        try:
-            if not workspace.resolve(line).is_file():
-                return False
-        except (EdgespecError, OSError, ValueError):
-            return False
-        self._attach_file(workspace.relative(workspace.resolve(line)))
-        return True
+        path = self._project_file(line)
+        if path is not None:
+            self._attach_file(path)
+        return path is not None
 
     def _at_paths(self, text: str) -> list[str]:
         """The files that `@path` words of `text` name in the project folder."""
-        paths = []
-        for word in text.split():
-            if word.startswith("@") and len(word) > 1:
-                try:
-                    if self.app.workspace.resolve(word[1:]).is_file():
-                        paths.append(self.app.workspace.relative(self.app.workspace.resolve(word[1:])))
-                except (EdgespecError, OSError, ValueError):
-                    continue
-        return paths
+        found = (self._project_file(word[1:]) for word in text.split() if word.startswith("@") and len(word) > 1)
+        return [path for path in found if path is not None]
+
+    def _project_file(self, text: str) -> str | None:
+        """`text` as the path of a file in the project folder, relative to it (None: it names none)."""
+        workspace = self.app.workspace
+        try:
+            full = workspace.resolve(text)
+            return workspace.relative(full) if full.is_file() else None
+        except (EdgespecError, OSError, ValueError):
+            return None
 
     @on(AttachmentBar.Removed)
     async def _chip_removed(self, event: AttachmentBar.Removed) -> None:

@@ -10,17 +10,14 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DirectoryTree, Label
 
-from edgespec.workspace.root import Workspace
-
-SKIPPED = frozenset({".git", "__pycache__", "node_modules", ".venv", ".mypy_cache", ".pytest_cache"})
-"""Folders the picker does not show (as `@` completion does not offer them)."""
+from edgespec.workspace.root import SKIPPED_NAMES, Workspace
 
 
 class ProjectTree(DirectoryTree):
-    """The project folder without hidden entries and build folders."""
+    """The project folder without hidden entries and the folders `@` completion leaves out."""
 
     def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
-        return [p for p in paths if not p.name.startswith(".") and p.name not in SKIPPED]
+        return [p for p in paths if not p.name.startswith(".") and p.name not in SKIPPED_NAMES]
 
 
 class FilePickerScreen(ModalScreen[str | None]):
