@@ -2,7 +2,7 @@
 
 import pytest
 
-from edgespec.engine.auto import Acceptance, AutoPolicy, Ledger, expected_tokens
+from edgespec.engine.auto import Acceptance, AutoPolicy, Ledger, expected_tokens, k_choices
 from edgespec.engine.costs import Costs
 from edgespec.engine.policy import Bucket, CycleReport, Plan
 from edgespec.engine.drafters import Draft, Drafter, Offer, PromptLookup
@@ -534,3 +534,16 @@ def test_warming_is_priced_on_the_acceptance_this_reply_may_have():
     assert unsure > 0
     p.acceptance[Bucket("draft")] = Acceptance(0.6, weight=200.0)
     assert p._expected_saving(draft) < unsure / 10
+
+
+def test_a_reply_that_copies_long_runs_is_verified_in_long_passes():
+    """Where a long pass costs less a token than a short one (a CPU: 65 tokens at
+    19 ms a token, 17 at 25, one at 52) and the copy goes on, auto asks lookup for
+    far more than 16 tokens; it prices lengths on a grid, up to k_max."""
+    costs = Costs({1: 0.052, 2: 0.080, 17: 0.425, 65: 1.21}, {"draft": 0.011, "lookup": 0.0})
+    p = AutoPolicy(costs, [PromptLookup()], k_max=64, priors={"lookup": 0.5})
+    p.acceptance[Bucket("lookup", "8-gram")] = Acceptance(0.995, weight=100.0)
+    p.ledger.saved = 10.0
+    history = list(range(200)) + list(range(100))  # 100 tokens of a 200-token copy so far
+    assert p.plan(history).k >= 48
+    assert k_choices(64)[-1] == 64 and k_choices(10) == [1, 2, 3, 4, 6, 8, 10] and k_choices(0) == []

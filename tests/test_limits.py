@@ -18,12 +18,12 @@ from edgespec.tui.settings import ChatSettings
 def test_the_table_holds_the_ranges_a_llama_cpp_or_openai_user_expects():
     table = {name: (limit.low, limit.high, limit.default, limit.above_low) for name, limit in LIMITS.items()}
     assert table == {
-        "k": (0, MAX_DRAFT, 8, False), "temperature": (0, 2, 0, False), "top_k": (0, None, 0, False),
+        "k": (0, MAX_DRAFT, MAX_DRAFT, False), "temperature": (0, 2, 0, False), "top_k": (0, None, 0, False),
         "top_p": (0, 1, 1, True), "seed": (0, None, None, False), "max_tokens": (1, None, 512, False),
     }
     from edgespec.engine.choice import FAST_MAX_BATCH
 
-    assert MAX_DRAFT == FAST_MAX_BATCH - 1 == 16  # the longest draft one verify pass holds
+    assert MAX_DRAFT == FAST_MAX_BATCH - 1 == 64  # the longest draft one verify pass holds
 
 
 def _edges():

@@ -22,6 +22,17 @@ def expected_drafted(continuation: float, k: int) -> float:
     return continuation * (1.0 - continuation ** k) / (1.0 - continuation)
 
 
+K_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+"""The draft lengths auto prices (and the longest a drafter offers): between them
+the expected rate changes by little, and pricing every length to 64 for every
+drafter each cycle would cost plain decoding's cycles a millisecond."""
+
+
+def k_choices(k_max: int) -> list[int]:
+    """The lengths of K_GRID up to k_max, and k_max."""
+    return [k for k in K_GRID if k < k_max] + ([k_max] if k_max > 0 else [])
+
+
 def expected_tokens(acceptance: float, k: int) -> float:
     """Tokens one cycle yields when each of k drafts is accepted with probability
     `acceptance` until the first rejection, plus the target's own token
@@ -293,7 +304,7 @@ class AutoPolicy(Policy):
 
     def _best_rate(self, drafter: Drafter, acceptance: Acceptance) -> float:
         """Tokens per second of the drafter's best k when warm."""
-        return max(self._rate(drafter, acceptance, k) for k in range(1, self.k_max + 1))
+        return max(self._rate(drafter, acceptance, k) for k in k_choices(self.k_max))
 
     def _rate(self, drafter: Drafter, acceptance: Acceptance, k: int, switch_s: float = 0.0) -> float:
         """Expected tokens per second of a cycle asking for up to k tokens: the
@@ -342,7 +353,7 @@ class AutoPolicy(Policy):
             catch_up = self._catch_up(drafter, history) if offer.k_max > 0 else 0.0
             # drafting on demand (a draft model): it drafts while its guesses are worth a column
             p_draft = self.costs.break_even(drafter.name) if offer.proposal is None else None
-            for k in range(1, offer.k_max + 1):
+            for k in k_choices(offer.k_max):
                 rate = self._rate(drafter, a, k, catch_up / self.SWITCH_CYCLES)
                 plan = Plan(drafter, k, bucket=bucket, proposal=offer.proposal, source=offer.source,
                             p_draft=p_draft, speedup=rate / plain_rate, acceptance=a.rate)

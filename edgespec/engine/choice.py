@@ -47,8 +47,8 @@ class Policies:
         self._by_mode = {d.name: d for d in self.drafters}
         """The mode table: a mode named after a drafter drafts with it alone."""
         self.costs_path = costs_path
-        self.measured_batch: int = FAST_MAX_BATCH if not exact else 0
-        """max_verify_batch once known (with exact kernels, 0 until the probe has run)."""
+        self.measured_batch: int = 0
+        """max_verify_batch once known (with exact kernels, once the probe has run)."""
         self._probe_timings: dict[int, float] = {}
         self._auto: AutoPolicy | None = None
 
@@ -72,10 +72,15 @@ class Policies:
         return self._auto_policy(params, k_cap)
 
     def max_verify_batch(self) -> int:
-        """The most tokens one verify pass may hold: FAST_MAX_BATCH, or with
-        exact kernels the largest batch whose logits were measured to be exact."""
-        if self.exact and not self.measured_batch:
+        """The most tokens one verify pass may hold: FAST_MAX_BATCH (at most the
+        context's batch), or with exact kernels the largest batch whose logits
+        were measured to be exact."""
+        if self.measured_batch:
+            return self.measured_batch
+        if self.exact:
             self.measured_batch, self._probe_timings = largest_exact_batch(self.target.seq)
+        else:  # one llama_decode holds at most n_batch tokens (a small context lowers it)
+            self.measured_batch = min(FAST_MAX_BATCH, self.target.seq.ctx.n_batch)
         return self.measured_batch
 
     def auto(self, params: GenerationParams) -> AutoPolicy:

@@ -118,11 +118,12 @@ CATCH_UP_PROBE = 16
 
 def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
               measured: dict[int, float] | None = None) -> Costs:
-    """Quick cost measurement at load: target passes of 1, 2 and k_max + 1
-    tokens (those not `measured` already), one draft-model token and a draft
-    batch (catching up on missed tokens)."""
+    """Quick cost measurement at load: target passes of 1, 2, 17 and k_max + 1
+    tokens (those not `measured` already; a pass costs less per token the longer
+    it is, and not along a line), one draft-model token and a draft batch
+    (catching up on missed tokens)."""
     target_costs = dict(measured or {})
-    for n in {1, 2, k_max + 1}:
+    for n in {1, 2, min(17, k_max + 1), k_max + 1}:
         if n not in target_costs and n <= target.room:
             target_costs[n] = measure_pass(target, n)
     draft_costs, catch_up_costs = {"lookup": 0.0}, {}

@@ -455,7 +455,8 @@ class Engine:
             backend=info["backend"],
             gpu_offload=info["gpu_offload"],
             exact=self._target.exact,
-            max_verify_batch=self.policies.measured_batch or None,  # None: not probed yet
+            max_verify_batch=self.policies.max_verify_batch() if not self._target.exact  # exact: once probed
+            else self.policies.measured_batch or None,
             workers=tuple(str(e) for e in self._target.settings.rpc.workers) if self._target.settings.rpc else (),
             conversations=self._target.ctx.n_seq_max,  # held in the KV caches at once
             cache_ram_mib=self._cache.ram_bytes >> 20 if self._cache else 0,
