@@ -36,14 +36,38 @@ PROBE_DEPTH = 1536
 """Tokens of context the probe reads, and runs its passes after: a conversation
 that holds a source file."""
 
-TURN_PASSES = {1: 128, 9: 32}
+TURN_PASSES = {1: 128, 17: 8, 65: 4}
 """Passes by size that a turn decodes after reading its prompt: a reply of some
-400 tokens, mostly decoded one token a pass (auto mode on a CPU, where drafting
-rarely pays), partly verified 9 at a time (lookup on an edit). ggml's CPU kernel
-for flash attention reads the whole KV cache once per token of a batch, where
-the unfused path multiplies the batch against the cache in one matrix product,
-so verify passes favour it off; reading a prompt favours it on some CPUs and
-off on others (scripts/bench_flash_attn.py compares both on the real model)."""
+500 tokens, mostly decoded one token a pass (auto mode on a CPU, where drafting
+rarely pays), partly verified in long lookup drafts (an edit that copies a
+file). ggml's CPU kernel for flash attention reads the whole KV cache once per
+token of a batch, where the unfused path multiplies the batch against the cache
+in one matrix product, so verify passes favour it off (a 65-token pass at 3,000
+tokens of context: 1.2 s off, 1.7 s on, the bundled 1.5B on a 2-core Zen 4);
+reading a prompt favours it on some CPUs and off on others
+(scripts/bench_flash_attn.py compares both on the real model)."""
+
+UNFUSED_UBATCH = 256
+"""Tokens the unfused path (flash attention off) computes at once while reading a
+prompt. Its attention scores (ubatch x context x heads floats) at llama.cpp's
+512 outgrow the CPU's caches deep in a conversation; at 256 the bundled 1.5B
+read 1,536 and 3,000 tokens as fast as with flash attention at 512 (17.4 s
+against 17.6, 38.6 against 38.7; 2-core Zen 4, 4 interleaved rounds), and 7 %
+faster than unfused at 512."""
+
+
+def ubatch(flash_attn: bool | None) -> int | None:
+    """The micro-batch a context runs with: UNFUSED_UBATCH where flash attention is
+    off, else None (the batch size: llama.cpp's default)."""
+    return UNFUSED_UBATCH if flash_attn is False else None
+
+
+READ_NOISE = 0.1
+"""How much slower off may read the probe's prompt and still count as fast: the
+probe's reads of one layer, one setting, differ by this much from run to run (89
+to 116 ms, the bundled 1.5B's shape, 2-core Zen 4), and one layer's attention is
+a small part of a real read (some 15 %), where the two settings read alike (see
+UNFUSED_UBATCH)."""
 
 PROBE_ROUNDS = 3
 """Interleaved rounds of the probe, on and off in turn; medians."""
@@ -78,11 +102,11 @@ class FlashAttnTimes:
     off: AttentionTimes
 
     def prefer_on(self) -> bool:
-        """On (llama.cpp's own choice) unless off reads a prompt no slower and
-        makes a turn cheaper: the first token must never wait longer than plain
-        llama.cpp makes it wait, even where faster verify passes would make up
-        for it later in the reply."""
-        return not (self.off.read <= self.on.read and self.off.turn() < self.on.turn())
+        """On (llama.cpp's own choice) unless off reads a prompt as fast (within
+        READ_NOISE) and makes a turn cheaper: the first token must not wait longer
+        than plain llama.cpp makes it wait, even where faster verify passes would
+        make up for it later in the reply."""
+        return not (self.off.read <= self.on.read * (1 + READ_NOISE) and self.off.turn() < self.on.turn())
 
     def to_json(self) -> dict:
         return {name: {"read": t.read, "passes": {str(n): s for n, s in t.passes.items()}}
@@ -115,7 +139,8 @@ def choose_cpu_flash_attn(shape: AttentionShape, *, n_ctx: int, n_batch: int,
         return None
     depth = max(1, min(PROBE_DEPTH, n_ctx - max(TURN_PASSES)))  # as deep as a conversation gets
     key = cache_key(shape=shape, depth=depth, n_batch=n_batch, threads=PROBE_THREADS, cpu=cpu_name(),
-                    system=system_info()["system_info"], llama_cpp=llama_cpp.__version__, passes=TURN_PASSES)
+                    system=system_info()["system_info"], llama_cpp=llama_cpp.__version__, passes=TURN_PASSES,
+                    unfused_ubatch=UNFUSED_UBATCH)
     times = _measured.get(key) or _load(kept, key)
     if times is None:
         try:
@@ -151,7 +176,7 @@ def measure(shape: AttentionShape, *, depth: int, n_batch: int, n_threads: int,
         try:
             for on in (True, False):
                 seqs[on] = KVSequence(LlamaContext(model, n_ctx=depth + max(TURN_PASSES), n_batch=n_batch,
-                                                   n_threads=n_threads, flash_attn=on))
+                                                   n_threads=n_threads, flash_attn=on, n_ubatch=ubatch(on)))
             tokens = [3 + i % (N_VOCAB - 3) for i in range(depth + max(TURN_PASSES))]
             reads: dict[bool, list[float]] = {True: [], False: []}
             passes: dict[bool, dict[int, list[float]]] = {True: {}, False: {}}

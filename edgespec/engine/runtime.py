@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import llama_cpp
 
 from edgespec.engine import decoder
-from edgespec.engine.attention import choose_cpu_flash_attn, default_slots
+from edgespec.engine.attention import choose_cpu_flash_attn, default_slots, ubatch
 from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.choice import Policies, decoded_mode
@@ -163,7 +163,7 @@ class _Loaded:
         s = self.settings
         common = dict(n_ctx=s.n_ctx, n_batch=s.n_batch, n_threads=s.n_threads, n_seq_max=slots)
         if not self.exact:
-            return LlamaContext(self.model, flash_attn=self.flash_attn, **common)
+            return LlamaContext(self.model, flash_attn=self.flash_attn, n_ubatch=ubatch(self.flash_attn), **common)
         # A Q8_0 cache keeps llama.cpp's single-token attention from splitting
         # the cache across threads (summing in another order than a batch does).
         # Heads whose size is not a multiple of 32 cannot have one: fall back to

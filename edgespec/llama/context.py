@@ -44,14 +44,15 @@ class LlamaContext:
 
     def __init__(self, model: LlamaModel, *, n_ctx: int, n_batch: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", flash_attn: bool | None = None,
-                 n_seq_max: int = 1):
-        """flash_attn None lets llama.cpp decide; a quantized KV cache needs it on."""
+                 n_seq_max: int = 1, n_ubatch: int | None = None):
+        """flash_attn None lets llama.cpp decide; a quantized KV cache needs it on.
+        `n_ubatch`: the tokens llama.cpp computes at once within a batch (None: n_batch)."""
         self.model = model
         threads = n_threads or os.cpu_count() or 1
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
-        params.n_ubatch = n_batch
+        params.n_ubatch = min(n_ubatch or n_batch, n_batch)
         params.n_seq_max = n_seq_max
         params.kv_unified = True
         params.n_threads = threads
@@ -68,6 +69,8 @@ class LlamaContext:
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
         """Most tokens one llama_decode takes: llama.cpp lowers the n_batch asked for
         to the n_ctx asked for, and then may round n_ctx itself up."""
+        self.n_ubatch = llama_cpp.llama_n_ubatch(self._ctx)
+        """Tokens llama.cpp computes at once within a batch."""
         self.n_vocab = model.n_vocab
         self.flash_attn = flash_attn
         """As asked: None when llama.cpp decided."""
