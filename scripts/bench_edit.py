@@ -20,6 +20,11 @@ choose another 150-300 line Python file).
 
     .venv/bin/python scripts/bench_edit.py --repeats 3
     .venv/bin/python scripts/bench_edit.py --llama-server /tmp/cppbuild/bin/llama-server
+    .venv/bin/python scripts/bench_edit.py --exact --repeats 1
+
+With --exact edgespec loads its exact kernels, and its applied files are also
+compared with those of plain greedy decoding on the same kernels (edgespec's
+plain mode, run once, untimed): under --exact they must be identical.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import sysconfig
 import tempfile
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 from _common import Server, ServerSpec, load
@@ -142,6 +148,8 @@ def main() -> None:
     ap.add_argument("--llama-server", metavar="BIN", help="also time llama-server (see --server-modes)")
     ap.add_argument("--server-modes", default="default,ngram-mod",
                     help="llama-server configurations: default (plain) and/or any --spec-type (default: %(default)s)")
+    ap.add_argument("--exact", action="store_true",
+                    help="edgespec with exact kernels; its files compared with plain greedy decoding's on them")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
 
@@ -149,7 +157,7 @@ def main() -> None:
     name = Path(args.file).name
     requests = rename_requests(source)
     params = GenerationParams(max_tokens=args.max_tokens, temperature=0.0)
-    engine = Recorder(load(args.target, args.draft, n_ctx=args.ctx, n_threads=args.threads))
+    engine = Recorder(load(args.target, args.draft, n_ctx=args.ctx, n_threads=args.threads, exact=args.exact))
     info = engine.describe()
     print(f"{machine()}; {Path(info.target.path).name} + {Path(info.models['draft'].path).name if 'draft' in info.models else 'no draft'}; "
           f"{name}: {len(source.splitlines())} lines; requests: {[r.format(path=name) for r in requests]}")
@@ -158,6 +166,7 @@ def main() -> None:
     engine.prompts.clear()
     run_edgespec(engine, source, name, requests, params)
     prompts = list(engine.prompts)
+    exact_files = run_edgespec(engine, source, name, requests, replace(params, mode="plain"))[1] if args.exact else None
 
     def turn_messages(i, workspace):
         """What the conversation holds of the file at turn `i`: the file as this system left it."""
@@ -221,6 +230,10 @@ def main() -> None:
                                 for run in runs)
         same = all(run["files"] == plain_files for run in runs)
         print(f"{system:24s} {t1:9.1f} {t2:9.1f} {total:8.1f} {tps:7.1f} {base / total:8.2f}x {'yes' if same else 'no'}")
+    if exact_files is not None:
+        same = all(run["files"] == exact_files for run in results["edgespec"])
+        print(f"edgespec --exact: applied files {'identical to' if same else 'DIFFERENT from'} "
+              f"plain greedy decoding's with the same kernels")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine(), "file": name, "results": results}, indent=1))
 
