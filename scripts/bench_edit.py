@@ -2,7 +2,10 @@
 """An edit session played as a user plays it: attach a file, ask for a rename,
 apply the reply; ask for a second rename, apply again. Interleaved, medians.
 
-Each repeat runs every system on the same conversation, in rotated order:
+Each repeat runs every system on the same conversation, in rotated order, each
+reading turn 1's prompt afresh and keeping its cache into turn 2 (llama-server's
+one slot is given another prompt first; `Llama` keeps what its cache shares with
+the next prompt, as generate() does for its users):
 
   edgespec   the chat layer with its defaults (ChatSession with the file attached,
              the reply's edit applied by edgespec's own apply, auto speculation)
@@ -123,6 +126,15 @@ def run_tokens(generate, prompts: list[list[int]], detokenize, source: str, name
         return turns, files
 
 
+def evict(server: Server) -> None:
+    """Another prompt in the server's one slot: nothing of the edit's stays cached."""
+    body = {"prompt": list(range(100, 108)), "n_predict": 1, "cache_prompt": True}
+    request = urllib.request.Request(server.url + "/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as r:
+        r.read()
+
+
 def server_generate(server: Server, params: GenerationParams, is_eog):
     def generate(prompt: list[int]):
         body = {"prompt": prompt, "n_predict": params.max_tokens, "temperature": 0.0, "top_k": 1,
@@ -178,8 +190,14 @@ def main() -> None:
     llama = LlamaCppBaseline(info.target.path, n_ctx=args.ctx, n_threads=args.threads, is_eog=engine.is_eog)
 
     def llama_generate(prompt):
-        tokens, stats = llama.generate(prompt, params)
-        return tokens, stats.decode_s
+        """As a `Llama` user gets it: generate() keeps what its cache shares with the prompt."""
+        out, first = [], None
+        for token in llama.llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0):
+            first = first or time.perf_counter()  # the first token comes with the prompt's read
+            if engine.is_eog(token) or len(out) >= params.max_tokens:
+                break
+            out.append(token)
+        return out, time.perf_counter() - first
 
     systems = {"edgespec": None, "Llama": llama_generate}
     servers = []
@@ -194,17 +212,22 @@ def main() -> None:
                 "-np", "1", *extra]), log_dir)
             servers.append((label, server))
     results = {s: [] for s in [*systems, *(label for label, _ in servers)]}
+    servers_by_label = dict(servers)
     try:
         for label, server in servers:
             server.start(timeout_s=600)
             systems[label] = server_generate(server, params, engine.is_eog)
         for r in range(args.repeats):
             for system in rotation(list(systems), r):
+                # Every system reads turn 1's prompt afresh and keeps its cache into turn 2.
                 if system == "edgespec":
+                    engine.reset()
                     turns, files = run_edgespec(engine, source, name, requests, params)
                 else:
                     if system == "Llama":
                         llama.llm.reset()
+                    else:
+                        evict(servers_by_label[system])
                     turns, files = run_tokens(systems[system], prompts, engine.detokenize, source, name,
                                               turn_messages)
                 results[system].append({"turns": turns, "files": files})
