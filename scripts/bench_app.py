@@ -27,8 +27,8 @@ from edgespec.cli.options import add_model_options, engine_from_args
 from edgespec.engine.events import GenerationParams
 from edgespec.tui.app import EdgespecApp
 from edgespec.tui.library import ModelChoice
-from edgespec.tui.settings import ChatSettings
-from edgespec.tui.widgets.prompt import PromptInput
+from edgespec.tui.chat_settings import ChatSettings
+from edgespec.tui.widgets.prompt_input import PromptInput
 
 MESSAGE = ("Write a Python module with a dataclass for a bank account (deposit, withdraw, history) "
            "and explain each method in a short paragraph with Markdown headings.")

@@ -8,9 +8,9 @@ import time
 
 from edgespec.tui.app import EdgespecApp
 from edgespec.tui.library import ModelChoice
-from edgespec.tui.settings import ChatSettings
+from edgespec.tui.chat_settings import ChatSettings
 from edgespec.tui.widgets.messages import MessageBox
-from edgespec.tui.widgets.prompt import PromptInput
+from edgespec.tui.widgets.prompt_input import PromptInput
 from tests.fakes import FakeLibrary, SpecFakeEngine
 
 REPLY = "Here is one:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\nIt **adds** two numbers."

@@ -197,7 +197,7 @@ def test_the_app_takes_no_draft_and_the_cache_options_as_the_commands_do(monkeyp
 
 def test_a_choice_without_a_draft_loads_none_even_from_a_pair():
     from edgespec.tui.library import ModelChoice, load_choice
-    from edgespec.tui.settings import ChatSettings
+    from edgespec.tui.chat_settings import ChatSettings
 
     loaded = {}
 
@@ -227,7 +227,7 @@ def test_the_app_gets_the_whole_rpc_split_not_only_the_workers(monkeypatch):
     import edgespec.tui as tui
     from edgespec.net import Endpoint, Split
     from edgespec.tui.library import ModelChoice, load_choice
-    from edgespec.tui.settings import ChatSettings
+    from edgespec.tui.chat_settings import ChatSettings
 
     seen = {}
     monkeypatch.setattr(tui, "run_app", lambda **kw: seen.update(kw))

@@ -297,7 +297,7 @@ def test_the_disk_budget_keeps_the_most_recently_used(tmp_path):
 
 async def test_the_app_switches_between_two_chats_without_reading_them_again(smollm2, tmp_path):
     from edgespec.chat.store import ConversationStore, Message
-    from edgespec.tui.settings import ChatSettings
+    from edgespec.tui.chat_settings import ChatSettings
     from edgespec.tui.widgets.sidebar import ConversationList
     from tests.app_helpers import boxes, make_app, send, wait_for
 

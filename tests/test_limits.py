@@ -12,7 +12,7 @@ from edgespec.engine.events import GenerationParams
 from edgespec.limits import LIMITS, MAX_DRAFT
 from edgespec.engine.sampling import check_params
 from edgespec.server.schemas import ChatCompletionRequest
-from edgespec.tui.settings import ChatSettings
+from edgespec.tui.chat_settings import ChatSettings
 
 
 def test_the_table_holds_the_ranges_a_llama_cpp_or_openai_user_expects():

@@ -124,7 +124,7 @@ def test_a_synthetic_models_needs_come_from_its_header(synth_target, monkeypatch
 
 
 def test_the_apps_gpu_layers_default_to_auto():
-    from edgespec.tui.settings import ChatSettings
+    from edgespec.tui.chat_settings import ChatSettings
 
     assert (ChatSettings().load.n_gpu_layers, ChatSettings().load.n_gpu_layers_draft) == (None, None)
     tuned = ChatSettings.from_dict({"n_gpu_layers": "12", "gpu_layers_draft": -1})  # earlier names still read
@@ -139,7 +139,7 @@ def test_the_app_asks_for_auto_and_with_workers_for_all(monkeypatch):
     import edgespec.load as load
     from edgespec.net import Endpoint, Split
     from edgespec.tui.library import ModelChoice, load_choice
-    from edgespec.tui.settings import ChatSettings
+    from edgespec.tui.chat_settings import ChatSettings
 
     loaded = {}
     monkeypatch.setattr(load, "load_engine", lambda *a, **kw: loaded.update(kw))

@@ -1,4 +1,4 @@
-"""The drafter that remembers (engine/drafters/pool.py) and how auto prices it, on
+"""The drafter that remembers (engine/drafters/pool_lookup.py) and how auto prices it, on
 made-up token streams; the engine's remember/forget on a synthetic model."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.costs import Costs
 from edgespec.engine.drafters import Draft, Drafter, Offer
-from edgespec.engine.drafters.pool import PoolLookup
+from edgespec.engine.drafters.pool_lookup import PoolLookup
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.policy import Bucket, CycleReport
 from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings

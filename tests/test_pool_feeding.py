@@ -114,7 +114,7 @@ def test_deleting_a_conversation_in_the_app_forgets_it_with_or_without_an_engine
 
 
 def test_the_apps_private_setting_is_stored_and_given_to_the_session(store):
-    from edgespec.tui.settings import ChatSettings, give_session
+    from edgespec.tui.chat_settings import ChatSettings, give_session
 
     assert ChatSettings.from_dict(ChatSettings(private=True).to_dict()).private is True
     engine = FakeEngine()

@@ -18,7 +18,7 @@ from edgespec.engine.runtime import Engine, ModelSettings
 from edgespec.errors import WorkerLostError
 from edgespec.llama import rpc
 from edgespec.net import Endpoint, Split, parse_endpoints
-from edgespec.tui.settings import ChatSettings
+from edgespec.tui.chat_settings import ChatSettings
 
 needs_rpc = pytest.mark.skipif(not rpc.available(), reason="llama.cpp was built without RPC (scripts/install.sh)")
 

@@ -16,14 +16,14 @@ from edgespec.errors import ModelFileError
 from edgespec.models.progress import Progress
 from edgespec.tui import origin
 from edgespec.tui.library import PullProgress
-from edgespec.tui.screens.models import ModelsScreen, describe_progress
+from edgespec.tui.screens.model_library import ModelsScreen, describe_progress
 from edgespec.tui.screens.settings import SettingsScreen
-from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
+from edgespec.tui.chat_settings import ChatSettings, load_defaults, save_defaults
 from edgespec.tui.stream import RENDER_HZ, RENDER_SHARE, RENDER_WAIT_MAX, redraw_share, redraw_wait
 from edgespec.tui.widgets.messages import MessageBox, code_blocks, reply_stats
 from edgespec.tui.widgets.sidebar import ConversationList
 from edgespec.tui.widgets.status import StatusLine, format_live, hardware_label
-from edgespec.tui.widgets.prompt import PromptInput
+from edgespec.tui.widgets.prompt_input import PromptInput
 from tests.app_helpers import REPLY, boxes, make_app, send, wait_for
 from tests.fakes import FakeEngine, FakeLibrary, SlowReader, SpecFakeEngine, engine_info, model_info
 

@@ -9,7 +9,7 @@ from edgespec.chat import ConversationStore
 from edgespec.tui.screens.diff import DiffScreen
 from edgespec.tui.screens.picker import FilePickerScreen, ProjectTree
 from edgespec.tui.widgets.chips import AttachmentBar, ChipView
-from edgespec.tui.widgets.prompt import PromptInput
+from edgespec.tui.widgets.prompt_input import PromptInput
 from tests.app_helpers import boxes, make_app, send, wait_for
 
 APP = "def greet(name):\n    print('hi', name)\n"

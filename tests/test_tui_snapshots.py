@@ -7,8 +7,8 @@ import pytest
 
 from edgespec.chat.store import ConversationStore, Message
 from edgespec.errors import ModelFileError
-from edgespec.tui.settings import ChatSettings
-from edgespec.tui.widgets.prompt import PromptInput
+from edgespec.tui.chat_settings import ChatSettings
+from edgespec.tui.widgets.prompt_input import PromptInput
 from tests.app_helpers import boxes, make_app, send, wait_for
 from tests.fakes import FakeLibrary
 

@@ -30,7 +30,7 @@ from edgespec.engine.events import GenerationParams, Stats
 from edgespec.limits import SERVER_MAX_TOKENS
 from edgespec.errors import WorkerLostError
 from edgespec.server.completion import Completer, Delta, Done
-from edgespec.server.errors import ApiError, api_error, install_handlers
+from edgespec.server.error_replies import ApiError, api_error, install_handlers
 from edgespec.server.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
                                      ChatCompletionChunk, ChatCompletionRequest, ChatDelta, Completion,
                                      CompletionRequest, ErrorResponse, ModelCard, ModelList, TextChoice,

@@ -43,7 +43,7 @@ from edgespec.tui.library import Library, ModelChoice, PullProgress, load_choice
 from edgespec.tui.screens.chat import ChatScreen
 from edgespec.tui.screens.help import HelpScreen
 from edgespec.tui.screens.settings import SettingsResult, SettingsScreen
-from edgespec.tui.settings import ChatSettings, load_defaults, save_defaults
+from edgespec.tui.chat_settings import ChatSettings, load_defaults, save_defaults
 from edgespec.tui.stream import RENDER_SHARE, redraw_share
 from edgespec.tui.widgets.long_text import LongTextArea
 from edgespec.tui.widgets.status import context_label, hardware_label
@@ -317,7 +317,7 @@ class EdgespecApp(App):
 
     def action_models(self) -> None:
         """Open the model library: pull models, switch pairs."""
-        from edgespec.tui.screens.models import ModelsScreen
+        from edgespec.tui.screens.model_library import ModelsScreen
 
         try:
             library = self.library

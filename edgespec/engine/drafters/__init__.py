@@ -1,8 +1,8 @@
 """Drafters propose the next few tokens; the target checks them.
 
 base.py holds the interface (Drafter, Draft, Offer); each drafter is a module of
-its own: draft_model.py (a second GGUF model), lookup.py (prompt lookup), pool.py
-(earlier text: the drafter that remembers).
+its own: draft_model.py (a second GGUF model), lookup.py (prompt lookup),
+pool_lookup.py (earlier text: the drafter that remembers).
 """
 
 from typing import Callable
@@ -11,7 +11,7 @@ from edgespec.engine.cache import KVSequence
 from edgespec.engine.drafters.base import Draft, Drafter, Offer, too_unsure
 from edgespec.engine.drafters.draft_model import DraftModel
 from edgespec.engine.drafters.lookup import PromptLookup
-from edgespec.engine.drafters.pool import PoolLookup
+from edgespec.engine.drafters.pool_lookup import PoolLookup
 from edgespec.engine.suffix import SuffixIndex
 
 __all__ = ["Draft", "Drafter", "DraftModel", "Offer", "PoolLookup", "PromptLookup", "engine_drafters", "too_unsure"]

@@ -32,11 +32,11 @@ from edgespec.tui.library import PullProgress
 from edgespec.tui.screens.dialogs import ConfirmScreen, TextPromptScreen
 from edgespec.tui.screens.diff import DiffScreen
 from edgespec.tui.screens.picker import FilePickerScreen
-from edgespec.tui.screens.models import describe_progress
-from edgespec.tui.settings import ChatSettings, give_session, store_settings
+from edgespec.tui.screens.model_library import describe_progress
+from edgespec.tui.chat_settings import ChatSettings, give_session, store_settings
 from edgespec.tui.widgets.chips import AttachmentBar, Chip
 from edgespec.tui.widgets.conversation import Conversation
-from edgespec.tui.widgets.prompt import PromptInput
+from edgespec.tui.widgets.prompt_input import PromptInput
 from edgespec.tui.widgets.sidebar import ConversationList, store_failed
 from edgespec.tui.widgets.status import StatusLine, format_live
 

@@ -16,7 +16,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static, Text
 
 from edgespec.engine.events import MODES
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS
-from edgespec.tui.settings import AUTO, ChatSettings
+from edgespec.tui.chat_settings import AUTO, ChatSettings
 
 PAIRS = "the pair's"
 """How a mode or k left to the pair (models.yaml) is shown."""
