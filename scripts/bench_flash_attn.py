@@ -21,7 +21,7 @@ Figures that show why it is measured per machine (bundled 1.5B target, 2 threads
 - 2-core AVX2 AMD EPYC (Zen 1): reading 1,536 tokens 11% faster on (91.8 s
   against 101.9 s), a 9-token pass at that depth 19% faster off; the probe read
   1.6x faster on, so on.
-- one conversation per context without flash attention (attention.default_slots):
+- one conversation per context without flash attention (slots.default_slots):
   2-core Xeon, a 1,300-token prompt read beside a 1,600-token conversation took
   22-24 s, against 17-19 s alone.
 

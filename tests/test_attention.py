@@ -177,7 +177,7 @@ def test_a_model_all_on_the_cpu_runs_with_the_flash_attention_measured_cheaper_h
         smollm2, probe, tmp_path, measured, wanted, conversations):
     """Measured once, kept in the folder for what is measured here (with or without
     disk snapshots); where it runs without, the unfused path attends to every cell
-    of the cache, so one conversation is held (attention.default_slots). Asked
+    of the cache, so one conversation is held (slots.default_slots). Asked
     for, or needed by exact kernels, it is as asked."""
     probe.times = measured
     with Engine.load(ModelSettings(smollm2, n_ctx=512), cache=CacheSettings(measured=tmp_path / "measured")) as engine:

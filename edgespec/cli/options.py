@@ -143,7 +143,7 @@ def open_store():
 def add_cache_options(g) -> None:
     """--parallel, --cache-ram, --cache-disk: conversations held in the KV caches and their snapshots;
     --lookup-pool: the earlier text the pool drafter proposes from."""
-    from edgespec.engine.attention import SLOTS
+    from edgespec.engine.slots import SLOTS
     from edgespec.engine.runtime import CacheSettings
 
     default = CacheSettings()

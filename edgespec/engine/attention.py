@@ -266,17 +266,3 @@ def _save(kept: Path | None, key: str, times: FlashAttnTimes) -> None:
         part.replace(path)
     except OSError as e:
         log.info("could not keep the flash attention measurement in %s: %s", kept, e)
-
-
-SLOTS = 4
-"""Conversations held in a context at once where that costs nothing (llama-server's default)."""
-
-
-def default_slots(flash_attn: bool | None) -> int:
-    """SLOTS where the target runs with flash attention (None: llama.cpp's choice,
-    on wherever the backend has it), whose kernels skip the cells of other
-    sequences; 1 where it runs without: the unfused path multiplies every pass
-    against every cell of the unified cache, other conversations' included, so a
-    prompt read beside another conversation reads slower. There, other
-    conversations wait in RAM snapshots, restored in tens of milliseconds."""
-    return 1 if flash_attn is False else SLOTS

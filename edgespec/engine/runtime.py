@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import llama_cpp
 
 from edgespec.engine import decoder
-from edgespec.engine.attention import choose_cpu_flash_attn, default_slots, ubatch
+from edgespec.engine.attention import choose_cpu_flash_attn, ubatch
 from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.choice import Policies, decoded_mode
@@ -28,7 +28,7 @@ from edgespec.engine.events import Chunk, GenerationParams
 from edgespec.engine.info import EngineInfo, LayerRun, ModelInfo
 from edgespec.engine.policy import Policy
 from edgespec.engine.pool import Pool, forget_everywhere, vocab_id
-from edgespec.engine.slots import SequencePool
+from edgespec.engine.slots import SequencePool, default_slots
 from edgespec.engine.snapshots import SnapshotCache, cache_key, file_identity
 from edgespec.errors import ModelLoadError
 from edgespec.llama import system_info
@@ -96,7 +96,7 @@ class CacheSettings:
 
     slots: int | None = None
     """Sequences in each model's context: conversations held at once, switched
-    between with no reading at all. None: `default_slots`."""
+    between with no reading at all. None: slots.default_slots."""
     ram_mib: int = 2048
     """Host memory for snapshots of conversations evicted from the KV caches; 0: none."""
     disk: Path | None = None
@@ -117,26 +117,72 @@ class CacheSettings:
         return SnapshotCache(ram_bytes=self.ram_mib << 20, disk=self.disk, disk_bytes=self.disk_mib << 20)
 
 
-class _Loaded:
-    """One model with its context and the KV sequences in it."""
+def flash_attention(settings: ModelSettings, model: LlamaModel, measured: Path | None) -> bool | None:
+    """A step of loading: flash attention for `model`. On for exact kernels; else
+    as asked; else, where every layer runs on this machine's CPU, as the probe
+    measured it here (choose_cpu_flash_attn, once per machine, its times kept in
+    `measured`/attention), and elsewhere llama.cpp's choice (None)."""
+    if settings.exact:
+        return True
+    if settings.flash_attn is not None:
+        return settings.flash_attn
+    devices = set(model.layer_devices.values())
+    if not devices:  # llama.cpp did not say where the layers went: by what was asked
+        on_cpu = settings.n_gpu_layers == 0 and settings.rpc is None
+    else:
+        on_cpu = devices == {"CPU"}
+    if not on_cpu:
+        return None
+    return choose_cpu_flash_attn(model.attention_shape(), n_ctx=settings.n_ctx, n_batch=settings.n_batch,
+                                 kept=measured / "attention" if measured else None)
 
-    def __init__(self, settings: ModelSettings, *, slots: int | None = 1, cache: SnapshotCache | None = None,
-                 measured: Path | None = None):
-        """`slots` None: default_slots for this model's flash attention; `measured`:
-        CacheSettings.measured."""
-        self.settings = settings
-        self.model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers, split=settings.rpc)
+
+def open_context(settings: ModelSettings, model: LlamaModel, flash_attn: bool | None, slots: int) -> LlamaContext:
+    """A step of loading: the model's context, holding `slots` conversations."""
+    common = dict(n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_threads=settings.n_threads, n_seq_max=slots)
+    if not settings.exact:
+        return LlamaContext(model, flash_attn=flash_attn, n_ubatch=ubatch(flash_attn), **common)
+    # A Q8_0 cache keeps llama.cpp's single-token attention from splitting
+    # the cache across threads (summing in another order than a batch does).
+    # Heads whose size is not a multiple of 32 cannot have one: fall back to
+    # F16, and the exactness probe caps what that costs.
+    try:
+        return LlamaContext(model, kv_type="q8_0", flash_attn=True, **common)
+    except ModelLoadError:
+        return LlamaContext(model, kv_type="f16", flash_attn=True, **common)
+
+
+class _Loaded:
+    """One model with its context and the KV sequences in it (`load`: in steps)."""
+
+    def __init__(self, settings: ModelSettings, model: LlamaModel, ctx: LlamaContext, *,
+                 cache: SnapshotCache | None = None):
+        self.settings, self.model, self.ctx = settings, model, ctx
+        # the key reads the model file: only where there are snapshots to tell apart
+        self.pool = SequencePool(ctx, key=self._cache_key() if cache else "", cache=cache)
+
+    @classmethod
+    def load(cls, settings: ModelSettings, *, slots: int | None = 1, cache: SnapshotCache | None = None,
+             measured: Path | None = None) -> "_Loaded":
+        """The model file, its flash attention, its context and sequences, one step
+        after another. `slots` None: as many as cost nothing (slots.default_slots);
+        `measured`: CacheSettings.measured."""
+        model = LlamaModel(settings.path, n_gpu_layers=settings.n_gpu_layers, split=settings.rpc)
+        ctx = None
         try:
-            self.flash_attn = self._flash_attn(measured / "attention" if measured else None)
-            """The context's: as asked, on for exact kernels, or edgespec's choice."""
-            self.ctx = self._context(slots or default_slots(self.flash_attn))
-            # the key reads the model file: only where there are snapshots to tell apart
-            self.pool = SequencePool(self.ctx, key=self._cache_key() if cache else "", cache=cache)
+            flash_attn = flash_attention(settings, model, measured)
+            ctx = open_context(settings, model, flash_attn, slots or default_slots(flash_attn))
+            return cls(settings, model, ctx, cache=cache)
         except BaseException:
-            if getattr(self, "ctx", None) is not None:
-                self.ctx.close()
-            self.model.close()
+            if ctx is not None:
+                ctx.close()
+            model.close()
             raise
+
+    @property
+    def flash_attn(self) -> bool | None:
+        """The context's: as asked, on for exact kernels, or edgespec's choice."""
+        return self.ctx.flash_attn
 
     @property
     def seq(self) -> KVSequence:
@@ -158,38 +204,6 @@ class _Loaded:
         return cache_key(model=file_identity(s.path), kv=c.kv_type, flash_attn=c.flash_attn,
                          n_gpu_layers=s.n_gpu_layers, rpc=str(s.rpc) if s.rpc else None,
                          llama_cpp=llama_cpp.__version__)
-
-    def _context(self, slots: int) -> LlamaContext:
-        s = self.settings
-        common = dict(n_ctx=s.n_ctx, n_batch=s.n_batch, n_threads=s.n_threads, n_seq_max=slots)
-        if not self.exact:
-            return LlamaContext(self.model, flash_attn=self.flash_attn, n_ubatch=ubatch(self.flash_attn), **common)
-        # A Q8_0 cache keeps llama.cpp's single-token attention from splitting
-        # the cache across threads (summing in another order than a batch does).
-        # Heads whose size is not a multiple of 32 cannot have one: fall back to
-        # F16, and the exactness probe caps what that costs.
-        try:
-            return LlamaContext(self.model, kv_type="q8_0", flash_attn=True, **common)
-        except ModelLoadError:
-            return LlamaContext(self.model, kv_type="f16", flash_attn=True, **common)
-
-    def _flash_attn(self, kept: Path | None) -> bool | None:
-        """On for exact kernels; else as asked; else, where every layer runs on this
-        machine's CPU, as the probe measured it here (choose_cpu_flash_attn, its
-        times kept in `kept`), and elsewhere llama.cpp's choice (None)."""
-        s = self.settings
-        if s.exact:
-            return True
-        if s.flash_attn is not None:
-            return s.flash_attn
-        devices = set(self.model.layer_devices.values())
-        if not devices:  # llama.cpp did not say where the layers went: by what was asked
-            on_cpu = s.n_gpu_layers == 0 and s.rpc is None
-        else:
-            on_cpu = devices == {"CPU"}
-        if not on_cpu:
-            return None
-        return choose_cpu_flash_attn(self.model.attention_shape(), n_ctx=s.n_ctx, n_batch=s.n_batch, kept=kept)
 
     def close(self) -> None:
         self.pool.close()
@@ -253,11 +267,11 @@ class Engine:
         `cache`: conversations held at once and snapshots (default: one, none)."""
         snapshots = cache.snapshot_cache() if cache else None
         measured = cache.measured if cache else None
-        t = _Loaded(target, slots=cache.slots if cache else 1, cache=snapshots, measured=measured)
+        t = _Loaded.load(target, slots=cache.slots if cache else 1, cache=snapshots, measured=measured)
         d = None
         try:
             if draft is not None:  # the draft's sequences pair with the target's, one to one
-                d = _Loaded(draft, slots=t.ctx.n_seq_max, cache=snapshots, measured=measured)
+                d = _Loaded.load(draft, slots=t.ctx.n_seq_max, cache=snapshots, measured=measured)
                 ensure_compatible(vocab_info(t.model), vocab_info(d.model),
                                   target_name=Path(target.path).name, draft_name=Path(draft.path).name)
             pool = _open_pool(cache, t.model) if cache else None

@@ -21,6 +21,20 @@ from edgespec.llama.context import LlamaContext
 
 log = logging.getLogger("edgespec.cache")
 
+SLOTS = 4
+"""Conversations held in a context at once where that costs nothing (llama-server's default)."""
+
+
+def default_slots(flash_attn: bool | None) -> int:
+    """SLOTS where the target runs with flash attention (None: llama.cpp's choice,
+    on wherever the backend has it), whose kernels skip the cells of other
+    sequences; 1 where it runs without: the unfused path multiplies every pass
+    against every cell of the unified cache, other conversations' included, so a
+    prompt read beside another conversation reads slower. There, other
+    conversations wait in RAM snapshots, restored in tens of milliseconds."""
+    return 1 if flash_attn is False else SLOTS
+
+
 SNAPSHOT_MIN = 64
 """Tokens a sequence must hold, beyond what the next use keeps, to be snapshot
 before its cells are freed: reading fewer costs less than keeping them."""
