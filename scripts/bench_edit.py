@@ -4,8 +4,9 @@ apply the reply; ask for a second rename, apply again. Interleaved, medians.
 
 Each repeat runs every system on the same conversation, in rotated order, each
 reading turn 1's prompt afresh and keeping its cache into turn 2 (llama-server's
-one slot is given another prompt first; `Llama` keeps what its cache shares with
-the next prompt, as generate() does for its users):
+one slot is given another prompt first, and its RAM prompt cache is off, as
+edgespec's reset drops its RAM snapshots; `Llama` keeps what its cache shares
+with the next prompt, as generate() does for its users):
 
   edgespec   the chat layer with its defaults (ChatSession with the file attached,
              the reply's edit applied by edgespec's own apply, auto speculation)
@@ -209,7 +210,7 @@ def main() -> None:
                               [] if m == "default" else ["--spec-type", m]) for m in modes]:
             server = Server(ServerSpec(label, lambda port, extra=extra: [
                 args.llama_server, "-m", info.target.path, "--port", str(port), "-c", str(args.ctx), "-t", threads,
-                "-np", "1", *extra]), log_dir)
+                "-np", "1", "--cache-ram", "0", *extra]), log_dir)
             servers.append((label, server))
     results = {s: [] for s in [*systems, *(label for label, _ in servers)]}
     servers_by_label = dict(servers)
