@@ -367,3 +367,7 @@ def test_auto_calibrates_once_per_machine_and_models_not_once_per_process(smollm
     with load(smollm2, slots=1, ram_mib=16, disk=disk) as engine:
         reply(engine, conversation(engine, TOPICS[1]), mode="auto")
     assert measured == [1]
+    # kept with what is measured of the machine where there is such a folder, snapshots or none
+    with load(smollm2, slots=1, ram_mib=0, measured=tmp_path / "measured") as engine:
+        reply(engine, conversation(engine, TOPICS[0]), mode="auto")
+    assert len(list((tmp_path / "measured" / "costs").glob("*.json"))) == 1

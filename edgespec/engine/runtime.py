@@ -238,9 +238,11 @@ class Engine:
     """Generates with the target, speculating with a draft model or prompt lookup."""
 
     def __init__(self, target: _Loaded, draft: _Loaded | None, cache: SnapshotCache | None = None, *,
-                 pool: Pool | None = None, pool_folder: Path | None = None):
+                 pool: Pool | None = None, pool_folder: Path | None = None, measured: Path | None = None):
         """`pool`: the lookup pool for the target's tokenizer, if it is on; `pool_folder`:
-        where every tokenizer's pool file is (CacheSettings.pool), for `forget`."""
+        where every tokenizer's pool file is (CacheSettings.pool), for `forget`;
+        `measured`: CacheSettings.measured, where auto's calibration is kept."""
+        self._measured = measured
         self._target = target
         self._draft = draft
         self._cache = cache
@@ -280,7 +282,8 @@ class Engine:
                 d.close()
             t.close()
             raise
-        return cls(t, d, snapshots, pool=pool, pool_folder=cache.pool if cache else None)
+        return cls(t, d, snapshots, pool=pool, pool_folder=cache.pool if cache else None,
+                   measured=cache.measured if cache else None)
 
     # -- the model, for chat formatting ----------------------------------
     @property
@@ -356,13 +359,15 @@ class Engine:
 
     def _costs_path(self, k_max: int) -> Path | None:
         """Where the calibration for these models, settings, threads and k is kept
-        between runs (beside the KV snapshots), if anywhere."""
-        if self._cache is None or self._cache.disk is None:
+        between runs, if anywhere: with what else is measured of this machine once,
+        else beside the KV snapshots."""
+        folder = self._measured or (self._cache.disk if self._cache is not None else None)
+        if folder is None:
             return None
         key = cache_key(target=self._target.pool.key, draft=self._draft.pool.key if self._draft else None,
                         threads=self._target.settings.n_threads or os.cpu_count(), k_max=k_max,
                         n_batch=self._target.ctx.n_batch, exact=self._target.exact)
-        return self._cache.disk / "costs" / f"{key}.json"
+        return folder / "costs" / f"{key}.json"
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerationParams, *,
                  regions: Sequence[Region] = ()) -> Iterator[Chunk]:
