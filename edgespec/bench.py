@@ -148,9 +148,15 @@ class LlamaCppBaseline:
                          verbose=False, **llama_options)
         self.is_eog = is_eog
 
-    def generate(self, tokens: Sequence[int], params: GenerationParams) -> tuple[list[int], Stats]:
-        self.llm.reset()
-        self.llm.eval(list(tokens[:-1]))
+    def generate(self, tokens: Sequence[int], params: GenerationParams, *,
+                 keep_cache: bool = False) -> tuple[list[int], Stats]:
+        """`keep_cache`: keep what the cache shares with `tokens`, as `Llama.generate`
+        does for its users, instead of reading them all again."""
+        keep = 0
+        if keep_cache:
+            keep = self.llm.longest_token_prefix(self.llm.input_ids[:self.llm.n_tokens].tolist(), list(tokens[:-1]))
+        self.llm.n_tokens = keep  # eval() writes from here on
+        self.llm.eval(list(tokens[keep:-1]))
         if params.seed is not None:
             self.llm.set_seed(params.seed)
         stats = Stats(mode=BASELINE, prompt_tokens=len(tokens))

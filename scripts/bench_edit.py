@@ -127,6 +127,14 @@ def run_tokens(generate, prompts: list[list[int]], detokenize, source: str, name
         return turns, files
 
 
+def keeping_cache(llama: LlamaCppBaseline, params: GenerationParams):
+    """`Llama` as its users get it: each prompt reads only what its cache does not share."""
+    def generate(prompt: list[int]):
+        tokens, stats = llama.generate(prompt, params, keep_cache=True)
+        return tokens, stats.decode_s
+    return generate
+
+
 def evict(server: Server) -> None:
     """Another prompt in the server's one slot: nothing of the edit's stays cached."""
     body = {"prompt": list(range(100, 108)), "n_predict": 1, "cache_prompt": True}
@@ -190,17 +198,7 @@ def main() -> None:
 
     llama = LlamaCppBaseline(info.target.path, n_ctx=args.ctx, n_threads=args.threads, is_eog=engine.is_eog)
 
-    def llama_generate(prompt):
-        """As a `Llama` user gets it: generate() keeps what its cache shares with the prompt."""
-        out, first = [], None
-        for token in llama.llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0):
-            first = first or time.perf_counter()  # the first token comes with the prompt's read
-            if engine.is_eog(token) or len(out) >= params.max_tokens:
-                break
-            out.append(token)
-        return out, time.perf_counter() - first
-
-    systems = {"edgespec": None, "Llama": llama_generate}
+    systems = {"edgespec": None, "Llama": keeping_cache(llama, params)}
     servers = []
     if args.llama_server:
         log_dir = Path(tempfile.mkdtemp(prefix="bench-edit-"))

@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from _common import Server, ServerSpec, load
-from bench_edit import Recorder, server_generate
+from bench_edit import Recorder, keeping_cache, server_generate
 
 from edgespec.bench import LlamaCppBaseline, machine, rotation
 from edgespec.chat import ChatSession
@@ -219,28 +219,6 @@ def summed(turns: list[dict]) -> dict:
         out.update(drafted=sum(t["drafted"] for t in turns), accepted=sum(t["accepted"] for t in turns),
                    accepted_by=dict(by_source))
     return out
-
-
-def llama_generate(llama: LlamaCppBaseline, params: GenerationParams):
-    """Greedy `Llama` keeping what its cache shares with the prompt (Llama.generate's
-    own prefix reuse). Timed as LlamaCppBaseline times: the prompt but its last token
-    is read first; decode seconds are those after it, the total includes it."""
-    llm = llama.llm
-
-    def generate(prompt: list[int]):
-        keep = llm.longest_token_prefix(llm.input_ids[:llm.n_tokens].tolist(), prompt[:-1])
-        llm.n_tokens = keep  # eval() drops the cache from here
-        llm.eval(prompt[keep:-1])
-        out = []
-        start = time.perf_counter()
-        for token in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0):
-            if llama.is_eog(token):
-                break
-            out.append(token)
-            if len(out) >= params.max_tokens:
-                break
-        return out, time.perf_counter() - start
-    return generate
 
 
 def llama_servers(args, target: str) -> list[tuple[str, Server]]:
@@ -410,7 +388,7 @@ def main() -> None:
             for s in chosen:
                 params = params_for(s, args.max_tokens_scale)
                 if system == LLAMA:
-                    generate = llama_generate(llama, params)
+                    generate = keeping_cache(llama, params)
                     each = llama.llm.reset if args.llama_reset == "conversation" else (lambda: None)
                 else:
                     generate, each = server_generate(dict(servers)[system], params, engine.is_eog), (lambda: None)

@@ -23,7 +23,7 @@ def expected_drafted(continuation: float, k: int) -> float:
 
 
 K_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-"""The draft lengths auto prices (and the longest a drafter offers): between them
+"""The draft lengths auto prices (and k_max itself): between them
 the expected rate changes by little, and pricing every length to 64 for every
 drafter each cycle would cost plain decoding's cycles a millisecond."""
 
