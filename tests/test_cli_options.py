@@ -94,7 +94,7 @@ def test_a_pair_decodes_in_its_own_mode_and_k_unless_told(home):
     given win; models named by file decode in the default mode and k."""
     from edgespec.limits import LIMITS
     from edgespec.models.registry import DEFAULT_PAIR, load_registry
-    from edgespec.modes import DEFAULT_MODE
+    from edgespec.modes import DEFAULT_MODE, MODE_K
 
     def params(*argv):
         p = options.params_from_args(cli.build_parser().parse_args(["generate", "hi", *argv]))
@@ -103,11 +103,17 @@ def test_a_pair_decodes_in_its_own_mode_and_k_unless_told(home):
     pair = load_registry().pair_or_model("qwen2.5-coder-7b")
     assert (pair.mode, pair.k) == ("draft", 5)
     assert params("--pair", "qwen2.5-coder-7b") == ("draft", 5)
-    assert params("--pair", "qwen2.5-coder-7b", "--mode", "auto") == ("auto", 5)
+    # a pair's k is for its own mode: another mode takes that mode's k
+    assert params("--pair", "qwen2.5-coder-7b", "--mode", "auto") == ("auto", MODE_K["auto"])
+    assert params("--pair", "qwen2.5-coder-7b", "--mode", "draft") == ("draft", 5)
     assert params("--pair", "qwen2.5-coder-7b", "--k", "3") == ("draft", 3)
     assert params("--pair", "qwen2.5-coder-7b", "--mode", "lookup", "--k", "0") == ("lookup", 0)
     bundled = load_registry().pair_or_model(DEFAULT_PAIR)
     assert params() == (bundled.mode, bundled.k)
+    assert bundled.mode == "auto" and bundled.k > MODE_K["lookup"]
+    assert params("--mode", "lookup") == ("lookup", MODE_K["lookup"])  # not auto's long drafts, every cycle
+    assert params("--mode", "draft") == ("draft", MODE_K["draft"])
+    assert params("--mode", "lookup", "--k", "40") == ("lookup", 40)
     assert params("--target", "model.gguf") == (DEFAULT_MODE, LIMITS["k"].default)
     for face in (["chat"], ["serve"]):
         args = cli.build_parser().parse_args([*face, "--pair", "qwen2.5-coder-7b"])

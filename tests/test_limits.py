@@ -90,3 +90,26 @@ def test_the_defaults_agree():
     engine = GenerationParams()
     for field in ("mode", "k", "temperature", "top_k", "top_p", "max_tokens"):
         assert getattr(cli_params, field) == getattr(app, field) == getattr(engine, field), field
+
+
+def test_a_mode_named_without_k_takes_its_own_k_not_the_recommended_modes():
+    """A pair's (or the server's) k goes with its own mode: --mode lookup after a pair
+    that recommends auto at k 64 drafts lookup's k, not 64 tokens every cycle."""
+    from edgespec.modes import MODE_K
+    from edgespec.server.api import ServerSettings, _params
+
+    assert MODE_K["lookup"] < MODE_K["auto"] == LIMITS["k"].default
+    cli_params = params_from_args(cli.build_parser().parse_args(
+        ["generate", "hi", "--target", "m.gguf", "--mode", "lookup"]))
+    assert (cli_params.mode, cli_params.k) == ("lookup", MODE_K["lookup"])
+    settings = ServerSettings("m", defaults=GenerationParams(mode="auto", k=40))
+
+    def served(speculation):
+        body = {"messages": [{"role": "user", "content": "hi"}], "speculation": speculation}
+        params = _params(ChatCompletionRequest.model_validate(body), settings)
+        return params.mode, params.k
+
+    assert served({"mode": "lookup"}) == ("lookup", MODE_K["lookup"])
+    assert served({"mode": "auto"}) == ("auto", 40)
+    assert served({"k": 3}) == ("auto", 3)
+    assert served({"mode": "draft", "k": 12}) == ("draft", 12)

@@ -13,7 +13,7 @@ from edgespec.cli.output import note
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.limits import LIMITS
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS, SWITCHES, LoadSettings
-from edgespec.modes import DEFAULT_MODE
+from edgespec.modes import DEFAULT_MODE, MODE_K, reply_decoding
 
 
 # -- models ------------------------------------------------------------------------------
@@ -280,7 +280,8 @@ def add_sampling_options(p: argparse.ArgumentParser, *, max_tokens: int | None =
                         f"auto: whichever pays on this machine (default: the pair's, in models.yaml; "
                         f"without a pair {DEFAULT_MODE})")
     add_limited(g, "k", int, metavar="N", default=None,
-                none=f"the pair's, in models.yaml; without a pair {LIMITS['k'].default}")
+                none="the pair's for its mode, in models.yaml; else the mode's: "
+                     + ", ".join(f"{mode} {k}" for mode, k in MODE_K.items() if mode != "plain"))
     add_limited(g, "temperature", float)
     add_limited(g, "top_k", int)
     add_limited(g, "top_p", float)
@@ -304,15 +305,14 @@ def add_limited(g, name: str, kind: type, *, default=..., none: str = "", **kw) 
 def params_from_args(args: argparse.Namespace) -> GenerationParams:
     """The generation parameters, checked as the engine checks them (so that a bad
     value is refused before the models load). --mode and --k left out are the pair's
-    (edgespec.load.pair_decoding)."""
+    (edgespec.load.pair_decoding), its k only with its mode (modes.reply_decoding)."""
     from edgespec.engine.sampling import check_params
 
     mode, k = args.mode, args.k
     if mode is None or k is None:
         from edgespec.load import pair_decoding
 
-        pair_mode, pair_k = pair_decoding(chosen_pair(args))
-        mode, k = mode or pair_mode, pair_k if k is None else k
+        mode, k = reply_decoding(mode, k, pair_decoding(chosen_pair(args)))
     params = GenerationParams(
         mode=mode, k=k, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop),

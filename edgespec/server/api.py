@@ -28,6 +28,7 @@ from sse_starlette import EventSourceResponse
 from edgespec import __version__
 from edgespec.engine.events import GenerationParams, Stats
 from edgespec.limits import SERVER_MAX_TOKENS
+from edgespec.modes import reply_decoding
 from edgespec.errors import WorkerLostError
 from edgespec.server.completion import Completer, Delta, Done
 from edgespec.server.error_replies import ApiError, api_error, install_handlers
@@ -166,8 +167,9 @@ def _params(body, settings: ServerSettings) -> GenerationParams:
     """The request's settings over the server's defaults."""
     d = settings.defaults
     spec = body.speculation
+    mode, k = reply_decoding(spec.mode if spec else None, spec.k if spec else None, (d.mode, d.k))
     return dataclasses.replace(
-        d, mode=spec.mode if spec and spec.mode else d.mode, k=spec.k if spec and spec.k is not None else d.k,
+        d, mode=mode, k=k,
         temperature=d.temperature if body.temperature is None else body.temperature,
         top_p=d.top_p if body.top_p is None else body.top_p, top_k=d.top_k if body.top_k is None else body.top_k,
         seed=d.seed if body.seed is None else body.seed, max_tokens=body.reply_limit() or settings.max_tokens,
