@@ -4,7 +4,12 @@ status line of speculation, and screens for models, settings and help.
 The app holds what every screen shares: the models and their engine, the
 default settings, the conversation store, the keys that work everywhere, and
 the opening of the models, settings and help screens. The conversation itself
-(its messages, the prompt, the status line, replies) is `ChatScreen`'s.
+(its messages, the prompt, the status line, replies) is `ChatScreen`'s, and the
+app gives that screen one `ChatContext` (edgespec/tui/chat_context.py): the store, the
+project folder, the export folder, the decoding lock, the session factory, the
+defaults, and `Models`, whose signals say when the models load, fail or are
+ready. The chat screen reads nothing else of the app; what only the app can do
+(load the models again for other settings) it asks through the context.
 
 Decoding and model loading run in thread workers; they touch widgets only by
 posting messages, which never wait for the screen (a worker that waited on a
@@ -20,7 +25,7 @@ loading reports each model file assembled, made or verified as a
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
@@ -28,10 +33,9 @@ from textual import events, on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
-from textual.reactive import reactive
 
 from edgespec import __version__
-from edgespec.chat.store import StoreError
+from edgespec.chat.store import ConversationStore, StoreError
 from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import EdgespecError
 from edgespec.limits import LIMITS
@@ -44,7 +48,8 @@ from edgespec.tui.screens.chat import ChatScreen
 from edgespec.tui.screens.help import HelpScreen
 from edgespec.tui.screens.settings import SettingsResult, SettingsScreen
 from edgespec.tui.chat_settings import ChatSettings, load_defaults, save_defaults
-from edgespec.tui.stream import RENDER_SHARE, redraw_share
+from edgespec.tui.chat_context import ChatContext, Models
+from edgespec.tui.stream import redraw_share
 from edgespec.tui.widgets.long_text import LongTextArea
 from edgespec.tui.widgets.status import context_label, hardware_label
 from edgespec.workspace.root import Workspace
@@ -67,6 +72,16 @@ def default_session_factory(engine, **kwargs):
     return ChatSession(engine, **kwargs)
 
 
+def open_store() -> tuple[ConversationStore, str]:
+    """The user's conversation store, and what opening it needs telling ("": nothing).
+    A store that cannot be opened leaves the chat on in memory, saying why nothing is saved."""
+    try:
+        store = ConversationStore()
+        return store, store.notice
+    except StoreError as e:
+        return ConversationStore(":memory:"), f"{e}\nConversations are not saved until this is fixed."
+
+
 class EdgespecApp(App):
     """Chat with local GGUF models, sped up by speculative decoding."""
 
@@ -76,25 +91,25 @@ class EdgespecApp(App):
     BINDINGS = [Binding("f1,question_mark", "help", "Help")]
     """Keys that work on every screen; the chat's own are on ChatScreen."""
 
+    @dataclass
     class ModelsLoaded(Message):
-        def __init__(self, engine: ChatEngine, hardware: tuple) -> None:
-            super().__init__()
-            self.engine, self.hardware = engine, hardware
+        """The load worker has loaded the models (posted from its thread)."""
 
+        engine: ChatEngine
+        hardware: tuple
+        """The settings' hardware they were loaded for (ChatSettings.hardware())."""
+
+    @dataclass
     class ModelsProgressed(Message):
-        def __init__(self, progress: PullProgress) -> None:
-            super().__init__()
-            self.progress = progress
+        """A model file is being assembled, made or verified (posted from the load worker's thread)."""
 
+        progress: PullProgress
+
+    @dataclass
     class ModelsFailed(Message):
-        def __init__(self, reason: str) -> None:
-            super().__init__()
-            self.reason = reason
+        """The models could not be loaded (posted from the load worker's thread)."""
 
-    model_state: reactive[str] = reactive("loading", always_update=True)
-    """"loading", "ready" or "failed" (set again for each load: the chat screen watches it)."""
-    load_progress: reactive[PullProgress | None] = reactive(None)
-    """How far the files being loaded have been assembled, made or verified (None: no such work)."""
+        reason: str
 
     def __init__(self, choice: ModelChoice | None = None, *, store=None,
                  load: EngineLoader | None = None, session_factory: Callable | None = None,
@@ -105,17 +120,13 @@ class EdgespecApp(App):
                  root: str | Path | None = None) -> None:
         super().__init__()
         self.choice = choice or ModelChoice()
-        self._store = store
+        self.store, self._store_problem = (store, "") if store is not None else open_store()
+        """The conversation store, and what opening it needed telling (shown once the app is up)."""
         self._load: EngineLoader = load or self._load_installed
-        self.session_factory = session_factory or default_session_factory
         self._library = library
         self.defaults_path = defaults_path
-        self.defaults = defaults
-        self.export_dir = Path(export_dir) if export_dir else Path.cwd()
-        self.workspace = Workspace(root or Path.cwd())
-        """The project folder: files are attached from it and edits written to it, nothing outside."""
-        self.template = template
-        """A built-in chat format's name (or Jinja source) instead of the GGUF's own."""
+        self._defaults = defaults
+        """The defaults given; None: read from `defaults_path` once the app is up."""
         self.rpc = rpc
         """The Split given on the command line (workers, tensor split, output layer): its
         workers replace the settings' for this run, and while the settings keep them, it is
@@ -124,19 +135,16 @@ class EdgespecApp(App):
         """The engine's CacheSettings (conversations held at once, snapshots); None: the defaults."""
         self.load_given = load_given
         """The command line's LoadSettings: what it gives replaces the default settings' for this run."""
-        self.engine: ChatEngine | None = None
-        self.model_label = self.choice.label
-        """Which models are loaded (or being loaded), and once loaded where they run."""
-        self.model_error = ""
-        """Why the models failed to load."""
-        self.decoding = threading.Lock()
-        """Held by the chat's reply worker while it uses the engine."""
+        self.models = Models(self, self.choice.label)
+        """The models and their engine; the chat screen hears of their changes through its signals."""
         self._loaded_hardware: tuple | None = None
-        self.render_share: float | None = RENDER_SHARE
-        """The screen's share of a CPU while a reply streams (tui/stream.py)."""
-        self._store_problem = ""
-        """What opening the conversation store needed telling (shown once the app is up)."""
-        self._chat = ChatScreen()
+        self.context = ChatContext(
+            store=self.store, workspace=Workspace(root or Path.cwd()),
+            export_dir=Path(export_dir) if export_dir else Path.cwd(), models=self.models,
+            decoding=threading.Lock(), session_factory=session_factory or default_session_factory,
+            template=template, pair_decoding=self.pair_decoding, reload_for=self.reload_for)
+        """All that the chat screen is given of the app."""
+        self._chat = ChatScreen(self.context)
 
     @property
     def chat(self) -> ChatScreen:
@@ -154,21 +162,14 @@ class EdgespecApp(App):
 
     # -- pieces ------------------------------------------------------------------------
     @property
-    def store(self):
-        if self._store is None:
-            from edgespec.chat.store import ConversationStore
+    def model_state(self) -> str:
+        """"loading", "ready" or "failed" (Models.state)."""
+        return self.models.state
 
-            try:
-                self._store = ConversationStore()
-                self._store_problem = self._store.notice
-            except StoreError as e:  # chat on, in memory, and say why nothing is saved
-                self._store = ConversationStore(":memory:")
-                self._store_problem = f"{e}\nConversations are not saved until this is fixed."
-        return self._store
-
-    def _store_notice(self) -> str:
-        """What opening the conversation store needed telling (opening it now if the chat has not)."""
-        return self._store_problem if self.store is not None else ""
+    @property
+    def model_label(self) -> str:
+        """Which models are loaded (or being loaded), and once loaded where they run (Models.label)."""
+        return self.models.label
 
     @property
     def library(self) -> Library:
@@ -193,28 +194,27 @@ class EdgespecApp(App):
 
     def on_mount(self) -> None:
         self.sub_title = f"v{__version__}"
-        if self.defaults is None:
+        defaults = self._defaults
+        if defaults is None:
             try:
-                self.defaults = load_defaults(self.defaults_path)
+                defaults = load_defaults(self.defaults_path)
             except ValueError as e:
-                self.defaults = ChatSettings()
+                defaults = ChatSettings()
                 self.notify(str(e), title="Settings file ignored", severity="warning", timeout=10)
         if self.load_given is not None:
-            self.defaults = replace(self.defaults, load=self.load_given.over(self.defaults.load))
+            defaults = replace(defaults, load=self.load_given.over(defaults.load))
         if self.rpc is not None:  # the settings keep the workers; the split goes with them (load_choice)
-            self.defaults = replace(self.defaults, load=replace(self.defaults.load, rpc=Split(self.rpc.workers)))
-        self._chat.settings = self.defaults
-        if problem := self._store_notice():
-            self.notify(problem, title="Conversations", severity="error", timeout=30)
+            defaults = replace(defaults, load=replace(defaults.load, rpc=Split(self.rpc.workers)))
+        self.context.defaults = self._chat.settings = defaults
+        if self._store_problem:
+            self.notify(self._store_problem, title="Conversations", severity="error", timeout=30)
         self.load_models(self.choice)
 
     # -- models ------------------------------------------------------------------------
     def load_models(self, choice: ModelChoice) -> None:
         """Load `choice` in the background; the status line shows loading / ready / failed."""
         self.choice = choice
-        self.model_label = choice.label
-        self.load_progress = None
-        self.model_state = "loading"
+        self.models.loading(choice.label)
         self._load_worker(choice, self._chat.settings)
 
     def pair_decoding(self) -> tuple[str, int]:
@@ -240,7 +240,7 @@ class EdgespecApp(App):
 
     @work(thread=True, exclusive=True, group="load")
     def _load_worker(self, choice: ModelChoice, settings: ChatSettings) -> None:
-        old, self.engine = self.engine, None
+        old, self.models.engine = self.models.engine, None
         if old is not None:
             old.close()
 
@@ -261,33 +261,24 @@ class EdgespecApp(App):
     @on(ModelsLoaded)
     def _models_ready(self, event: ModelsLoaded) -> None:
         engine, hardware = event.engine, event.hardware
-        self.engine = engine
+        self.models.engine = engine
         self._loaded_hardware = hardware
-        self.model_error = ""
         try:
             info = engine.describe()
         except Exception as e:  # the models work; only the label goes without where they run
             info = None
             self.log.error(f"engine.describe() failed: {e!r}")
             self.notify(f"Could not tell where the models run: {e}", severity="warning")
-        self.render_share = redraw_share(info)
         where = " · ".join(part for part in (hardware_label(info), context_label(engine.n_ctx)) if part)
-        self.model_label = f"{self.choice.label} ({where})"
-        self.model_state = "ready"
+        self.models.ready(engine, label=f"{self.choice.label} ({where})", render_share=redraw_share(info))
 
     @on(ModelsProgressed)
     def _models_progressed(self, event: ModelsProgressed) -> None:
-        if self.model_state == "loading":
-            self.load_progress = event.progress
+        self.models.report(event.progress)
 
     @on(ModelsFailed)
     def _on_models_failed(self, event: ModelsFailed) -> None:
-        self.models_failed(event.reason)
-
-    def models_failed(self, reason: str) -> None:
-        """The models cannot be used: `reason` says why."""
-        self.model_error = reason
-        self.model_state = "failed"
+        self.models.fail(event.reason)
 
     # -- screens -------------------------------------------------------------------------
     def action_help(self) -> None:
@@ -306,7 +297,7 @@ class EdgespecApp(App):
             return
         self._chat.use_settings(result.settings)
         if result.as_default:
-            self.defaults = result.settings
+            self.context.defaults = result.settings
             try:
                 path = save_defaults(result.settings, self.defaults_path)
                 self.notify(f"Saved as the default for new chats ({path}).")
@@ -352,5 +343,6 @@ class EdgespecApp(App):
 
     def on_unmount(self) -> None:
         self._chat.stop_reply()
-        if self.engine is not None and self.decoding.acquire(timeout=QUIT_WAIT_S):
-            self.engine.close()
+        engine = self.models.engine
+        if engine is not None and self.context.decoding.acquire(timeout=QUIT_WAIT_S):
+            engine.close()

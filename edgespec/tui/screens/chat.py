@@ -2,17 +2,22 @@
 status line, and what acts on a conversation (new, rename, delete, export, copy,
 send, edit, regenerate, stop, token colours).
 
-The models, the engine, the defaults and the store belong to the app
-(`EdgespecApp`); this screen asks it for them and tells it when a conversation's
-settings want the models loaded again. The message log is a `Conversation`
-widget, which streams each reply in a thread worker (holding the app's
-`decoding` lock it is given) and reports it as `ReplyProgressed` and
-`ReplyEnded` messages.
+The screen is given one `ChatContext` (edgespec/tui/chat_context.py) and reads
+nothing else of its app: the store, the project folder, the export folder, the
+decoding lock, the session factory, the defaults, and the models, whose signals
+it subscribes to (loading, ready, failed, and how far the files are). Through
+the context it asks for the pair's decoding and for the models to be loaded
+again when a conversation's settings want other hardware. Of `self.app` it uses
+only Textual's App (screens, workers), which tests/test_tui_context.py checks. The
+message log is a `Conversation` widget, which streams each reply in a thread
+worker (holding the `decoding` lock it is given) and reports it as
+`ReplyProgressed` and `ReplyEnded` messages.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual import on
@@ -34,6 +39,7 @@ from edgespec.tui.screens.diff import DiffScreen
 from edgespec.tui.screens.picker import FilePickerScreen
 from edgespec.tui.screens.model_library import describe_progress
 from edgespec.tui.chat_settings import ChatSettings, give_session, store_settings
+from edgespec.tui.chat_context import ChatContext
 from edgespec.tui.widgets.chips import AttachmentBar, Chip
 from edgespec.tui.widgets.conversation import Conversation
 from edgespec.tui.widgets.prompt_input import PromptInput
@@ -74,11 +80,14 @@ class ChatScreen(Screen):
     generating: reactive[bool] = reactive(False)
     """Whether a reply is being generated."""
 
+    @dataclass
     class ReplyWaits(Message):
         """The reply waits for another edgespec replying in this conversation (posted from the reply's thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: ChatContext) -> None:
         super().__init__()
+        self.context = context
+        """All that this screen is given of its app."""
         self._view = asyncio.Lock()
         """Held while the conversation view is cleared and filled, and while a message
         and its reply are added to it: a message sent meanwhile waits for the view."""
@@ -100,9 +109,9 @@ class ChatScreen(Screen):
     def compose(self):
         yield Header()
         with Horizontal(id="main"):
-            yield ConversationList(self.app.store, id="sidebar")
+            yield ConversationList(self.context.store, id="sidebar")
             with Vertical(id="chat"):
-                self._conversation = Conversation(self.app.decoding, id="log")
+                self._conversation = Conversation(self.context.decoding, id="log")
                 yield self._conversation
                 yield Static("", id="banner")
                 yield OptionList(id="completions")
@@ -117,8 +126,12 @@ class ChatScreen(Screen):
         prompt.attach_path = self._attach_pasted
         prompt.focus()
         self.query_one("#completions", OptionList).display = False
-        self.watch(self.app, "model_state", self._show_model_state)
-        self.watch(self.app, "load_progress", self._show_load_progress)
+        models = self.context.models
+        models.changed.subscribe(self, self._show_model_state, immediate=True)
+        models.progressed.subscribe(self, self._show_load_progress, immediate=True)
+        self._show_model_state(models.state)  # the app may have started loading before this screen was up
+        if models.progress is not None:
+            self._show_load_progress(models.progress)
 
     @property
     def log_view(self) -> Conversation:
@@ -136,26 +149,26 @@ class ChatScreen(Screen):
 
     # -- the models, as the app loads them -------------------------------------------------
     def _show_model_state(self, state: str) -> None:
-        """Follow the app's models: loading, failed (and why), or ready to chat on."""
-        app = self.app
+        """Follow the models: loading, failed (and why), or ready to chat on."""
+        models = self.context.models
         self.status.model_state = state
-        self.status.model_label = app.model_label
-        self.log_view.engine = app.engine if state == "ready" else None
-        self.log_view.render_share = app.render_share
+        self.status.model_label = models.label
+        self.log_view.engine = models.engine if state == "ready" else None
+        self.log_view.render_share = models.render_share
         if state == "loading":
             self.status.detail = ""
             self.show_banner("")
         elif state == "failed":
-            self.status.detail = app.model_error
-            self.show_banner(f"Model failed to load: {app.model_error}\n"
+            self.status.detail = models.error
+            self.show_banner(f"Model failed to load: {models.error}\n"
                              "ctrl+o opens the model library (pull or switch models).")
         elif state == "ready":
             self.status.detail = ""
             self.session = self._make_session(self.conversation_id)
 
-    def _show_load_progress(self, progress: PullProgress | None) -> None:
+    def _show_load_progress(self, progress: PullProgress) -> None:
         """While the models load: which file is being assembled, made or verified, and how far."""
-        if progress is not None and self.app.model_state == "loading":
+        if self.context.models.state == "loading":
             self.status.detail = describe_progress(progress)
 
     def watch_generating(self, generating: bool) -> None:
@@ -165,19 +178,20 @@ class ChatScreen(Screen):
 
     def _make_session(self, conversation_id: int | None):
         """A chat session on the loaded engine; None (and the failed state) when there is no usable one."""
-        app = self.app
-        if app.engine is None:
+        context = self.context
+        models = context.models
+        if models.engine is None:
             return None
         try:
-            return app.session_factory(
-                app.engine, store=app.store, conversation_id=conversation_id,
+            return context.session_factory(
+                models.engine, store=context.store, conversation_id=conversation_id,
                 system_prompt=self.settings.system_prompt or None,
-                params=self.settings.params(app.pair_decoding()),
-                template=app.template, model_name=app.choice.label or "the model",
-                on_wait=lambda: self.post_message(self.ReplyWaits()), workspace=app.workspace,
+                params=self.settings.params(context.pair_decoding()),
+                template=context.template, model_name=models.name or "the model",
+                on_wait=lambda: self.post_message(self.ReplyWaits()), workspace=context.workspace,
             )
         except EdgespecError as e:  # e.g. no chat template in the GGUF
-            app.models_failed(str(e))
+            models.fail(str(e))
             return None
 
     # -- settings ------------------------------------------------------------------------
@@ -187,12 +201,12 @@ class ChatScreen(Screen):
         self.settings = settings
         self._save_settings()
         if self.session is not None and not self.generating:
-            give_session(self.session, settings, self.app.store, self.app.pair_decoding())
+            give_session(self.session, settings, self.context.store, self.context.pair_decoding())
 
     def _save_settings(self) -> None:
         if self.conversation_id is not None:
             try:
-                store_settings(self.app.store, self.conversation_id, self.settings)
+                store_settings(self.context.store, self.conversation_id, self.settings)
             except StoreError as e:
                 store_failed(self, e)
 
@@ -203,20 +217,20 @@ class ChatScreen(Screen):
             await self._open_conversation(conversation_id)
 
     async def _open_conversation(self, conversation_id: int | None) -> None:
-        app = self.app
+        context = self.context
         try:
-            stored = app.store.settings(conversation_id) if conversation_id is not None else {}
-            messages = app.store.messages(conversation_id) if conversation_id is not None else []
+            stored = context.store.settings(conversation_id) if conversation_id is not None else {}
+            messages = context.store.messages(conversation_id) if conversation_id is not None else []
         except StoreError as e:
             store_failed(self, e)
             return
         self.conversation_id = conversation_id
-        if app.model_state == "ready":  # the last reply's statistics are another chat's (loading or failed: kept)
+        if context.models.state == "ready":  # the last reply's statistics are another chat's (loading or failed: kept)
             self.status.detail = ""
         try:
-            self.settings = ChatSettings.from_dict(stored, defaults=app.defaults)
+            self.settings = ChatSettings.from_dict(stored, defaults=context.defaults)
         except ValueError as e:
-            self.settings = app.defaults
+            self.settings = context.defaults
             self.notify(f"Stored settings ignored: {e}", severity="warning")
         await self.log_view.show(messages)
         self.query_one(ConversationList).highlight(conversation_id)
@@ -225,12 +239,12 @@ class ChatScreen(Screen):
                 self.session.new(system_prompt=self.settings.system_prompt or None)
             else:
                 self.session.load(conversation_id)
-            self.session.params = self.settings.params(app.pair_decoding())
-        elif app.engine is not None:
+            self.session.params = self.settings.params(context.pair_decoding())
+        elif context.models.engine is not None:
             self.session = self._make_session(conversation_id)
         if self.session is not None:
             self.session.private = self.settings.private  # as stored, or the defaults for a new chat
-        app.reload_for(self.settings)
+        context.reload_for(self.settings)
 
     @on(ConversationList.Selected)
     async def _conversation_selected(self, event: ConversationList.Selected) -> None:
@@ -266,7 +280,7 @@ class ChatScreen(Screen):
         if self.conversation_id is None:
             self.notify("Nothing to rename yet: send a message first.")
             return
-        cid, store = self.conversation_id, self.app.store
+        cid, store = self.conversation_id, self.context.store
 
         def done(title: str | None) -> None:
             if title:
@@ -288,11 +302,12 @@ class ChatScreen(Screen):
             if not yes:
                 return
             try:
-                self.app.store.delete(cid)
+                self.context.store.delete(cid)
             except StoreError as e:
                 store_failed(self, e)
                 return
-            self.app.run_worker(lambda: forget_conversation(self.app.engine, cid), thread=True, group="forget")
+            models = self.context.models
+            self.app.run_worker(lambda: forget_conversation(models.engine, cid), thread=True, group="forget")
             self.query_one(ConversationList).refresh_list()
             await self.open_conversation(None)
             self.notify("Chat deleted.")
@@ -305,7 +320,7 @@ class ChatScreen(Screen):
             self.notify("Nothing to export yet.")
             return
         try:
-            path = write_markdown(self.app.store, self.conversation_id, self.app.export_dir)
+            path = write_markdown(self.context.store, self.conversation_id, self.context.export_dir)
         except StoreError as e:
             store_failed(self, e)
             return
@@ -319,9 +334,9 @@ class ChatScreen(Screen):
         if self.generating:
             self.notify("A reply is being generated (Esc stops it).", severity="warning")
             return False
-        app = self.app
-        if app.model_state != "ready" or self.session is None:
-            why = "still loading" if app.model_state == "loading" else f"not loaded: {app.model_error}"
+        models = self.context.models
+        if models.state != "ready" or self.session is None:
+            why = "still loading" if models.state == "loading" else f"not loaded: {models.error}"
             self.notify(f"The model is {why}", severity="warning")
             return False
         return True
@@ -425,11 +440,11 @@ class ChatScreen(Screen):
     def _attach_file(self, path: str) -> None:
         """Show `path` (relative to the project folder) as a chip on the message being written."""
         try:
-            file = self.app.workspace.read(path)
+            file = self.context.workspace.read(path)
         except EdgespecError as e:
             self.notify(str(e), title="Not attached", severity="error")
             return
-        engine = self.app.engine
+        engine = self.context.models.engine
         tokens = len(engine.tokenize(file.text, special=False)) if engine is not None else None
         self.run_worker(self.query_one(AttachmentBar).add(Chip(file.path, file.size, tokens)))
 
@@ -447,7 +462,7 @@ class ChatScreen(Screen):
 
     def _project_file(self, text: str) -> str | None:
         """`text` as the path of a file in the project folder, relative to it (None: it names none)."""
-        workspace = self.app.workspace
+        workspace = self.context.workspace
         try:
             full = workspace.resolve(text)
             return workspace.relative(full) if full.is_file() else None
@@ -466,14 +481,14 @@ class ChatScreen(Screen):
                 self._attach_file(path)
             self.query_one(PromptInput).focus()
 
-        self.app.push_screen(FilePickerScreen(self.app.workspace), done)
+        self.app.push_screen(FilePickerScreen(self.context.workspace), done)
 
     @on(TextArea.Changed, "#prompt")
     def _complete(self, event: TextArea.Changed) -> None:
         """Offer the paths that complete an `@path` being typed."""
         prompt, options = self.query_one(PromptInput), self.query_one("#completions", OptionList)
         word = prompt.at_word()
-        found = self.app.workspace.complete(word[0], limit=8) if word is not None else []
+        found = self.context.workspace.complete(word[0], limit=8) if word is not None else []
         options.clear_options()
         options.add_options(found)
         if found:
@@ -520,13 +535,13 @@ class ChatScreen(Screen):
             else:
                 self._apply(edits)
 
-        self.app.push_screen(DiffScreen(self.app.workspace, edits), done)
+        self.app.push_screen(DiffScreen(self.context.workspace, edits), done)
 
     def _apply(self, edits) -> None:
         from edgespec.config import dirs
 
         try:
-            applied, written = attachments.apply_edits(self.app.workspace, edits, allow_new=True,
+            applied, written = attachments.apply_edits(self.context.workspace, edits, allow_new=True,
                                                        backups=dirs().data / "undo")
             self.session.record_applied(written)
         except (EdgespecError, StoreError) as e:
@@ -541,7 +556,7 @@ class ChatScreen(Screen):
             self.notify("Nothing applied to undo.")
             return
         try:
-            attachments.undo_edits(self.app.workspace, self.applied)
+            attachments.undo_edits(self.context.workspace, self.applied)
         except EdgespecError as e:
             self.notify(str(e), title="Not undone", severity="error", timeout=10)
             return

@@ -5,6 +5,7 @@ or switch the chat to a pair or model (dismisses with a ModelChoice)."""
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual import on, work
@@ -49,15 +50,19 @@ class ModelsScreen(Screen[ModelChoice | None]):
         Binding("c", "cancel", "Cancel download"),
     ]
 
+    @dataclass
     class Progressed(Message):
-        def __init__(self, progress: PullProgress) -> None:
-            super().__init__()
-            self.progress = progress
+        """How far the pull is (posted from the pull's thread)."""
 
+        progress: PullProgress
+
+    @dataclass
     class PullEnded(Message):
-        def __init__(self, name: str, problem: str | None) -> None:
-            super().__init__()
-            self.name, self.problem = name, problem
+        """The pull of `name` is done, cancelled or failed (posted from the pull's thread)."""
+
+        name: str
+        problem: str | None
+        """Why it ended without the model (None: pulled)."""
 
     def __init__(self, library: Library, *, current: ModelChoice | None = None) -> None:
         super().__init__()
