@@ -102,6 +102,10 @@ def test_a_mode_named_without_k_takes_its_own_k_not_the_recommended_modes():
     cli_params = params_from_args(cli.build_parser().parse_args(
         ["generate", "hi", "--target", "m.gguf", "--mode", "lookup"]))
     assert (cli_params.mode, cli_params.k) == ("lookup", MODE_K["lookup"])
+    app = ChatSettings(mode="lookup").params(("auto", 64))
+    assert (app.mode, app.k) == ("lookup", MODE_K["lookup"])
+    app = ChatSettings().params(("auto", 40))
+    assert (app.mode, app.k) == ("auto", 40)
     settings = ServerSettings("m", defaults=GenerationParams(mode="auto", k=40))
 
     def served(speculation):

@@ -397,9 +397,11 @@ async def test_the_context_size_is_a_setting_kept_per_conversation_and_as_defaul
 
 async def test_a_pairs_mode_and_k_apply_unless_the_settings_name_them(store):
     """The app on a pair decodes in the mode and k models.yaml gives it (Library.decoding;
-    the fake pair's: draft, k 3) while the settings leave them empty; a mode set wins."""
+    the fake pair's: draft, k 3) while the settings leave them empty; a mode set wins,
+    with its own k (the pair's k goes with the pair's mode)."""
     from dataclasses import replace
 
+    from edgespec.modes import MODE_K
     from edgespec.tui.library import ModelChoice
 
     app = make_app(store)
@@ -409,7 +411,7 @@ async def test_a_pairs_mode_and_k_apply_unless_the_settings_name_them(store):
         assert (app.chat.settings.mode, app.chat.settings.k) == (None, None)
         assert (app.chat.session.params.mode, app.chat.session.params.k) == ("draft", 3)
         app.chat.use_settings(replace(app.chat.settings, mode="lookup"))
-        assert (app.chat.session.params.mode, app.chat.session.params.k) == ("lookup", 3)
+        assert (app.chat.session.params.mode, app.chat.session.params.k) == ("lookup", MODE_K["lookup"])
         await pilot.press("ctrl+s")
         assert app.screen.query_one("#k").value == ""  # the pair's
         app.screen.query_one("#k").value = "5"

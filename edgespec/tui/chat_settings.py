@@ -15,7 +15,7 @@ import yaml
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.limits import LIMITS
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS, LoadSettings
-from edgespec.modes import DEFAULT_MODE
+from edgespec.modes import DEFAULT_MODE, reply_decoding
 
 SETTINGS_FILE = "settings.yaml"
 SAMPLING = ("temperature", "top_k", "top_p", "max_tokens", "k")
@@ -86,9 +86,9 @@ class ChatSettings:
     def params(self, decoding: tuple[str, int] = (DEFAULT_MODE, LIMITS["k"].default)) -> GenerationParams:
         """The generation parameters these settings describe; `decoding`: the mode and k
         of the pair the models are (Library.decoding), for what the settings leave to it."""
-        mode, k = decoding
+        mode, k = reply_decoding(self.mode, self.k, decoding)
         return GenerationParams(
-            mode=self.mode or mode, k=k if self.k is None else self.k, temperature=self.temperature,
+            mode=mode, k=k, temperature=self.temperature,
             top_k=self.top_k, top_p=self.top_p, max_tokens=self.max_tokens,
         )
 
