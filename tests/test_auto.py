@@ -63,6 +63,17 @@ def test_cost_interpolation_and_extrapolation():
     assert Costs({1: 2.0}, {}).target_pass(3) == pytest.approx(6.0)
 
 
+def test_cost_interpolation_follows_sizes_measured_later_and_a_restart():
+    costs = Costs({1: 1.0, 9: 5.0}, {})
+    assert costs.target_pass(5) == pytest.approx(3.0)
+    costs.observe(CycleReport(Plan(None, 0), drafted=4, accepted=0, draft_s=0.0, verify_s=2.0))  # a 5-token pass
+    assert costs.target_pass(5) == pytest.approx(2.0)
+    assert costs.target_pass(3) == pytest.approx(1.5)  # between 1 and the newly measured 5
+    assert costs.target_pass(7) == pytest.approx(3.5)
+    costs.restart()
+    assert costs.target_pass(3) == pytest.approx(2.0)  # the calibration's line again
+
+
 def test_plain_when_drafting_cannot_pay():
     """A 0.5B draft on this CPU: a draft token costs a third of a target token and
     batches are expensive; at 60% acceptance nothing beats plain decoding."""

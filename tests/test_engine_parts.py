@@ -37,6 +37,30 @@ def test_lookup_can_skip_the_token_an_edit_replaced():
     assert PromptLookup().match(history, 3, skip=True) == ([5, 6, 8], "skip")
 
 
+def test_one_lookup_follows_a_growing_history_and_a_new_one_alike():
+    """Lookup keeps the history as an array between cycles, extended as the decoder's
+    list grows: its proposals are a fresh lookup's, cycle after cycle, and for a new
+    list, the same list again after another, and a list cut shorter."""
+    rng = np.random.default_rng(3)
+    lookup = PromptLookup()
+
+    def same(h):
+        assert lookup.match(h, 8, skip=True) == PromptLookup().match(list(h), 8, skip=True)
+
+    history = rng.integers(0, 6, 40).tolist()
+    for _ in range(30):
+        history.extend(rng.integers(0, 6, int(rng.integers(1, 4))).tolist())
+        same(history)
+    other = rng.integers(0, 6, len(history) + 5).tolist()
+    other[len(history) - 1] = history[-1]  # ends where the last one did, at its length
+    same(other)
+    same(history)
+    del history[50:]
+    same(history)
+    history.extend([9, 9, 9])
+    same(history)
+
+
 def test_lookup_without_a_match_or_budget_proposes_nothing():
     assert PromptLookup().lookup([1, 2, 3, 4, 5], 4) == []
     assert PromptLookup().lookup([1, 2, 1, 2], 0) == []

@@ -5,6 +5,7 @@ load (`calibrate`) and kept current from every cycle (`Costs.observe`).
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ class Costs:
                  per_catch_up_token: dict[str, float] | None = None):
         self.target = dict(target)
         self.calibrated = dict(target)
+        self._sizes: list[int] = sorted(self.target)
         """The pass costs as first given (measured at load, at an empty context)."""
         self.per_draft_token = dict(per_draft_token)
         self.per_catch_up_token = dict(per_catch_up_token or {})
@@ -47,18 +49,26 @@ class Costs:
         a size a policy stops using is never measured again. The first cycles
         relearn them."""
         self.target = dict(self.calibrated)
+        self._sizes = sorted(self.target)
 
     def target_pass(self, n: int) -> float:
-        """Time of a target pass over n tokens, interpolated between measured sizes."""
-        sizes = sorted(self.target)
+        """Time of a target pass over n tokens, interpolated between measured sizes.
+        Auto prices a few dozen sizes every cycle: the sorted sizes are kept
+        between calls while the measured sizes stay the same."""
         if n in self.target:
             return self.target[n]
-        lower = max((s for s in sizes if s < n), default=sizes[0])
-        upper = min((s for s in sizes if s > n), default=None)
-        if upper is None:  # beyond the largest measured size: extend the last slope
-            upper, lower = lower, max((s for s in sizes if s < lower), default=lower)
-            if upper == lower:
-                return self.target[upper] * n / upper
+        sizes = self._sizes
+        if len(sizes) != len(self.target):  # observe() adds sizes, restart() sets them anew
+            sizes = self._sizes = sorted(self.target)
+        i = bisect.bisect(sizes, n)  # sizes[i - 1] < n < sizes[i]
+        if i == len(sizes):  # beyond the largest measured size: extend the last slope
+            if i == 1:
+                return self.target[sizes[0]] * n / sizes[0]
+            lower, upper = sizes[-2], sizes[-1]
+        else:
+            lower, upper = sizes[max(i - 1, 0)], sizes[i]
+            if i == 0:  # below the smallest: its cost
+                return self.target[upper]
         t_lo, t_hi = self.target[lower], self.target[upper]
         return t_lo + (t_hi - t_lo) * (n - lower) / (upper - lower)
 
