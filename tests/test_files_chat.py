@@ -149,6 +149,25 @@ def test_a_path_outside_the_project_is_refused(store, project, tmp_path):
         list(chat.send("Look", ["../secret.txt"]))
 
 
+def test_reading_ahead_reads_the_files_before_the_words_and_sending_reads_only_the_rest(store, project, tmp_path):
+    engine = FakeEngine(reply=lambda p: "ok")
+    chat = _session(engine, store, project)
+    n = chat.read_ahead(["src/app.py"])
+    ahead = engine.prompts[-1]
+    assert len(ahead) == n and APP in engine.detokenize(ahead)
+    assert chat.messages == [] and store.list() == []  # nothing stored, nothing sent
+    *_, last = chat.send("Rename name to person", ["src/app.py"])
+    sent = engine.prompts[-1]
+    assert sent[:n] == ahead and "Rename name to person" not in engine.detokenize(ahead)
+    assert last.stats.prompt_evaluated == len(sent) - n  # the words and the template's tail only
+    # the next turn: what is read ahead is the conversation so far, the reply included
+    n2 = chat.read_ahead()
+    assert engine.prompts[-1][:len(sent)] == sent and n2 > len(sent)
+    (tmp_path / "secret.txt").write_text("secret")
+    with pytest.raises(OutsideRootError):  # refused as send() refuses it
+        chat.read_ahead(["../secret.txt"])
+
+
 def test_a_session_without_a_project_folder_cannot_attach(store):
     with pytest.raises(FileAccessError):
         list(ChatSession(FakeEngine(), store=store, template="chatml").send("Look", ["x.py"]))

@@ -67,6 +67,25 @@ async def test_at_completion_attaches_a_file_as_a_chip_and_sends_it(store, proje
         assert APP in app.engines[0].detokenize(app.engines[0].prompts[-1])
 
 
+async def test_an_attached_file_is_read_ahead_while_the_message_is_written(store, project):
+    """Attaching reads the file into the KV cache at once (ChatSession.read_ahead):
+    the message, sent later, is read on top of it."""
+    from textual import events
+
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        await _focused_prompt(pilot)
+        engine = app.engines[0]
+        app.post_message(events.Paste("src/app.py"))
+        await wait_for(pilot, lambda: engine.prompts and APP in engine.detokenize(engine.prompts[-1]))
+        ahead = engine.prompts[-1]
+        assert store.list() == []  # read, not sent
+        await send(pilot, "Rename name")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        sent = engine.prompts[-1]
+        assert sent[:len(ahead)] == ahead and "Rename name" in engine.detokenize(sent[len(ahead):])
+
+
 async def test_the_picker_attaches_and_a_chip_can_be_removed_before_sending(store, project):
     app = make_app(store, reply="ok", root=project)
     async with app.run_test() as pilot:

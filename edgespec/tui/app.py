@@ -242,7 +242,9 @@ class EdgespecApp(App):
     def _load_worker(self, choice: ModelChoice, settings: ChatSettings) -> None:
         old, self.models.engine = self.models.engine, None
         if old is not None:
-            old.close()
+            old.interrupt()  # a reply or a reading ahead (tui/screens/chat.py) ends at its next batch
+            with self.context.decoding:  # freeing the models under a running decode would crash
+                old.close()
 
         def report(progress: Progress) -> None:
             self.post_message(self.ModelsProgressed(pull_progress(progress)))

@@ -20,13 +20,14 @@ import asyncio
 from dataclasses import dataclass
 
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, OptionList, Static, TextArea
+from textual.worker import get_current_worker
 
 from edgespec.chat import attachments
 from edgespec.chat.export import write_markdown
@@ -446,7 +447,31 @@ class ChatScreen(Screen):
             return
         engine = self.context.models.engine
         tokens = len(engine.tokenize(file.text, special=False)) if engine is not None else None
-        self.run_worker(self.query_one(AttachmentBar).add(Chip(file.path, file.size, tokens)))
+        self.run_worker(self._add_chip(Chip(file.path, file.size, tokens)))
+
+    async def _add_chip(self, chip: Chip) -> None:
+        if await self.query_one(AttachmentBar).add(chip):
+            self._read_ahead()
+
+    def _read_ahead(self) -> None:
+        """Read the conversation and the attached files into the KV cache while the
+        message is being written (ChatSession.read_ahead): sending then reads only its words."""
+        session = self.session
+        if session is None or self.generating or self.context.models.state != "ready":
+            return
+        self._read_ahead_worker(session, self.query_one(AttachmentBar).paths)
+
+    @work(thread=True, exclusive=True, group="read-ahead")
+    def _read_ahead_worker(self, session, paths: list[str]) -> None:
+        # After a reply or an earlier reading ahead; a message sent meanwhile waits
+        # for this one, which reads what that message needs first.
+        with self.context.decoding:
+            if get_current_worker().is_cancelled:  # more files came: the worker started for them reads
+                return
+            try:
+                session.read_ahead(paths)
+            except EdgespecError:
+                pass  # sending says the same, in its place
 
     def _attach_pasted(self, line: str) -> bool:
         """A pasted line that names a file of the project folder attaches it (False: it is text)."""
