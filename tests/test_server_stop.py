@@ -58,6 +58,13 @@ GATED_SERVER = textwrap.dedent("""
 """)
 
 
+def _as_started_from_a_terminal() -> None:
+    """A child's Ctrl+C as a terminal gives it: a suite started in the background
+    (`pytest &`) has SIGINT ignored, which its children would inherit, and Python
+    then leaves it ignored until uvicorn installs its own handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _line(stream, timeout: float = 60) -> str:
     """The next line of a child's pipe, or '' at its end or after `timeout`."""
     ready, _, _ = select.select([stream], [], [], timeout)
@@ -156,7 +163,8 @@ def _health(address: str) -> int:
 def test_ctrl_c_at_any_moment_stops_serve_with_no_traceback(smollm2, moment, delay_s, twice):
     server = subprocess.Popen([sys.executable, "-m", "edgespec", "serve", "--target", str(smollm2), "--no-draft",
                                "--port", "0"], cwd=ROOT, text=True, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                              preexec_fn=_as_started_from_a_terminal)
     try:
         if moment == "while it starts":
             time.sleep(delay_s)
