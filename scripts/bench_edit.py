@@ -12,6 +12,8 @@ with the next prompt, as generate() does for its users):
              the reply's edit applied by edgespec's own apply, auto speculation)
   Llama      plain llama.cpp through llama-cpp-python's `Llama`, greedy, on the
              same prompt tokens, its cache kept between the two turns
+  edgespec, typing S s   (with --typing-s S) edgespec as the app plays turn 1:
+             the file read ahead while the request is written for S seconds
   server     (with --llama-server BIN) llama.cpp's llama-server with its
              defaults, and with --spec-type ngram-mod, fed the same tokens on
              /completion with its prompt cache
@@ -25,6 +27,7 @@ choose another 150-300 line Python file).
     .venv/bin/python scripts/bench_edit.py --repeats 3
     .venv/bin/python scripts/bench_edit.py --llama-server /tmp/cppbuild/bin/llama-server
     .venv/bin/python scripts/bench_edit.py --exact --repeats 1
+    .venv/bin/python scripts/bench_edit.py --typing-s 20
 
 With --exact edgespec loads its exact kernels, and its applied files are also
 compared with those of plain greedy decoding on the same kernels (edgespec's
@@ -42,6 +45,7 @@ import os
 import statistics
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import replace
@@ -84,15 +88,28 @@ class Recorder:
         return self.engine.generate(tokens, params, **kwargs)
 
 
-def run_edgespec(engine, source: str, name: str, requests: list[str], params: GenerationParams):
-    """Two turns through the chat layer; per turn: seconds to the applied edit, tokens, decode s; the files."""
+def run_edgespec(engine, source: str, name: str, requests: list[str], params: GenerationParams,
+                 typing_s: float | None = None):
+    """Two turns through the chat layer; per turn: seconds to the applied edit, tokens, decode s; the files.
+
+    With `typing_s`, turn 1 is played as the app plays it: the file is read ahead
+    (ChatSession.read_ahead, in a thread) from the moment it is attached while the
+    user writes for `typing_s` seconds; the turn is timed from sending, which waits
+    for a reading still under way."""
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / name).write_text(source)
         workspace = Workspace(folder)
         session = ChatSession(engine, params=params, workspace=workspace)
         turns, files = [], []
         for i, request in enumerate(requests):
+            reader = None
+            if i == 0 and typing_s is not None:
+                reader = threading.Thread(target=session.read_ahead, args=([name],))
+                reader.start()
+                time.sleep(typing_s)
             start = time.perf_counter()
+            if reader is not None:
+                reader.join()
             last = None
             for last in session.send(request.format(path=name), [name] if i == 0 else []):
                 pass
@@ -171,6 +188,8 @@ def main() -> None:
                     help="llama-server configurations: default (plain) and/or any --spec-type (default: %(default)s)")
     ap.add_argument("--exact", action="store_true",
                     help="edgespec with exact kernels; its files compared with plain greedy decoding's on them")
+    ap.add_argument("--typing-s", type=float, metavar="S",
+                    help="also time edgespec reading the file ahead while the request is written for S seconds")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
 
@@ -198,7 +217,9 @@ def main() -> None:
 
     llama = LlamaCppBaseline(info.target.path, n_ctx=args.ctx, n_threads=args.threads, is_eog=engine.is_eog)
 
-    systems = {"edgespec": None, "Llama": keeping_cache(llama, params)}
+    typing = f"edgespec, typing {args.typing_s:g} s"
+    systems = {"edgespec": None, **({typing: None} if args.typing_s is not None else {}),
+               "Llama": keeping_cache(llama, params)}
     servers = []
     if args.llama_server:
         log_dir = Path(tempfile.mkdtemp(prefix="bench-edit-"))
@@ -219,9 +240,10 @@ def main() -> None:
         for r in range(args.repeats):
             for system in rotation(list(systems), r):
                 # Every system reads turn 1's prompt afresh and keeps its cache into turn 2.
-                if system == "edgespec":
+                if system in ("edgespec", typing):
                     engine.reset()
-                    turns, files = run_edgespec(engine, source, name, requests, params)
+                    turns, files = run_edgespec(engine, source, name, requests, params,
+                                                args.typing_s if system == typing else None)
                 else:
                     if system == "Llama":
                         llama.llm.reset()
