@@ -342,6 +342,31 @@ def test_a_draft_model_the_last_reply_gained_nothing_from_is_not_warmed_at_a_dea
     assert len(draft.prefilled) == 3
 
 
+def test_a_draft_model_is_warmed_for_what_the_other_drafters_left_in_the_last_reply():
+    """An edit session: prompt lookup copied the whole last reply at twice plain
+    speed. A draft model right most of the time would save time against plain
+    decoding, but it has nothing left to win: reading the conversation into it
+    (thousands of tokens, seconds) is lost. After a reply that lookup served in
+    part, it is warmed for the rest."""
+    def after_a_reply(lookup_cycles, plain_cycles):
+        costs = Costs(CPU, {"draft": 0.010, "lookup": 0.0}, {"draft": 0.001})  # 2 s to read 2,000 tokens
+        draft = FakeDraftModel()
+        p = AutoPolicy(costs, [PromptLookup(), draft], k_max=4, priors={"draft": 0.9, "lookup": 0.5})
+        lookup = p.drafters[0]
+        for _ in range(lookup_cycles):  # 5 tokens a 5-token pass
+            p.observe(CycleReport(Plan(lookup, 4), drafted=4, accepted=4, draft_s=0.0, verify_s=CPU[5]))
+        for _ in range(plain_cycles):
+            p.observe(CycleReport(Plan(None, 0), drafted=0, accepted=0, draft_s=0.0, verify_s=CPU[1]))
+        draft.missed = 2000
+        p.prefill(list(range(1, 3001)))
+        return p, draft
+
+    p, draft = after_a_reply(600, 0)  # a 3,000-token edit, all copied
+    assert draft.prefilled == []
+    p, draft = after_a_reply(150, 2250)  # 3,000 tokens, a quarter copied
+    assert draft.prefilled == [3000]
+
+
 def test_a_draft_model_that_cannot_pay_even_when_right_is_left_cold():
     p = policy(CPU, CPU[1], prior=0.9)  # a draft token costs as much as a target token
     p.prefill([1, 2, 3, 4, 5, 6])

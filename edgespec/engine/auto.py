@@ -135,6 +135,8 @@ class Ledger:
         """Seconds plain decoding would have taken for this reply's tokens so far."""
         self.saved_by: dict[str, float] = {}
         """`saved`, by drafter."""
+        self.plain_by: dict[str, float] = {}
+        """`plain_s` of the tokens each drafter's cycles produced."""
 
     @property
     def credit(self) -> float:
@@ -150,6 +152,7 @@ class Ledger:
         saved = tokens * single_s - report.draft_s - report.verify_s
         name = report.plan.drafter.name
         self.plain_s += tokens * single_s
+        self.plain_by[name] = self.plain_by.get(name, 0.0) + tokens * single_s
         self.saved += saved
         self.saved_by[name] = self.saved_by.get(name, 0.0) + saved
 
@@ -280,9 +283,9 @@ class AutoPolicy(Policy):
         cost = self._catch_up(drafter, prompt)
         if last is not None and last.saved_by.get(drafter.name, 0.0) >= cost:
             return True
-        return cost <= max(self.ledger.credit, self._expected_saving(drafter))
+        return cost <= max(self.ledger.credit, self._expected_saving(drafter, last))
 
-    def _expected_saving(self, drafter: Drafter) -> float:
+    def _expected_saving(self, drafter: Drafter, last: Ledger | None = None) -> float:
         """Seconds a warm drafter is expected to save over a reply of the usual
         length: what warming it for a reply may cost (on a GPU the reading is cheap
         and the saving large; on a compute-bound CPU it saves only where the draft
@@ -290,11 +293,24 @@ class AutoPolicy(Policy):
 
         This reply's acceptance is not known yet: the saving is averaged over the
         acceptances it may have (`Acceptance.spread`), each counted only where it
-        pays, since auto drops a drafter that turns out not to."""
+        pays, since auto drops a drafter that turns out not to. It is saved only on
+        the stretches the other drafters left to plain decoding in the last reply
+        (`last`): in a session of edits that prompt lookup copies, a draft model has
+        little left to win, and reading each conversation into it costs seconds."""
         plain = 1.0 / self.costs.target_pass(1)
         acceptance = self._acceptance(Bucket(drafter.name))
         rates = [self._best_rate(drafter, Acceptance(a)) for a in acceptance.spread()]
-        return self._reply_s * sum(max(0.0, 1.0 - plain / rate) for rate in rates) / len(rates)
+        return (self._reply_s * self._left_to(drafter, last)
+                * sum(max(0.0, 1.0 - plain / rate) for rate in rates) / len(rates))
+
+    @staticmethod
+    def _left_to(drafter: Drafter, last: Ledger | None) -> float:
+        """The share of the last reply that the other drafters did not serve (all of
+        it where there was none)."""
+        if last is None or last.plain_s <= 0:
+            return 1.0
+        others = sum(s for name, s in last.plain_by.items() if name != drafter.name)
+        return max(0.0, 1.0 - others / last.plain_s)
 
     def _could_pay(self, drafter: Drafter) -> bool:
         """Whether the drafter, warm and right OPTIMISTIC of the time, beats plain
