@@ -367,6 +367,27 @@ def test_a_draft_model_is_warmed_for_what_the_other_drafters_left_in_the_last_re
     assert draft.prefilled == [3000]
 
 
+def test_a_cold_draft_model_is_not_probed_where_the_other_drafters_leave_it_nothing():
+    """Mid-edit, prompt lookup has saved seconds; a probe of the cold draft model
+    would spend them reading the conversation (thousands of tokens) for a reply
+    that lookup copies, and the ledger, spent, would then hold lookup to short
+    drafts for the rest of it (a 3,300-token turn at plain speed, seen on a 2-core
+    CPU). Warm, it is used as before."""
+    costs = Costs(CPU, {"draft": 0.010, "lookup": 0.0}, {"draft": 0.003})
+    draft = FakeDraftModel()
+    p = AutoPolicy(costs, [PromptLookup(), draft], k_max=4, priors={"draft": 0.9, "lookup": 0.5})
+    lookup = p.drafters[0]
+    for _ in range(400):  # the reply so far: all copied, 5 tokens a 5-token pass
+        p.observe(CycleReport(Plan(lookup, 4), drafted=4, accepted=4, draft_s=0.0, verify_s=CPU[5]))
+    assert p.ledger.credit > costs.catch_up("draft", 3000)  # the ledger could pay for the reading
+    history = list(range(100, 130))  # nothing for lookup to copy in this cycle
+    draft.missed = 3000
+    p.probes.soon("draft", 0)
+    assert p.plan(history).drafter is None
+    draft.missed = 2
+    assert p.plan(history).drafter is draft
+
+
 def test_a_draft_model_that_cannot_pay_even_when_right_is_left_cold():
     p = policy(CPU, CPU[1], prior=0.9)  # a draft token costs as much as a target token
     p.prefill([1, 2, 3, 4, 5, 6])

@@ -383,6 +383,12 @@ class AutoPolicy(Policy):
         if drafter is None:
             return None
         catch_up = self._catch_up(drafter, history)
+        if (catch_up > self.costs.draft(drafter.name, self.PROBE_K)
+                and catch_up > self._expected_saving(drafter, self.ledger)):
+            # It sat out (reading what it missed costs more than the probe's own
+            # drafting), and the reading would cost more than it can win where the
+            # other drafters leave room in this reply (none, where lookup copies).
+            return None
         k = next((k for k in range(min(self.PROBE_K, offer.k_max), 0, -1)
                   if self._worst_loss(drafter, k, catch_up) <= self.ledger.credit), 0)
         if k == 0:
