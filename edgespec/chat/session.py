@@ -124,10 +124,7 @@ class ChatSession:
         is stored or read."""
         attached = self._attach(files)
         with self._turn():
-            if self.workspace is not None:
-                ours = {a.path for a in attached}
-                attached += [a for a in files_changed(self.workspace, self.messages) if a.path not in ours]
-            candidate = [*self.messages, Message("user", text, attachments=attached)]
+            candidate = [*self.messages, Message("user", text, attachments=self._with_changed(attached))]
             fitted = self._fit(candidate, self._dropped)
             self.messages = candidate
             yield from self._reply(fitted)
@@ -143,10 +140,7 @@ class ChatSession:
         Returns how many prompt tokens are now read (0: none worth it). Stores and
         remembers nothing; engine.interrupt() stops it, keeping what it read. Raises
         as send() does for files that cannot be attached or a prompt that cannot fit."""
-        attached = self._attach(files)
-        if self.workspace is not None:
-            ours = {a.path for a in attached}
-            attached += [a for a in files_changed(self.workspace, self.messages) if a.path not in ours]
+        attached = self._with_changed(self._attach(files))
         # The tokens before the user's words are those two renderings with different words share.
         a, b = (self._fit([*self.messages, Message("user", words, attachments=attached)], self._dropped).prompt.tokens
                 for words in ("a", "?"))
@@ -175,6 +169,13 @@ class ChatSession:
         reply.attachments = [*reply.attachments, *applied]
         if self.store is not None and reply.id is not None:
             self.store.attach(reply.id, applied)
+
+    def _with_changed(self, attached: list[Attachment]) -> list[Attachment]:
+        """`attached`, and the conversation's files that changed on disk since it saw them."""
+        if self.workspace is None:
+            return attached
+        ours = {a.path for a in attached}
+        return attached + [a for a in files_changed(self.workspace, self.messages) if a.path not in ours]
 
     def _attach(self, paths: Sequence[str]) -> list[Attachment]:
         if not paths:
