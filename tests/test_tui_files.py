@@ -86,6 +86,29 @@ async def test_an_attached_file_is_read_ahead_while_the_message_is_written(store
         assert sent[:len(ahead)] == ahead and "Rename name" in engine.detokenize(sent[len(ahead):])
 
 
+async def test_a_reading_ahead_that_fails_leaves_the_app_running_and_sending_works(store, project, monkeypatch):
+    """Reading ahead is work the user did not ask for: whatever it raises, the app
+    goes on, and the message is sent (and read) in full."""
+    from textual import events
+
+    from edgespec.chat.session import ChatSession
+
+    def broken(self, files=()):
+        raise RuntimeError("llama_decode failed")
+
+    monkeypatch.setattr(ChatSession, "read_ahead", broken)
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        await _focused_prompt(pilot)
+        app.post_message(events.Paste("src/app.py"))
+        await wait_for(pilot, lambda: _chips(app) == ["src/app.py"])
+        await pilot.pause(0.2)
+        assert app.is_running
+        await send(pilot, "Rename name")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        assert APP in app.engines[0].detokenize(app.engines[0].prompts[-1])
+
+
 async def test_the_picker_attaches_and_a_chip_can_be_removed_before_sending(store, project):
     app = make_app(store, reply="ok", root=project)
     async with app.run_test() as pilot:

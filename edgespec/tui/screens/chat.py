@@ -470,8 +470,10 @@ class ChatScreen(Screen):
                 return
             try:
                 session.read_ahead(paths)
-            except EdgespecError:
-                pass  # sending says the same, in its place
+            except Exception:
+                # Work nobody asked for must not end the app: sending reads the
+                # whole prompt again and says what went wrong, in its place.
+                pass
 
     def _attach_pasted(self, line: str) -> bool:
         """A pasted line that names a file of the project folder attaches it (False: it is text)."""
