@@ -469,12 +469,29 @@ def test_a_drafter_that_could_not_pay_even_when_right_is_never_probed():
 
 def test_each_reply_has_its_own_exploration_budget():
     """What earlier replies saved is not spent on probing in this one: a reply
-    loses at most the allowance of its own (expected) length."""
+    loses at most the allowance of its own (expected) length, and what one
+    drafter saved in the reply before, which that drafter may bet again."""
     p = policy(CPU, 0.010, prior=0.6)
     p.ledger.saved = 100.0  # a long, lucky reply
     p.prefill([1, 2, 3])
     assert p.ledger.saved == 0.0
     assert p.ledger.credit == pytest.approx(Ledger.ALLOWANCE * AutoPolicy.TYPICAL_REPLY * CPU[1] / 2)
+
+
+def test_a_drafter_may_bet_again_what_it_saved_in_the_last_reply():
+    """Short replies (an agent's tool calls) end before their own savings pay for
+    drafts longer than a token or two: what a drafter saved in the last reply, and
+    has not lost since, it may bet again, up to the allowance of a reply."""
+    p = policy(CPU, 0.010, prior=0.6)
+    allowance = Ledger.ALLOWANCE * AutoPolicy.TYPICAL_REPLY * CPU[1]
+    p.ledger.saved_by.update(lookup=100.0, draft=-0.001)  # lookup served the last reply, the draft model lost
+    p.prefill([1, 2, 3])
+    assert p.ledger.carried == {"lookup": pytest.approx(allowance), "draft": 0.0}
+    assert p.ledger.credit_for("lookup") == pytest.approx(1.5 * allowance)
+    assert p.ledger.credit_for("draft") == pytest.approx(p.ledger.credit) == pytest.approx(allowance / 2)
+    p.ledger.saved_by["lookup"] = -0.25 * allowance  # this reply lookup lost a quarter of it
+    p.prefill([1, 2, 3])
+    assert p.ledger.carried["lookup"] == pytest.approx(0.75 * allowance)
 
 
 def test_no_cycle_risks_more_than_the_ledger_can_lose():
@@ -487,8 +504,10 @@ def test_no_cycle_risks_more_than_the_ledger_can_lose():
     history = list(range(40)) + list(range(20))  # the reply copies what came before
     fresh = p.plan(history)
     assert fresh.kind == "chosen" and 1 <= fresh.k <= 4  # a 5-token pass risks what a fresh reply can lose
-    p.ledger.saved = 1.0
+    p.ledger.saved = p.ledger.saved_by["lookup"] = 1.0
     assert p.plan(history).k == 16
+    p.prefill(history)  # the next reply (a short one, as an agent's): lookup bets again what it saved
+    assert p.plan(history).k > fresh.k
 
 
 def test_the_reason_is_worded_from_the_plan():

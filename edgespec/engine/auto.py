@@ -122,11 +122,18 @@ class Ledger:
     estimates said, and long drafts are paid from what shorter ones saved.
     A long draft must also leave, if lost, the credit for a 1-token one
     (AutoPolicy._affordable): else one lost bet early in a reply would leave it
-    plain to its end, the credit coming back at ALLOWANCE of each plain pass."""
+    plain to its end, the credit coming back at ALLOWANCE of each plain pass.
+
+    A drafter may also bet again what it saved in earlier replies and has not
+    lost since (`carried`, up to the allowance of a reply): a short reply (an
+    agent's tool call, 40 tokens) ends before its own savings pay for a draft
+    longer than a token or two, however often the drafter was right before. So
+    a reply of the usual length loses at most twice its allowance, and only
+    after one drafter saved as much."""
 
     ALLOWANCE = 0.02
 
-    def __init__(self, expected_s: float = 0.0) -> None:
+    def __init__(self, expected_s: float = 0.0, carried: dict[str, float] | None = None) -> None:
         self.expected_s = expected_s
         """Plain decode seconds a reply is expected to take (earlier replies' mean)."""
         self.saved = 0.0
@@ -137,11 +144,24 @@ class Ledger:
         """`saved`, by drafter."""
         self.plain_by: dict[str, float] = {}
         """`plain_s` of the tokens each drafter's cycles produced."""
+        self.carried: dict[str, float] = dict(carried or {})
+        """What each drafter saved in earlier replies and may bet again in this one."""
 
     @property
     def credit(self) -> float:
         """Seconds that exploration may still cost."""
         return self.saved + self.ALLOWANCE * (self.plain_s + self.expected_s) / 2
+
+    def credit_for(self, drafter: str) -> float:
+        """Seconds that one drafter's cycles may still cost: the credit and what it carried in."""
+        return self.credit + self.carried.get(drafter, 0.0)
+
+    def carry(self, expected_s: float) -> dict[str, float]:
+        """What each drafter carries into the next reply (expected to take `expected_s`
+        of plain decoding): what it carried in and saved here, up to that reply's allowance."""
+        names = {*self.carried, *self.saved_by}
+        return {name: min(max(self.carried.get(name, 0.0) + self.saved_by.get(name, 0.0), 0.0),
+                          self.ALLOWANCE * expected_s) for name in names}
 
     def observe(self, report: CycleReport, single_s: float) -> None:
         """`single_s`: what a single-token pass costs now."""
@@ -264,7 +284,7 @@ class AutoPolicy(Policy):
         last = self.ledger if self.ledger.plain_s > 0 else None  # the reply that went before, if any
         if last is not None:
             self._reply_s += 0.5 * (last.plain_s - self._reply_s)
-        self.ledger = Ledger(self._reply_s)
+        self.ledger = Ledger(self._reply_s, carried=self.ledger.carry(self._reply_s))
         for bucket, acceptance in self.acceptance.items():
             if acceptance.rate < self._prior(bucket):
                 acceptance.forget(self.FORGET_WEIGHT, self._prior(bucket))
@@ -341,7 +361,7 @@ class AutoPolicy(Policy):
         options = list(self._options(history, offers, plain_rate))
         reserve = min((loss for plan, _, loss in options if plan.k == 1), default=0.0)
         safe = [(plan, rate) for plan, rate, worst_loss in options
-                if rate > plain_rate * (1.0 + self.MARGIN) and self._affordable(plan.k, worst_loss, reserve)]
+                if rate > plain_rate * (1.0 + self.MARGIN) and self._affordable(plan, worst_loss, reserve)]
         best = max(safe, key=_second, default=(Plan(None, 0), plain_rate))[0]  # of equal rates, the first
         self.probes.cycle(used=best.drafter.name if best.drafter else None)
         self._shadows = [(len(history), offer.proposal, Bucket(d.name, offer.key)) for d, offer in offers
@@ -390,7 +410,7 @@ class AutoPolicy(Policy):
             # other drafters leave room in this reply (none, where lookup copies).
             return None
         k = next((k for k in range(min(self.PROBE_K, offer.k_max), 0, -1)
-                  if self._worst_loss(drafter, k, catch_up) <= self.ledger.credit), 0)
+                  if self._worst_loss(drafter, k, catch_up) <= self.ledger.credit_for(drafter.name)), 0)
         if k == 0:
             return None
         self.probes.probed(drafter.name)
@@ -418,12 +438,12 @@ class AutoPolicy(Policy):
             text += f", drafting while {plan.p_draft:.0%} sure"
         return text
 
-    def _affordable(self, k: int, worst_loss: float, reserve: float) -> bool:
+    def _affordable(self, plan: Plan, worst_loss: float, reserve: float) -> bool:
         """Whether the ledger can pay for a cycle's worst loss and still for the
         smallest bet after it (`reserve`: the least a 1-token draft risks): a lost
         long draft must not leave the rest of the reply without the means to win
         its loss back."""
-        return worst_loss <= self.ledger.credit - (reserve if k > 1 else 0.0)
+        return worst_loss <= self.ledger.credit_for(plan.drafter.name) - (reserve if plan.k > 1 else 0.0)
 
     def _worst_loss(self, drafter: Drafter, k: int, catch_up_s: float) -> float:
         """What a cycle drafting k tokens loses against plain decoding if every
