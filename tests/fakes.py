@@ -268,3 +268,39 @@ class SlowReader(FakeEngine):
         finally:
             self.batches_read.append(read)
             self.ended.set()
+
+
+class InterruptibleReader(SlowReader):
+    """A SlowReader whose first prompt takes `batches` batches and every later one a
+    single batch; interrupt() ends a reading in progress at its next batch, as the
+    engine's does (and between replies does nothing)."""
+
+    def __init__(self, batches: int, **kwargs):
+        super().__init__(batches, **kwargs)
+        self.full = batches
+        self._reading_prompt = False
+        self._stop = threading.Event()
+
+    def interrupt(self) -> None:
+        super().interrupt()
+        if self._reading_prompt:
+            self._stop.set()
+
+    def generate(self, prompt_tokens, params, *, regions=()):
+        self._stop.clear()
+        batches = self.full if not self.batches_read else 1
+        read = 0
+        self._reading_prompt = True
+        try:
+            for read in range(1, batches + 1):
+                if self._stop.is_set():
+                    return
+                time.sleep(0.05)
+                self.reading.set()
+                yield Chunk("", stats=Stats(prompt_tokens=len(prompt_tokens), prompt_evaluated=read * 512))
+            self._reading_prompt = False
+            yield from FakeEngine.generate(self, prompt_tokens, params, regions=regions)
+        finally:
+            self._reading_prompt = False
+            self.batches_read.append(read)
+            self.ended.set()

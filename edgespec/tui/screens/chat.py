@@ -98,6 +98,8 @@ class ChatScreen(Screen):
         """The settings of this conversation (or, for a new chat, the defaults)."""
         self.plain_tps: float | None = None
         """Decode speed of the last plain reply: the baseline for the speedup."""
+        self._reading_ahead = False
+        """A reading ahead (_read_ahead_worker) is under way."""
         self.applied: list = []
         """The edits written by the last apply (workspace.apply.Applied), for F9 to undo."""
 
@@ -218,6 +220,7 @@ class ChatScreen(Screen):
             await self._open_conversation(conversation_id)
 
     async def _open_conversation(self, conversation_id: int | None) -> None:
+        self._stop_reading_ahead()  # it reads the conversation being left
         context = self.context
         try:
             stored = context.store.settings(conversation_id) if conversation_id is not None else {}
@@ -396,9 +399,11 @@ class ChatScreen(Screen):
         self.log_view.stop()
 
     def action_stop(self) -> None:
-        """Stop the reply being generated (what was generated is kept)."""
+        """Stop the reply being generated (what was generated is kept), or the reading ahead of attached files."""
         if self.generating:
             self.stop_reply()
+        else:
+            self._stop_reading_ahead()
 
     async def action_regenerate(self) -> None:
         """Generate the last reply again."""
@@ -468,12 +473,25 @@ class ChatScreen(Screen):
         with self.context.decoding:
             if get_current_worker().is_cancelled:  # more files came: the worker started for them reads
                 return
+            self._reading_ahead = True
             try:
                 session.read_ahead(paths)
             except Exception:
                 # Work nobody asked for must not end the app: sending reads the
                 # whole prompt again and says what went wrong, in its place.
                 pass
+            finally:
+                self._reading_ahead = False
+
+    def _stop_reading_ahead(self) -> None:
+        """Stop a reading ahead whose message changed or is gone (a file removed,
+        another conversation, Esc): reading a large file takes a minute on a CPU, and
+        the message sent next would wait for it. What was read stays in the cache.
+        Never a reply's: the engine stops whatever decodes, so only while none is
+        asked for (a message sent waits for the reading, under the decoding lock)."""
+        engine = self.context.models.engine
+        if self._reading_ahead and not self.generating and engine is not None:
+            engine.interrupt()
 
     def _attach_pasted(self, line: str) -> bool:
         """A pasted line that names a file of the project folder attaches it (False: it is text)."""
@@ -498,7 +516,9 @@ class ChatScreen(Screen):
 
     @on(AttachmentBar.Removed)
     async def _chip_removed(self, event: AttachmentBar.Removed) -> None:
+        self._stop_reading_ahead()
         await self.query_one(AttachmentBar).remove_path(event.path)
+        self._read_ahead()  # the files left (what they share with the stopped reading is kept)
         self.query_one(PromptInput).focus()
 
     def action_attach(self) -> None:
