@@ -12,6 +12,13 @@ from tests.bundled_models import qwen_pair  # noqa: F401  (a session fixture for
 from tests.synthetic import write_model
 
 
+@pytest.fixture(autouse=True)
+def _a_home_of_the_tests(tmp_path_factory, monkeypatch) -> None:
+    """Every test keeps edgespec's files (calibrations, the lookup pool, settings) in a
+    folder of the test run, not the user's: a test that needs its own sets another."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path_factory.getbasetemp() / "default-home"))
+
+
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
     """An empty EDGESPEC_HOME of the test's own (config, data, models, caches), online."""
