@@ -35,11 +35,19 @@ the same text. Timed per scenario: seconds from sending each request to its last
 token (the prompt read included), summed; tokens generated; decode tokens/s; for
 edgespec the accepted draft tokens by source ("pool", "lookup", "draft").
 
+With --ceiling it also prints, per scenario, how fast decoding could be at best on
+this machine drafting from the reply's context and the pool: the fastest schedule of
+plain passes and verified proposals of prompt lookup and the pool (filled as the app
+fills it) that knows in advance which proposals the target accepts, and the speed of
+one where every token is drafted right (passes of 17). No policy over these drafters
+beats the first; no drafter at all the second.
+
 About 25 minutes on a 2-core CPU with the bundled pair and 5 systems x 3 repeats:
 
     .venv/bin/python scripts/bench_repeat.py
     .venv/bin/python scripts/bench_repeat.py --llama-server /tmp/cppbuild/bin/llama-server --json repeat.json
     .venv/bin/python scripts/bench_repeat.py --target SMALL.gguf --repeats 1 --max-tokens-scale 0.1
+    .venv/bin/python scripts/bench_repeat.py --ceiling --repeats 1 --scenarios coding,agent
 
 A --target given without --draft loads no draft model. The goals of issue 32 are
 printed under the table with whether these figures meet them.
@@ -63,7 +71,11 @@ from bench_edit import Recorder, keeping_cache, server_generate
 from edgespec.bench import LlamaCppBaseline, machine, rotation
 from edgespec.chat import ChatSession
 from edgespec.chat.store import ConversationStore
+from edgespec.engine.costs import Costs, measure_pass
+from edgespec.engine.drafters import PoolLookup, PromptLookup
 from edgespec.engine.events import GenerationParams
+from edgespec.engine.replay import proposal_ceiling
+from edgespec.engine.suffix import SuffixIndex
 from edgespec.load import kv_cache
 
 POOL, OFF, LLAMA = "edgespec pool", "edgespec", "Llama"
@@ -237,6 +249,53 @@ def llama_servers(args, target: str) -> list[tuple[str, Server]]:
     return servers
 
 
+# -- how fast it could be ------------------------------------------------------------------------
+
+CEILING_K = 16
+
+
+class ReplyRecorder(Recorder):
+    """A Recorder that also keeps the tokens of each reply."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.replies: list[list[int]] = []
+
+    def generate(self, tokens, params, **kwargs):
+        reply: list[int] = []
+        self.replies.append(reply)
+        for chunk in super().generate(tokens, params, **kwargs):
+            reply += chunk.tokens
+            yield chunk
+
+
+def pass_costs(engine) -> Costs:
+    """This machine's target passes over 1 to CEILING_K + 1 tokens."""
+    target = engine.target_seq
+    target.sync(engine.prompts[0][:-1])
+    return Costs({n: measure_pass(target, n, repeats=3) for n in range(1, CEILING_K + 2)}, {})
+
+
+def ceilings(conversations: list[list[tuple[list[int], list[int]]]], costs: Costs) -> dict[str, float]:
+    """Decode speedups over plain of the fastest schedule drafting from the context and
+    the pool (which holds each conversation once a turn of it is over, as the app's
+    does), knowing which proposals are accepted; and of drafting every token right.
+    `conversations`: each one's turns, (prompt, reply) tokens."""
+    index, lookup, pool = SuffixIndex(), PromptLookup(), PoolLookup(None)
+    proposers = [lambda h: lookup.match(h, CEILING_K, skip=True)[0],
+                 lambda h: pool.offer(h, CEILING_K).proposal or []]
+    plain = best = perfect = 0.0
+    for c, turns in enumerate(conversations):
+        for prompt, reply in turns:
+            pool.index = index
+            plain += max(len(reply) - 1, 0) * costs.target_pass(1)
+            best += proposal_ceiling(prompt, reply, costs, CEILING_K, proposers)
+            perfect += sum(costs.target_pass(min(CEILING_K, len(reply) - 1 - at) + 1)
+                           for at in range(1, len(reply), CEILING_K + 1))
+            index.add(f"conversation:{c}", [*prompt, *reply])
+    return {"context_and_pool": plain / best, "every_token_right": plain / perfect}
+
+
 # -- the run ----------------------------------------------------------------------------------
 
 
@@ -359,6 +418,8 @@ def main() -> None:
     ap.add_argument("--llama-server", metavar="BIN", help="also time llama-server (see --server-modes)")
     ap.add_argument("--server-modes", default="ngram-mod,ngram-cache",
                     help="llama-server configurations: default (plain) and/or any --spec-type (default: %(default)s)")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also print how fast decoding could be at best, drafting from the context and the pool")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
 
@@ -368,7 +429,7 @@ def main() -> None:
         raise SystemExit(f"unknown scenarios {sorted(unknown)}; choose from {list(scenarios())}")
     chosen = [s for name, s in scenarios().items() if name in wanted]
 
-    engine = Recorder(load_edgespec(args, None))
+    engine = ReplyRecorder(load_edgespec(args, None))
     info = engine.describe()
     models = f"{Path(info.target.path).name} + " + (
         Path(info.models["draft"].path).name if "draft" in info.models else "no draft")
@@ -377,6 +438,17 @@ def main() -> None:
         for s in chosen), flush=True)
 
     prompts = record(engine, chosen, args.max_tokens_scale)
+    bounds = {}
+    if args.ceiling:
+        costs, replies = pass_costs(engine), iter(engine.replies)
+        for s in chosen:
+            bounds[s.name] = ceilings([[(prompt, next(replies)) for prompt in conversation]
+                                       for conversation in prompts[s.name]], costs)
+            print(f"  {s.name}: decode at best {bounds[s.name]['context_and_pool']:.2f}x plain drafting from the "
+                  f"context and the pool, knowing which proposals are accepted; "
+                  f"{bounds[s.name]['every_token_right']:.2f}x with every token drafted right "
+                  f"(pass of 1: {costs.target_pass(1) * 1e3:.0f} ms, of {CEILING_K + 1}: "
+                  f"{costs.target_pass(CEILING_K + 1) * 1e3:.0f} ms)", flush=True)
     llama = LlamaCppBaseline(info.target.path, n_ctx=args.ctx, n_threads=args.threads, is_eog=engine.is_eog)
     servers = llama_servers(args, info.target.path) if args.llama_server else []
     try:
@@ -416,7 +488,7 @@ def main() -> None:
     report(results, chosen, args.repeats)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine(), "models": models, "args": vars(args),
-                                               "results": results}, indent=1))
+                                               "results": results, "ceilings": bounds}, indent=1))
 
 
 if __name__ == "__main__":

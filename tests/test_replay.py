@@ -138,3 +138,25 @@ def test_the_ceiling_script_prints_what_the_replay_measures_as_json():
 def test_recorded_traces_need_a_machine_to_be_replayed_on():
     done = ceiling_script()
     assert done.returncode != 0 and done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_proposal_ceiling_takes_every_right_proposal_at_its_best_length():
+    """The bound bench_repeat.py --ceiling prints: with passes that cost the same at
+    any size, a proposer always right produces the reply in one pass per k + 1
+    tokens; one never right, or passes that cost by the token, gain nothing."""
+    from edgespec.engine.costs import Costs
+    from edgespec.engine.replay import proposal_ceiling
+
+    prompt, reply = [0], list(range(1, 10))  # the first token comes with the prompt: 8 to go
+    flat, linear = Costs({1: 1.0, 17: 1.0}, {}), Costs({1: 1.0, 17: 17.0}, {})
+
+    def right(history):
+        return reply[len(history) - len(prompt):]
+
+    def wrong(history):
+        return [99] * 16
+
+    assert proposal_ceiling(prompt, reply, flat, 16, [right]) == pytest.approx(1.0)
+    assert proposal_ceiling(prompt, reply, flat, 3, [right]) == pytest.approx(2.0)
+    assert proposal_ceiling(prompt, reply, flat, 16, [wrong]) == pytest.approx(8.0)
+    assert proposal_ceiling(prompt, reply, linear, 16, [right, wrong]) == pytest.approx(8.0)

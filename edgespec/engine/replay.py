@@ -182,20 +182,36 @@ def ceiling(trace: Trace, costs: Costs, k_max: int, lookup: PromptLookup | None 
     """Seconds of the fastest schedule that knows which guesses will be accepted
     (the draft model always warm: its catch-up is not charged)."""
     lookup = lookup or PromptLookup()
-    reply, n_reply = trace.reply, len(trace.reply)
+
+    def draft_runs(i: int):
+        run = trace.draft_run(i)
+        return [(costs.draft("draft", k), min(run, k)) for k in range(1, k_max + 1)]
+
+    return proposal_ceiling(trace.prompt, trace.reply, costs, k_max,
+                            [lambda history: lookup.match(history, k_max, skip=True)[0]], draft_runs)
+
+
+def proposal_ceiling(prompt: Sequence[int], reply: Sequence[int], costs: Costs, k_max: int,
+                     proposers: Sequence, runs=None) -> float:
+    """Seconds of the fastest schedule of plain passes and verified drafts that knows
+    which guesses will be accepted: at each position of `reply`, plain, or any
+    length up to k_max of what each of `proposers` (history -> tokens, free to make)
+    proposes there, or of `runs(i)`'s drafts ((drafting seconds, tokens right) for
+    each length, from 1). A bound no policy over these drafters can beat."""
+    n_reply = len(reply)
     best = [0.0] * (n_reply + 1)
+    history = [*prompt, *reply]
     for i in range(n_reply - 1, -1, -1):
         options = [costs.target_pass(1) + best[i + 1]]
-        proposal, _ = lookup.match(trace.prompt + reply[:i], k_max, skip=True)
-        agreed = 0
-        for k in range(1, len(proposal) + 1):
-            if agreed == k - 1 and i + agreed < n_reply and proposal[k - 1] == reply[i + agreed]:
-                agreed += 1
-            options.append(costs.target_pass(k + 1) + best[min(i + agreed + 1, n_reply)])
-        run = trace.draft_run(i)
-        for k in range(1, k_max + 1):
-            options.append(costs.target_pass(k + 1) + costs.draft("draft", k)
-                           + best[min(i + min(run, k) + 1, n_reply)])
+        for propose in proposers:
+            proposal = propose(history[: len(prompt) + i])[:k_max]
+            agreed = 0
+            for k in range(1, len(proposal) + 1):
+                if agreed == k - 1 and i + agreed < n_reply and proposal[k - 1] == reply[i + agreed]:
+                    agreed += 1
+                options.append(costs.target_pass(k + 1) + best[min(i + agreed + 1, n_reply)])
+        for k, (draft_s, right) in enumerate(runs(i) if runs else [], start=1):
+            options.append(costs.target_pass(k + 1) + draft_s + best[min(i + right + 1, n_reply)])
         best[i] = min(options)
     return best[1] if n_reply else 0.0  # the first token comes with the prompt's pass
 
