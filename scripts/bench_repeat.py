@@ -27,7 +27,10 @@ Systems, interleaved per repeat (edgespec.bench.rotation), medians over repeats:
                  read every conversation from the start)
   llama-server   (with --llama-server BIN) llama.cpp's server, one per
                  --server-modes entry (--spec-type ngram-mod, ngram-cache), `-np 1`,
-                 fed the same tokens on /completion with its prompt cache
+                 fed the same tokens on /completion with its prompt cache, started
+                 anew for each repeat (load untimed): a server kept running would
+                 start a repeat with the last one's identical prompts in its RAM
+                 cache and, with ngram-mod, its identical replies in its n-gram pool
 
 edgespec (pool off) first plays every scenario once, untimed: the prompts it sends
 (holding its own replies) are what the baselines are fed, so that every system reads
@@ -476,6 +479,10 @@ def main() -> None:
                 else:
                     if system == LLAMA:
                         llama.llm.reset()  # repeats independent: nothing kept from the previous run
+                    elif r > 0:  # a new server: nothing kept from the previous repeat (see the docstring)
+                        server = dict(servers)[system]
+                        server.stop()
+                        server.start(timeout_s=600)
                     runs = baseline(system)
                 results[system].append(runs)
                 print(line(system, r, runs), flush=True)
