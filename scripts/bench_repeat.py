@@ -284,13 +284,13 @@ def ceilings(conversations: list[list[tuple[list[int], list[int]]]], costs: Cost
     the pool (which holds each conversation once a turn of it is over, as the app's
     does), knowing which proposals are accepted; and of drafting every token right.
     `conversations`: each one's turns, (prompt, reply) tokens."""
-    index, lookup, pool = SuffixIndex(), PromptLookup(), PoolLookup(None)
+    index, lookup = SuffixIndex(), PromptLookup()
+    pool = PoolLookup(index)
     proposers = [lambda h: lookup.match(h, CEILING_K, skip=True)[0],
                  lambda h: pool.offer(h, CEILING_K).proposal or []]
     plain = best = perfect = 0.0
     for c, turns in enumerate(conversations):
         for prompt, reply in turns:
-            pool.index = index
             plain += max(len(reply) - 1, 0) * costs.target_pass(1)
             best += proposal_ceiling(prompt, reply, costs, CEILING_K, proposers)
             perfect += sum(costs.target_pass(min(CEILING_K, len(reply) - 1 - at) + 1)

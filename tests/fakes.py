@@ -245,39 +245,20 @@ class FakeLibrary:
 
 
 class SlowReader(FakeEngine):
-    """Reads every prompt for `batches` batches of 50 ms, each reported by an empty chunk (as
-    the engine reports a long prompt), then replies."""
+    """Reads every prompt for `batches` batches of 50 ms (with `later`, every prompt after
+    the first for that many), each reported by an empty chunk (as the engine reports a
+    long prompt), then replies. interrupt() ends a reading in progress at its next batch,
+    as the engine's does (and between replies does nothing)."""
 
-    def __init__(self, batches: int, **kwargs):
+    def __init__(self, batches: int, *, later: int | None = None, **kwargs):
         super().__init__(**kwargs)
         self.batches = batches
+        self.later = batches if later is None else later
         self.batches_read = []
         self.reading = threading.Event()
         """Set once the first batch is read."""
         self.ended = threading.Event()
         """Set when a generate() call has ended, read to the end or not."""
-
-    def generate(self, prompt_tokens, params, *, regions=()):
-        read = 0
-        try:
-            for read in range(1, self.batches + 1):
-                time.sleep(0.05)
-                self.reading.set()
-                yield Chunk("", stats=Stats(prompt_tokens=len(prompt_tokens), prompt_evaluated=read * 512))
-            yield from super().generate(prompt_tokens, params, regions=regions)
-        finally:
-            self.batches_read.append(read)
-            self.ended.set()
-
-
-class InterruptibleReader(SlowReader):
-    """A SlowReader whose first prompt takes `batches` batches and every later one a
-    single batch; interrupt() ends a reading in progress at its next batch, as the
-    engine's does (and between replies does nothing)."""
-
-    def __init__(self, batches: int, **kwargs):
-        super().__init__(batches, **kwargs)
-        self.full = batches
         self._reading_prompt = False
         self._stop = threading.Event()
 
@@ -288,7 +269,7 @@ class InterruptibleReader(SlowReader):
 
     def generate(self, prompt_tokens, params, *, regions=()):
         self._stop.clear()
-        batches = self.full if not self.batches_read else 1
+        batches = self.later if self.batches_read else self.batches
         read = 0
         self._reading_prompt = True
         try:
@@ -299,7 +280,7 @@ class InterruptibleReader(SlowReader):
                 self.reading.set()
                 yield Chunk("", stats=Stats(prompt_tokens=len(prompt_tokens), prompt_evaluated=read * 512))
             self._reading_prompt = False
-            yield from FakeEngine.generate(self, prompt_tokens, params, regions=regions)
+            yield from super().generate(prompt_tokens, params, regions=regions)
         finally:
             self._reading_prompt = False
             self.batches_read.append(read)

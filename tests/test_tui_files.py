@@ -11,7 +11,7 @@ from edgespec.tui.screens.picker import FilePickerScreen, ProjectTree
 from edgespec.tui.widgets.chips import AttachmentBar, ChipView
 from edgespec.tui.widgets.prompt_input import PromptInput
 from tests.app_helpers import boxes, make_app, send, wait_for
-from tests.fakes import InterruptibleReader
+from tests.fakes import SlowReader
 
 APP = "def greet(name):\n    print('hi', name)\n"
 RENAMED = "def greet(person):\n    print('hi', person)\n"
@@ -110,6 +110,12 @@ async def test_a_reading_ahead_that_fails_leaves_the_app_running_and_sending_wor
         assert APP in app.engines[0].detokenize(app.engines[0].prompts[-1])
 
 
+def _slow_reader_app(store, project):
+    """The app on an engine that reads the first prompt for 10 s, later ones at once."""
+    engine = SlowReader(batches=200, later=1, reply=lambda prompt: "ok")
+    return make_app(store, load=lambda choice, settings, progress: engine, root=project), engine
+
+
 async def _reading_ahead(pilot, engine) -> None:
     """A file attached by pasting its path, its reading ahead under way (10 s if left alone)."""
     from textual import events
@@ -122,8 +128,7 @@ async def _reading_ahead(pilot, engine) -> None:
 async def test_removing_the_file_stops_its_reading_ahead_and_sending_does_not_wait_for_it(store, project):
     """A file attached by mistake and removed at once: its reading (a minute for a
     large file on a CPU) is stopped, and the message sent next is read at once."""
-    engine = InterruptibleReader(batches=200, reply=lambda prompt: "ok")
-    app = make_app(store, load=lambda choice, settings, progress: engine, root=project)
+    app, engine = _slow_reader_app(store, project)
     async with app.run_test() as pilot:
         await _reading_ahead(pilot, engine)
         app.query_one(ChipView).focus()
@@ -135,24 +140,17 @@ async def test_removing_the_file_stops_its_reading_ahead_and_sending_does_not_wa
         assert APP not in engine.detokenize(engine.prompts[-1])
 
 
-async def test_escape_stops_a_reading_ahead(store, project):
-    engine = InterruptibleReader(batches=200, reply=lambda prompt: "ok")
-    app = make_app(store, load=lambda choice, settings, progress: engine, root=project)
+@pytest.mark.parametrize("key, chips", [("escape", ["src/app.py"]), ("ctrl+n", None)],
+                         ids=["escape", "another conversation"])
+async def test_escape_or_another_conversation_stops_a_reading_ahead(store, project, key, chips):
+    app, engine = _slow_reader_app(store, project)
     async with app.run_test() as pilot:
         await _reading_ahead(pilot, engine)
-        await pilot.press("escape")
-        await wait_for(pilot, lambda: engine.batches_read, timeout=2)
-        assert engine.batches_read[0] < 100 and _chips(app) == ["src/app.py"]
-
-
-async def test_another_conversation_stops_a_reading_ahead(store, project):
-    engine = InterruptibleReader(batches=200, reply=lambda prompt: "ok")
-    app = make_app(store, load=lambda choice, settings, progress: engine, root=project)
-    async with app.run_test() as pilot:
-        await _reading_ahead(pilot, engine)
-        await pilot.press("ctrl+n")
+        await pilot.press(key)
         await wait_for(pilot, lambda: engine.batches_read, timeout=2)
         assert engine.batches_read[0] < 100
+        if chips is not None:  # Esc stops the reading, not the message: its file stays
+            assert _chips(app) == chips
 
 
 async def test_the_picker_attaches_and_a_chip_can_be_removed_before_sending(store, project):
