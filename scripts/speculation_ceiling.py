@@ -3,7 +3,7 @@
 
 For each prompt of the suite this generates the plain greedy reply, then
 records at every position of it what the draft model guesses and how sure it
-is (the draft reads the reply under teacher forcing), and measures the costs:
+and the target are (both read the reply under teacher forcing), and measures the costs:
 a target pass over 1..K+1 tokens, one draft-model token and its catch-up per
 token. With those it replays (edgespec/engine/replay.py), free of machine
 noise, and prints for each prompt its speedup over plain decoding:
@@ -49,13 +49,20 @@ def record(engine, name: str, prompt: list[int], max_tokens: int) -> Trace:
     reply: list[int] = []
     for chunk in engine.generate(prompt, GenerationParams(mode="plain", max_tokens=max_tokens)):
         reply += chunk.tokens
-    seq = engine.draft_seq
+    rows = read_along(engine.draft_seq, prompt, reply)
+    guess, confidence = [greedy(r) for r in rows], [round(top_probability(r), 4) for r in rows]
+    target_confidence = [round(top_probability(r), 4) for r in read_along(engine.target_seq, prompt, reply)]
+    return Trace(name, list(prompt), reply, guess, confidence, target_confidence)
+
+
+def read_along(seq, prompt: list[int], reply: list[int]) -> list:
+    """The model's logits for each reply position, having read all before it (teacher
+    forcing); the sequence is left holding the prompt but its last token."""
     seq.sync(prompt[:-1])
     seq.extend([prompt[-1], *reply[:-1]], all_logits=True)
     rows = [seq.logits(i) for i in range(len(reply))]
-    guess, confidence = [greedy(r) for r in rows], [round(top_probability(r), 4) for r in rows]
     seq.truncate(len(prompt) - 1)
-    return Trace(name, list(prompt), reply, guess, confidence)
+    return rows
 
 
 def measure_costs(engine, prompt: list[int], k_max: int) -> Costs:

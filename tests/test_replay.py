@@ -160,3 +160,29 @@ def test_the_proposal_ceiling_takes_every_right_proposal_at_its_best_length():
     assert proposal_ceiling(prompt, reply, flat, 3, [right]) == pytest.approx(2.0)
     assert proposal_ceiling(prompt, reply, flat, 16, [wrong]) == pytest.approx(8.0)
     assert proposal_ceiling(prompt, reply, linear, 16, [right, wrong]) == pytest.approx(8.0)
+
+
+def test_a_recorded_trace_holds_what_draft_and_target_were_sure_of(smollm2, tmp_path):
+    """--save-traces records, for each reply position, the draft model's guess and top
+    probability and the target's own: with one model as both, the two agree."""
+    prompts = tmp_path / "prompts.yaml"
+    prompts.write_text('prompts:\n  - {id: count, category: free-form, prompt: "Count from one to five."}\n')
+    saved = tmp_path / "traces.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--target", str(smollm2), "--draft", str(smollm2),
+                           "--ctx", "512", "--k", "3", "--prompts", str(prompts), "--max-tokens", "12",
+                           "--save-traces", str(saved)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (trace,) = load_traces(saved)
+    assert trace.name == "count" and len(trace.reply) == 12
+    assert trace.guess == trace.reply  # its own greedy choice, read back
+    assert len(trace.target_confidence) == len(trace.reply)
+    assert trace.target_confidence == pytest.approx(trace.confidence, abs=0.02)
+    assert all(0.0 < p <= 1.0 for p in trace.target_confidence)
+
+
+def test_traces_recorded_before_the_target_confidence_still_load(tmp_path):
+    old = {k: v for k, v in vars(load_traces(TRACES)[0]).items() if k != "target_confidence"}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps([old]))
+    (trace,) = load_traces(path)
+    assert trace.target_confidence is None and trace.reply == old["reply"]
