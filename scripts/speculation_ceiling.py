@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
+import statistics
 import sys
 
 from edgespec.bench import load_prompts
@@ -84,16 +86,23 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=LIMITS["k"].default,
                         help="most tokens a cycle drafts, for auto, the fixed modes and the ceiling")
     parser.add_argument("--save-traces", metavar="FILE", help="also write the recorded traces (JSON) here")
-    parser.add_argument("--traces", metavar="FILE", help="replay these recorded traces (no model is loaded)")
+    parser.add_argument("--traces", metavar="FILE", action="append",
+                        help="replay these recorded traces (no model is loaded; repeatable: one suite, in order)")
     parser.add_argument("--machine", action="append", choices=[*MACHINES, "all"],
                         help="replay under this cost profile of the tests (repeatable; all: every one)")
+    parser.add_argument("--orders", type=int, default=1, metavar="N",
+                        help="also replay the suite in N - 1 shuffled orders (auto's choices depend on the "
+                             "replies before) and give the suite's figures in each")
+    parser.add_argument("--charge-warming", action="store_true",
+                        help="charge the draft model's reading of each prompt (auto and fixed modes alike)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     args = parser.parse_args()
 
     prompts = load_prompts(args.prompts, categories=args.category)
     categories = {p.id: p.category for p in prompts}
     if args.traces:
-        traces = [t for t in load_traces(args.traces) if t.name in categories or not args.category]
+        traces = [t for path in args.traces for t in load_traces(path)
+                  if t.name in categories or not args.category]
         measured = None
     else:
         traces, measured = record_suite(args, prompts)
@@ -101,13 +110,25 @@ def main() -> int:
     if measured is None and not machines:
         sys.exit("--traces needs --machine: recorded traces hold no timings")
     reports = ([("this machine", measured)] if measured else []) + [(m, machine_costs(m)) for m in machines]
-    results = [(name, costs, replay_suite(traces, costs, args.k)) for name, costs in reports]
+    results = [(name, costs, [replay_suite(order, costs, args.k, charge_warming=args.charge_warming)
+                              for order in orders(traces, args.orders)])
+               for name, costs in reports]
     if args.json:
-        print(json.dumps([as_json(name, costs, rows, categories, args.k) for name, costs, rows in results], indent=1))
+        print(json.dumps([as_json(name, costs, runs, categories, args.k) for name, costs, runs in results], indent=1))
     else:
-        for name, costs, rows in results:
-            print_table(name, costs, rows, {t.name: t for t in traces}, categories)
+        for name, costs, runs in results:
+            print_table(name, costs, runs, {t.name: t for t in traces}, categories)
     return 0
+
+
+def orders(traces: list[Trace], n: int) -> list[list[Trace]]:
+    """The suite as given, then n - 1 shuffles of it (seeds 1, 2, ...: the same on every run)."""
+    shuffled = []
+    for seed in range(1, max(n, 1)):
+        order = list(traces)
+        random.Random(seed).shuffle(order)
+        shuffled.append(order)
+    return [list(traces), *shuffled]
 
 
 def record_suite(args, prompts) -> tuple[list[Trace], Costs]:
@@ -134,15 +155,19 @@ def suite(rows: list[SuiteRow]) -> dict[str, float]:
             "worst_auto_over_best_fixed": min(r.auto / r.fixed for r in rows)}
 
 
-def as_json(name: str, costs: Costs, rows: list[SuiteRow], categories: dict[str, str], k: int) -> dict:
-    return {"machine": name, "k": min(k, max(costs.target) - 1), "suite": suite(rows), "prompts": [
+def as_json(name: str, costs: Costs, runs: list[list[SuiteRow]], categories: dict[str, str], k: int) -> dict:
+    """The suite in the order given (its prompts and figures), and the figures of every order replayed."""
+    rows = runs[0]
+    return {"machine": name, "k": min(k, max(costs.target) - 1), "suite": suite(rows),
+            "orders": [suite(order) for order in runs], "prompts": [
         {"id": r.name, "category": categories.get(r.name, ""), "plain_s": r.plain_s, "auto": r.auto,
          "best_fixed": r.fixed, "best_fixed_mode": r.fixed_mode, "best_fixed_k": r.fixed_k, "ceiling": r.ceiling}
         for r in rows]}
 
 
-def print_table(name: str, costs: Costs, rows: list[SuiteRow], traces: dict[str, Trace],
+def print_table(name: str, costs: Costs, runs: list[list[SuiteRow]], traces: dict[str, Trace],
                 categories: dict[str, str]) -> None:
+    rows = runs[0]
     draft = costs.per_draft_token.get("draft", 0.0)
     print(f"{name}: target pass " + ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in sorted(costs.target.items()))
           + f"; draft token {draft * 1000:.1f} ms, catch-up "
@@ -158,7 +183,13 @@ def print_table(name: str, costs: Costs, rows: list[SuiteRow], traces: dict[str,
     total = suite(rows)
     print(f"{'suite':<16} {'':<10} {'':>6} {sum(r.plain_s for r in rows):>8.2f} {total['auto']:>5.2f}x "
           f"{total['best_fixed']:>17.2f}x {total['ceiling']:>7.2f}x   worst auto / best fixed "
-          f"{total['worst_auto_over_best_fixed']:.2f}\n", flush=True)
+          f"{total['worst_auto_over_best_fixed']:.2f}", flush=True)
+    if len(runs) > 1:
+        each = [suite(order) for order in runs]
+        print(f"{len(runs)} orders: auto " + ", ".join(f"{s['auto']:.2f}x" for s in each)
+              + f" (mean {statistics.mean(s['auto'] for s in each):.3f}x); auto / best fixed mean "
+              f"{statistics.mean(s['auto'] / s['best_fixed'] for s in each):.3f}", flush=True)
+    print(flush=True)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from edgespec.limits import LIMITS
 from edgespec.engine.replay import MACHINES, ReplayedDraft, SuiteRow, load_traces, machine_costs, replay, replay_suite
 
 TRACES = Path(__file__).parent / "data" / "bundled_traces.json"
+DEV_TRACES = Path(__file__).parent / "data" / "dev_traces.json"
+"""Replies to tests/data/dev_prompts.yaml: a development suite for auto mode, apart from the benchmark's."""
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "speculation_ceiling.py"
 K = LIMITS["k"].default
 """--k's default (the profiles' costs go to 17-token passes: k 16 at most)."""
@@ -133,6 +135,36 @@ def test_the_ceiling_script_prints_what_the_replay_measures_as_json():
                                                                                           r.ceiling))
         assert (p["best_fixed_mode"], p["best_fixed_k"]) == (r.fixed_mode, r.fixed_k)
     assert report[1]["suite"]["auto"] == pytest.approx(sum(r.plain_s for r in rows) / sum(r.auto_s for r in rows))
+
+
+def test_the_ceiling_script_replays_several_files_as_one_suite_in_several_orders():
+    """--traces twice: one suite, in the order given; --orders 2: that order and a
+    shuffle of it, each with its own suite figures (the first is the suite's)."""
+    done = ceiling_script("--traces", str(DEV_TRACES), "--machine", "gpu", "--orders", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    (report,) = json.loads(done.stdout)
+    names = [t.name for t in (*load_traces(TRACES), *load_traces(DEV_TRACES))]
+    assert [p["id"] for p in report["prompts"]] == names
+    assert len(report["orders"]) == 2 and report["orders"][0] == report["suite"]
+    rows = replay_suite([*load_traces(TRACES), *load_traces(DEV_TRACES)], machine_costs("gpu"), K)
+    assert report["suite"]["auto"] == pytest.approx(sum(r.plain_s for r in rows) / sum(r.auto_s for r in rows))
+    assert report["orders"][1]["best_fixed"] == pytest.approx(report["suite"]["best_fixed"])  # hindsight: any order
+
+
+def test_charging_the_draft_models_reading_of_the_prompt_costs_draft_modes_alone():
+    """ReplayedDraft(charge_prefill=True): a fixed draft mode takes longer by the draft
+    model's reading of the prompt; prompt lookup reads nothing and takes as long."""
+    from edgespec.engine.policy import FixedPolicy
+
+    costs, trace = machine_costs("cpu 2 threads"), load_traces(TRACES)[4]
+    free, charged = ReplayedDraft(costs), ReplayedDraft(costs, charge_prefill=True)
+    reading = costs.catch_up("draft", len(trace.prompt))
+    assert reading > 0
+    assert (replay(FixedPolicy(charged, 3), trace, costs, charged)
+            == pytest.approx(replay(FixedPolicy(free, 3), trace, costs, free) + reading))
+    lookup = PromptLookup()
+    assert (replay(FixedPolicy(lookup, 3), trace, costs, charged)
+            == pytest.approx(replay(FixedPolicy(lookup, 3), trace, costs, free)))
 
 
 def test_recorded_traces_need_a_machine_to_be_replayed_on():

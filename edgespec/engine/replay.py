@@ -119,12 +119,15 @@ class RecordedTarget:
 class ReplayedDraft(Drafter):
     """The draft model, replayed from a trace: greedy, stopping as the real one
     does (p_min, p_draft), and paying on the clock for its steps and to read the
-    history it missed."""
+    history it missed; with `charge_prefill`, for reading the prompt too (the
+    engine reads it once the first token is out: part of the wait for the reply,
+    which fixed draft modes pay on every prompt and auto where it warms the model)."""
 
     name = "draft"
 
-    def __init__(self, costs: Costs):
+    def __init__(self, costs: Costs, *, charge_prefill: bool = False):
         self.costs = costs
+        self.charge_prefill = charge_prefill
         self.trace: Trace | None = None
         self.clock = SimulatedClock()
         self.tokens: list[int] = []
@@ -134,6 +137,8 @@ class ReplayedDraft(Drafter):
         self.trace, self.clock, self.tokens = trace, clock, []
 
     def prefill(self, prompt):
+        if self.charge_prefill:
+            self.clock.advance(self.costs.catch_up(self.name, self.behind(prompt)))
         self.tokens = list(prompt)
 
     def behind(self, history):
@@ -167,7 +172,8 @@ class ReplayedDraft(Drafter):
 def replay(policy: Policy, trace: Trace, costs: Costs, draft: ReplayedDraft,
            params: GenerationParams | None = None) -> float:
     """Decode seconds the policy takes to produce trace.reply under `costs`
-    (the prompt's own processing, and the draft's reading of it, not counted).
+    (the prompt's own processing not counted; the draft's reading of it only where
+    `draft` charges its prefill).
     Greedy: the trace is the target's greedy reply. Prompt lookup costs nothing."""
     clock = SimulatedClock()
     draft.start(trace, clock)
@@ -262,13 +268,15 @@ class SuiteRow:
         return self.plain_s / self.ceiling_s
 
 
-def replay_suite(traces: Sequence[Trace], costs: Costs, k: int) -> list[SuiteRow]:
+def replay_suite(traces: Sequence[Trace], costs: Costs, k: int, *, charge_warming: bool = False) -> list[SuiteRow]:
     """Each trace replayed under `costs`: auto (one AutoPolicy for the suite, as in
     the app, starting from a copy of the costs as calibrated), the best fixed mode
     and the ceiling, all drafting at most k tokens a cycle (within the largest
-    pass the costs know)."""
+    pass the costs know). `charge_warming`: the draft model's reading of each prompt
+    is paid for (ReplayedDraft.charge_prefill), by auto and the fixed modes alike;
+    the ceiling keeps it warm for free."""
     k = min(k, max(costs.target) - 1)
-    draft, lookup = ReplayedDraft(costs), PromptLookup()
+    draft, lookup = ReplayedDraft(costs, charge_prefill=charge_warming), PromptLookup()
     auto = AutoPolicy(Costs(costs.target, costs.per_draft_token, costs.per_catch_up_token), [lookup, draft],
                       k_max=k, priors=ACCEPTANCE_PRIORS)
     rows = []
