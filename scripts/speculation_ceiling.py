@@ -19,12 +19,19 @@ noise, and prints for each prompt its speedup over plain decoding:
     .venv/bin/python scripts/speculation_ceiling.py [--max-tokens 96] [--category grounded] [--prompts FILE]
     .venv/bin/python scripts/speculation_ceiling.py --save-traces tests/data/bundled_traces.json
     .venv/bin/python scripts/speculation_ceiling.py --traces tests/data/bundled_traces.json --machine all [--json]
+    .venv/bin/python scripts/speculation_ceiling.py --traces tests/data/bundled_traces.json \
+        --traces tests/data/dev_traces.json --machine all --orders 3 [--charge-warming]
 
 --save-traces writes the recorded replies and guesses (no timings) for the
 tests, which replay auto mode on them under several machines' costs;
---traces replays such a file instead of recording (no model is loaded), and
+--traces replays such files instead of recording (no model is loaded), and
 --machine replays under the cost profiles of the tests (replay.MACHINES) in
-place of this machine's. --json prints the same figures as JSON.
+place of this machine's. --orders N replays the suite in N orders (auto carries
+what it learnt from reply to reply, so one order can flatter or wrong a change),
+--charge-warming charges the draft model's reading of each prompt (the tests'
+replay does not), and --json prints the same figures as JSON. To judge a change
+to auto, replay the development suite (tests/data/dev_traces.json) with the
+tests' one, in several orders, both with and without --charge-warming.
 """
 
 from __future__ import annotations
