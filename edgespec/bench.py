@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import yaml
 
 from edgespec.engine.events import GenerationParams, Stats
-from edgespec.limits import BENCH_MAX_TOKENS
+from edgespec.limits import BENCH_MAX_TOKENS, MAX_DRAFT
 from edgespec.machine import cpu_name
 from edgespec.modes import MODES
 
@@ -80,6 +80,23 @@ def rotation(items: Sequence, i: int) -> list:
     return [*items[k:], *items[:k]]
 
 
+def mode_params(mode: str, base: GenerationParams) -> GenerationParams:
+    """The settings a benchmark mode runs with: one of MODES, or BASELINE (plain llama.cpp),
+    or a drafting mode with a draft length of its own after a colon ("draft:3",
+    "lookup:8"), so that fixed lengths run beside auto, which keeps the suite's k.
+    Raises ValueError naming the mode that is not one."""
+    name, colon, length = mode.partition(":")
+    if name not in (*MODES, BASELINE):
+        raise ValueError(f"no benchmark mode {mode!r}: the modes are {', '.join((BASELINE, *MODES))}, "
+                         "and draft, lookup or auto with a draft length, as draft:3")
+    if not colon:
+        return _with(base, mode="plain" if name == BASELINE else name)
+    if name in ("plain", BASELINE) or not length.isdigit() or not 1 <= int(length) <= MAX_DRAFT:
+        raise ValueError(f"benchmark mode {mode!r}: only draft, lookup and auto take a draft length, "
+                         f"from 1 to {MAX_DRAFT}, as draft:3")
+    return _with(base, mode=name, k=int(length))
+
+
 def run_suite(
     engine,
     prompts: Sequence[Prompt],
@@ -97,7 +114,8 @@ def run_suite(
     the `llamacpp` mode (left out without one); `overhead`: also split each
     run's wall time into llama_decode's and the rest (Result.overhead_s)."""
     base = params or GenerationParams(max_tokens=BENCH_MAX_TOKENS)
-    modes = [m for m in modes if (m != "draft" or engine.has_draft) and (m != BASELINE or baseline)]
+    settings = {m: mode_params(m, base) for m in modes}
+    modes = [m for m in modes if (settings[m].mode != "draft" or engine.has_draft) and (m != BASELINE or baseline)]
     generate = _timed_generate if overhead else _generate
     run = {m: (baseline.generate if m == BASELINE else lambda tokens, p: generate(engine, tokens, p)) for m in modes}
     results = []
@@ -107,7 +125,7 @@ def run_suite(
             run[m](tokens, _with(base, mode="plain", max_tokens=8))
         by_mode = {m: Result(prompt.id, prompt.category, m) for m in modes}
         for r in range(repeats):
-            runs = {m: run[m](tokens, _with(base, mode="plain" if m == BASELINE else m)) for m in rotation(modes, r)}
+            runs = {m: run[m](tokens, settings[m]) for m in rotation(modes, r)}
             plain_tps = runs["plain"][1].tokens_per_s if "plain" in runs else None
             cpp_tps = runs[BASELINE][1].tokens_per_s if BASELINE in runs else None
             for m, (out, stats, *split) in runs.items():
@@ -210,7 +228,7 @@ def format_table(results: Sequence[Result], *, header: bool = True) -> str:
     overhead = any(r.overhead_s for r in results)
     lines = []
     if header:
-        lines.append(f"{'prompt':<16} {'category':<10} {'mode':<8} {'tok/s':>6} {'vs llama.cpp':>12} "
+        lines.append(f"{'prompt':<16} {'category':<10} {'mode':<9} {'tok/s':>6} {'vs llama.cpp':>12} "
                      f"{'vs plain':>8} {'accept':>7} {'tok/pass':>8}" + (f" {'overhead/pass':>13}" if overhead else "")
                      + "  same")
     for r in results:
@@ -219,7 +237,7 @@ def format_table(results: Sequence[Result], *, header: bool = True) -> str:
         plain = f"{r.median('speedup'):.2f}x" if r.speedup else "-"
         per_pass = f"{r.median('overhead_s') * 1000:.2f} ms" if r.overhead_s else "-"
         same = "yes" if r.identical else "NO"
-        lines.append(f"{r.prompt:<16} {r.category:<10} {r.mode:<8} {r.median('tokens_per_s'):>6.1f} {cpp:>12} "
+        lines.append(f"{r.prompt:<16} {r.category:<10} {r.mode:<9} {r.median('tokens_per_s'):>6.1f} {cpp:>12} "
                      f"{plain:>8} {acc:>7} {r.median('tokens_per_pass'):>8.2f}"
                      + (f" {per_pass:>13}" if overhead else "") + f"  {same}")
     return "\n".join(lines)
@@ -245,7 +263,7 @@ def format_overhead(results: Sequence[Result]) -> str:
 def summarize(results: Sequence[Result]) -> str:
     """Per category and mode: geometric mean, worst and best speedup over plain
     llama.cpp (when measured) and over edgespec's plain decoding."""
-    lines = [f"{'category':<10} {'mode':<8} {'over':<10} {'geomean':>8} {'worst':>7} {'best':>7}"]
+    lines = [f"{'category':<10} {'mode':<9} {'over':<10} {'geomean':>8} {'worst':>7} {'best':>7}"]
     groups: dict[tuple[str, str, str], list[float]] = {}
     for r in results:
         for over, name in (("llama.cpp", "vs_llamacpp"), ("plain", "speedup")):
@@ -256,7 +274,7 @@ def summarize(results: Sequence[Result]) -> str:
             groups.setdefault(("all", "plain", "llama.cpp"), []).append(r.median("vs_llamacpp"))
     for (category, mode, over), speedups in sorted(groups.items(), key=lambda g: (g[0][2], g[0][0] == "all")):
         gm = statistics.geometric_mean(speedups)
-        lines.append(f"{category:<10} {mode:<8} {over:<10} {gm:>7.2f}x {min(speedups):>6.2f}x {max(speedups):>6.2f}x")
+        lines.append(f"{category:<10} {mode:<9} {over:<10} {gm:>7.2f}x {min(speedups):>6.2f}x {max(speedups):>6.2f}x")
     return "\n".join(lines)
 
 

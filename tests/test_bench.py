@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -61,6 +62,42 @@ def test_without_a_baseline_the_llama_cpp_mode_is_left_out():
                         encode=lambda text: [0])
     assert {r.mode for r in results} == {"plain", "auto"}
     assert all(not r.vs_llamacpp for r in results)
+
+
+class KEngine(FakeEngine):
+    """A fake with a draft model that records the draft length each run asks for."""
+
+    has_draft = True
+
+    def __init__(self):
+        super().__init__()
+        self.asked: list[tuple[str, int]] = []
+
+    def generate(self, tokens, params):
+        self.asked.append((params.mode, params.k))
+        yield from super().generate(tokens, replace(params, mode="lookup" if params.mode == "draft" else params.mode))
+
+
+def test_a_mode_may_carry_its_own_draft_length_beside_auto():
+    """--modes draft:3,lookup:8,auto: fixed draft lengths run beside auto (which keeps
+    the suite's k), each a row of its own."""
+    engine = KEngine()
+    params = GenerationParams(max_tokens=8, k=16)
+    results = run_suite(engine, [Prompt("p", "code", "x")], modes=("plain", "draft:3", "lookup:8", "auto"),
+                        repeats=2, params=params, encode=lambda text: [0])
+    assert [r.mode for r in results] == ["plain", "draft:3", "lookup:8", "auto"]
+    timed = engine.asked[4:]  # after one warm-up per mode
+    assert set(timed) == {("plain", 16), ("draft", 3), ("lookup", 8), ("auto", 16)}
+    assert {r.mode: r.median("speedup") for r in results}["lookup:8"] == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("modes", ["draft:x", "draft:0", "lookup:99999", "llamacpp:3", "plain:2", "fast"])
+def test_a_mode_that_is_not_one_is_refused_before_anything_loads(modes, capsys):
+    from edgespec.cli import main
+
+    assert main(["bench", "--modes", modes, "--target", "/nonexistent.gguf"]) != 0
+    err = capsys.readouterr().err
+    assert "mode" in err and "Traceback" not in err and "nonexistent" not in err
 
 
 def test_rotation_lets_each_lead_in_turn():

@@ -134,7 +134,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--category", action="append", help="only these categories (repeatable)")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES),
                    help=f"comma-separated (default: all: {','.join(DEFAULT_MODES)}; {BASELINE} is plain llama.cpp "
-                        "through llama-cpp-python's Llama, the baseline)")
+                        "through llama-cpp-python's Llama, the baseline); a drafting mode may carry its own "
+                        "draft length, as draft:3 or lookup:8, to run beside auto at --k")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=BENCH_MAX_TOKENS, help=f"default {BENCH_MAX_TOKENS}")
     add_limited(p, "k", int, metavar="N")
@@ -158,6 +159,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         modes.insert(0, "plain")  # speedups are ratios to plain, measured in the same run
     params = GenerationParams(max_tokens=args.max_tokens, k=args.k)
     check_params(params)
+    for mode in modes:  # a mode that is not one is said before the models load
+        bench.mode_params(mode, params)
     with engine_from_args(args, progress=stderr_progress()) as engine:
         info = engine.describe()
         print(f"backend {info.backend}; {bench.machine()}; {models_line(info)}")
