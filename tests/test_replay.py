@@ -20,7 +20,7 @@ from edgespec.engine.choice import ACCEPTANCE_PRIORS
 from edgespec.engine.drafters import PromptLookup
 from edgespec.limits import LIMITS
 from edgespec.engine.replay import (
-    MACHINES, ReplayedDraft, SuiteRow, load_traces, machine_costs, plain_seconds, replay, replay_suite,
+    MACHINES, ReplayedDraft, SuiteRow, load_traces, machine_costs, plain_seconds, replay, replay_auto, replay_suite,
 )
 
 TRACES = Path(__file__).parent / "data" / "bundled_traces.json"
@@ -58,11 +58,8 @@ def test_auto_is_never_slower_than_plain_decoding_on_the_development_suite_eithe
     """The ledger's bound on 30 more replies (tests/data/dev_prompts.yaml: free-form,
     code and edits of 19 to 128 tokens), one AutoPolicy for all of them as in the app."""
     truth = machine_costs(machine)
-    draft = ReplayedDraft(truth)
-    auto = AutoPolicy(machine_costs(machine), [PromptLookup(), draft], k_max=min(K, max(truth.target) - 1),
-                      priors=ACCEPTANCE_PRIORS)
     traces = load_traces(DEV_TRACES)
-    times = [(plain_seconds(t, truth), replay(auto, t, truth, draft)) for t in traces]
+    times = [(plain_seconds(t, truth), auto_s) for t, auto_s in zip(traces, replay_auto(traces, truth, K))]
     assert sum(a for _, a in times) <= sum(p for p, _ in times) * (1 + 1e-9)
     single = truth.target_pass(1)
     for trace, (plain, auto_s) in zip(traces, times):

@@ -277,15 +277,21 @@ def replay_suite(traces: Sequence[Trace], costs: Costs, k: int, *, charge_warmin
     the ceiling keeps it warm for free."""
     k = min(k, max(costs.target) - 1)
     draft, lookup = ReplayedDraft(costs, charge_prefill=charge_warming), PromptLookup()
-    auto = AutoPolicy(Costs(costs.target, costs.per_draft_token, costs.per_catch_up_token), [lookup, draft],
-                      k_max=k, priors=ACCEPTANCE_PRIORS)
     rows = []
-    for trace in traces:
-        auto_s = replay(auto, trace, costs, draft)
+    for trace, auto_s in zip(traces, replay_auto(traces, costs, k, charge_warming=charge_warming)):
         mode, fixed_k, fixed_s = best_fixed(trace, costs, k, draft, lookup)
         rows.append(SuiteRow(trace.name, plain_seconds(trace, costs), auto_s, mode, fixed_k, fixed_s,
                              ceiling(trace, costs, k, lookup)))
     return rows
+
+
+def replay_auto(traces: Sequence[Trace], costs: Costs, k: int, *, charge_warming: bool = False) -> list[float]:
+    """Auto's seconds for each trace, in order: one AutoPolicy for them all (as in the
+    app, starting from a copy of the costs as calibrated), drafting at most k tokens."""
+    draft = ReplayedDraft(costs, charge_prefill=charge_warming)
+    auto = AutoPolicy(Costs(costs.target, costs.per_draft_token, costs.per_catch_up_token),
+                      [PromptLookup(), draft], k_max=min(k, max(costs.target) - 1), priors=ACCEPTANCE_PRIORS)
+    return [replay(auto, trace, costs, draft) for trace in traces]
 
 
 def _linear(single: float, column: float, sizes=(1, 2, 3, 4, 5, 9, 17)) -> dict[int, float]:
