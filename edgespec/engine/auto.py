@@ -241,6 +241,15 @@ class AutoPolicy(Policy):
     """The cycle of a reply that probes a warm draft model first."""
     PROBE_K = 2
     """Tokens a probe asks for."""
+    WARM_MARGIN = 3.0
+    """How many times its reading a draft model must be expected to save for a new
+    prompt to be read into it before the reply shows anything. The reading is paid
+    at once, the saving only as the reply goes on; and the expected saving is that
+    of a reply of the usual length, which an edit or a tool call (20-80 tokens)
+    falls far short of. Replayed on 40 replies, each as a session's first, under
+    seven machines' costs: at 1, short replies on a CPU lost up to 18% to a reading
+    they never used; at 2, up to 5%; from 3 on, none lost more than its ledger
+    allows, and no machine's suite lost speed (docs/measurements.md)."""
     OPTIMISTIC = 0.9
     """The acceptance at which a draft model is worth warming for a reply: one
     that cannot pay even then (as slow as the target) is left cold."""
@@ -296,14 +305,15 @@ class AutoPolicy(Policy):
     def _worth_warming(self, drafter: Drafter, prompt: Sequence[int], last: Ledger | None) -> bool:
         """Whether reading the prompt into the drafter now is worth its time: after a
         reply whose savings from it would have paid for the reading, or when the
-        reading costs no more than the ledger lends or than the drafter is expected
-        to save in this reply. In a
+        reading costs no more than the ledger lends, or when the drafter is expected
+        to save WARM_MARGIN times as much in this reply. In a
         session of edits that prompt lookup serves, an idle draft model would
-        otherwise read each new prompt (the last reply and the new message) for nothing."""
+        otherwise read each new prompt (the last reply and the new message) for nothing.
+        Left cold, it may still be read in mid-reply, as a cycle's catch-up the ledger pays."""
         cost = self._catch_up(drafter, prompt)
         if last is not None and last.saved_by.get(drafter.name, 0.0) >= cost:
             return True
-        return cost <= max(self.ledger.credit, self._expected_saving(drafter, last))
+        return cost <= self.ledger.credit or self.WARM_MARGIN * cost <= self._expected_saving(drafter, last)
 
     def _expected_saving(self, drafter: Drafter, last: Ledger | None = None) -> float:
         """Seconds a warm drafter is expected to save over a reply of the usual
