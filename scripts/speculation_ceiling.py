@@ -20,7 +20,7 @@ noise, and prints for each prompt its speedup over plain decoding:
     .venv/bin/python scripts/speculation_ceiling.py --save-traces tests/data/bundled_traces.json
     .venv/bin/python scripts/speculation_ceiling.py --traces tests/data/bundled_traces.json --machine all [--json]
     .venv/bin/python scripts/speculation_ceiling.py --traces tests/data/bundled_traces.json \
-        --traces tests/data/dev_traces.json --machine all --orders 3 [--charge-warming]
+        --traces tests/data/dev_traces.json --machine all --orders 3 --first-replies [--charge-warming]
 
 --save-traces writes the recorded replies and guesses (no timings) for the
 tests, which replay auto mode on them under several machines' costs;
@@ -28,10 +28,12 @@ tests, which replay auto mode on them under several machines' costs;
 --machine replays under the cost profiles of the tests (replay.MACHINES) in
 place of this machine's. --orders N replays the suite in N orders (auto carries
 what it learnt from reply to reply, so one order can flatter or wrong a change),
---charge-warming charges the draft model's reading of each prompt (the tests'
-replay does not), and --json prints the same figures as JSON. To judge a change
-to auto, replay the development suite (tests/data/dev_traces.json) with the
-tests' one, in several orders, both with and without --charge-warming.
+--charge-warming charges the draft model's reading of each prompt (as the
+engine pays it and the tests replay it), --first-replies adds the figures of
+each reply replayed as a session's first, and --json prints the same figures as
+JSON. To judge a change to auto, replay the development suite
+(tests/data/dev_traces.json) with the tests' one, in several orders and as first
+replies, both with and without --charge-warming.
 """
 
 from __future__ import annotations
@@ -101,6 +103,9 @@ def main() -> int:
     parser.add_argument("--orders", type=int, default=1, metavar="N",
                         help="also replay the suite in N - 1 shuffled orders (auto's choices depend on the "
                              "replies before) and give the suite's figures in each")
+    parser.add_argument("--first-replies", action="store_true",
+                        help="also replay each reply as a session's first (nothing learnt or carried) "
+                             "and give the suite's figures then")
     parser.add_argument("--charge-warming", action="store_true",
                         help="charge the draft model's reading of each prompt (auto and fixed modes alike)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -119,11 +124,14 @@ def main() -> int:
         sys.exit("--traces needs --machine: recorded traces hold no timings")
     reports = ([("this machine", measured)] if measured else []) + [(m, machine_costs(m)) for m in machines]
     results = [(name, costs, replay_orders(traces, costs, args)) for name, costs in reports]
+    firsts = [first_replies(traces, runs[0], costs, args) if args.first_replies else None
+              for _, costs, runs in results]
     if args.json:
-        print(json.dumps([as_json(name, costs, runs, categories, args.k) for name, costs, runs in results], indent=1))
+        print(json.dumps([as_json(name, costs, runs, categories, args.k, first)
+                          for (name, costs, runs), first in zip(results, firsts)], indent=1))
     else:
-        for name, costs, runs in results:
-            print_table(name, costs, runs, {t.name: t for t in traces}, categories)
+        for (name, costs, runs), first in zip(results, firsts):
+            print_table(name, costs, runs, {t.name: t for t in traces}, categories, first)
     return 0
 
 
@@ -139,6 +147,14 @@ def replay_orders(traces: list[Trace], costs: Costs, args) -> list[list[SuiteRow
         seconds = replay_auto([traces[i] for i in order], costs, args.k, charge_warming=args.charge_warming)
         runs.append([dataclasses.replace(rows[i], auto_s=auto_s) for i, auto_s in zip(order, seconds)])
     return runs
+
+
+def first_replies(traces: list[Trace], rows: list[SuiteRow], costs: Costs, args) -> list[SuiteRow]:
+    """`rows` with auto's seconds for each reply replayed alone, as a session's first: the
+    priors, no reply length seen yet, nothing carried (what a short edit in a new
+    session pays for a draft model read for nothing)."""
+    return [dataclasses.replace(row, auto_s=replay_auto([trace], costs, args.k, charge_warming=args.charge_warming)[0])
+            for trace, row in zip(traces, rows)]
 
 
 def record_suite(args, prompts) -> tuple[list[Trace], Costs]:
@@ -162,21 +178,25 @@ def suite(rows: list[SuiteRow]) -> dict[str, float]:
     plain = sum(r.plain_s for r in rows)
     return {"auto": plain / sum(r.auto_s for r in rows), "best_fixed": plain / sum(r.fixed_s for r in rows),
             "ceiling": plain / sum(r.ceiling_s for r in rows),
-            "worst_auto_over_best_fixed": min(r.auto / r.fixed for r in rows)}
+            "worst_auto_over_best_fixed": min(r.auto / r.fixed for r in rows),
+            "slowest_auto": min(r.auto for r in rows)}
 
 
-def as_json(name: str, costs: Costs, runs: list[list[SuiteRow]], categories: dict[str, str], k: int) -> dict:
-    """The suite in the order given (its prompts and figures), and the figures of every order replayed."""
+def as_json(name: str, costs: Costs, runs: list[list[SuiteRow]], categories: dict[str, str], k: int,
+            first: list[SuiteRow] | None = None) -> dict:
+    """The suite in the order given (its prompts and figures), the figures of every order
+    replayed, and (`first`) those of each reply replayed as a session's first."""
     rows = runs[0]
     return {"machine": name, "k": min(k, max(costs.target) - 1), "suite": suite(rows),
-            "orders": [suite(order) for order in runs], "prompts": [
+            "orders": [suite(order) for order in runs], **({"first_replies": suite(first)} if first else {}),
+            "prompts": [
         {"id": r.name, "category": categories.get(r.name, ""), "plain_s": r.plain_s, "auto": r.auto,
          "best_fixed": r.fixed, "best_fixed_mode": r.fixed_mode, "best_fixed_k": r.fixed_k, "ceiling": r.ceiling}
         for r in rows]}
 
 
 def print_table(name: str, costs: Costs, runs: list[list[SuiteRow]], traces: dict[str, Trace],
-                categories: dict[str, str]) -> None:
+                categories: dict[str, str], first: list[SuiteRow] | None = None) -> None:
     rows = runs[0]
     draft = costs.per_draft_token.get("draft", 0.0)
     print(f"{name}: target pass " + ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in sorted(costs.target.items()))
@@ -199,6 +219,10 @@ def print_table(name: str, costs: Costs, runs: list[list[SuiteRow]], traces: dic
         print(f"{len(runs)} orders: auto " + ", ".join(f"{s['auto']:.2f}x" for s in each)
               + f" (mean {statistics.mean(s['auto'] for s in each):.3f}x); auto / best fixed mean "
               f"{statistics.mean(s['auto'] / s['best_fixed'] for s in each):.3f}", flush=True)
+    if first:
+        alone = suite(first)
+        print(f"each reply as a session's first: auto {alone['auto']:.2f}x, slowest reply {alone['slowest_auto']:.2f}x, "
+              f"auto / best fixed {alone['auto'] / alone['best_fixed']:.3f}", flush=True)
     print(flush=True)
 
 
