@@ -107,17 +107,28 @@ def run_suite(
     encode: Callable[[str], list[int]],
     baseline: "LlamaCppBaseline | None" = None,
     overhead: bool = False,
+    first_replies: bool = False,
     on_result: Callable[[str], None] | None = None,
 ) -> list[Result]:
     """Run every prompt in every mode `repeats` times, interleaved. `encode`
     turns a prompt into the model's input (the chat template); `baseline` runs
     the `llamacpp` mode (left out without one); `overhead`: also split each
-    run's wall time into llama_decode's and the rest (Result.overhead_s)."""
+    run's wall time into llama_decode's and the rest (Result.overhead_s);
+    `first_replies`: every timed run of an edgespec mode as a new session's first
+    reply (Engine.reset(learnt=True)): the draft model reads the prompt afresh and
+    auto starts from its priors, as in a new chat, where otherwise the repeats
+    find the prompt read and auto taught by the runs before."""
     base = params or GenerationParams(max_tokens=BENCH_MAX_TOKENS)
     settings = {m: mode_params(m, base) for m in modes}
     modes = [m for m in modes if (settings[m].mode != "draft" or engine.has_draft) and (m != BASELINE or baseline)]
     generate = _timed_generate if overhead else _generate
-    run = {m: (baseline.generate if m == BASELINE else lambda tokens, p: generate(engine, tokens, p)) for m in modes}
+
+    def run_engine(tokens, p):
+        if first_replies:
+            engine.reset(learnt=True)
+        return generate(engine, tokens, p)
+
+    run = {m: (baseline.generate if m == BASELINE else run_engine) for m in modes}
     results = []
     for prompt in prompts:
         tokens = encode(prompt.prompt)

@@ -91,6 +91,36 @@ def test_a_mode_may_carry_its_own_draft_length_beside_auto():
     assert {r.mode: r.median("speedup") for r in results}["lookup:8"] == pytest.approx(1.5)
 
 
+class SessionEngine(FakeEngine):
+    """A fake that records when it is told to start over."""
+
+    def reset(self, *, learnt=False):
+        self.calls.append(f"reset learnt={learnt}")
+
+
+@pytest.mark.parametrize("first_replies", [True, False])
+def test_first_replies_start_every_edgespec_run_as_a_new_session(first_replies):
+    """--first-replies: before each timed run of an edgespec mode the engine forgets its
+    caches and what auto learnt (a new chat's first reply pays the draft model's reading
+    of the prompt and starts auto from its priors); llama.cpp's runs stay as they are."""
+    engine = SessionEngine()
+    run_suite(engine, [Prompt("p", "code", "x")], modes=(BASELINE, "plain", "auto"), repeats=2,
+              encode=lambda text: [0], baseline=FakeBaseline(engine), first_replies=first_replies)
+    calls = engine.calls
+    runs = [call for call in calls if not call.startswith("reset")]
+    assert len(runs) == 9 and runs.count(BASELINE) == 3  # each mode: a warm-up (plain, short) and two repeats
+    resets = [calls[i - 1] == "reset learnt=True" for i, call in enumerate(calls) if call in ("plain", "auto")]
+    assert resets == [first_replies] * 6
+    assert calls.count("reset learnt=True") == (6 if first_replies else 0)
+
+
+def test_the_bench_command_takes_first_replies(monkeypatch):
+    from edgespec.cli import build_parser
+
+    assert build_parser().parse_args(["bench", "--first-replies"]).first_replies
+    assert not build_parser().parse_args(["bench"]).first_replies
+
+
 @pytest.mark.parametrize("modes", ["draft:x", "draft:0", "lookup:99999", "llamacpp:3", "plain:2", "fast"])
 def test_a_mode_that_is_not_one_is_refused_before_anything_loads(modes, capsys):
     from edgespec.cli import main

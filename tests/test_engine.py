@@ -193,6 +193,24 @@ def test_calibration_measures_costs_and_leaves_the_caches_as_they_were(engines, 
         assert set(costs.target) == {1, 2} and costs.per_catch_up_token["draft"] > 0
 
 
+def test_reset_with_learnt_starts_auto_over_as_a_new_process_would(engines):
+    """Engine.reset(learnt=True) (bench --first-replies): the caches emptied, and auto
+    back at its priors with no reply seen, on the calibration it measured."""
+    engine = engines["near"]
+    params = GenerationParams(mode="auto", max_tokens=12)
+    for _ in engine.generate(PROMPTS[4], params):
+        pass
+    auto = engine.auto(params)
+    assert auto.ledger.plain_s > 0 and auto.acceptance
+    engine.reset()
+    assert engine.auto(params) is auto  # the caches alone
+    engine.reset(learnt=True)
+    fresh = engine.auto(params)
+    assert fresh is not auto and not fresh.acceptance and fresh.ledger.plain_s == 0
+    assert fresh.costs.target == auto.costs.calibrated and fresh.k_max == auto.k_max
+    assert engine.target_seq.tokens == [] and engine.draft_seq.tokens == []
+
+
 def test_prompt_lookup_greedy_equals_plain(engines):
     engine = engines["far"]
     for prompt in PROMPTS:

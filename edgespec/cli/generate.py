@@ -142,6 +142,10 @@ def _add_bench(sub) -> None:
     p.add_argument("--overhead", action="store_true",
                    help="also split each run's time into llama_decode's and the rest: edgespec's own work per "
                         "target pass (its Python loop)")
+    p.add_argument("--first-replies", action="store_true",
+                   help="time every edgespec run as a new chat's first reply: the draft model reads the prompt "
+                        "afresh and auto starts from its priors (the calibration kept), where otherwise each "
+                        "repeat finds them ready from the runs before")
     p.add_argument("--out", default="bench-out", metavar="DIR", help="where results.json and speedup.png go")
     p.set_defaults(handler=_cmd_bench)
 
@@ -179,6 +183,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             results = bench.run_suite(
                 engine, prompts, modes=modes, repeats=args.repeats, params=params, baseline=baseline,
                 encode=lambda text: encode_prompt(engine, text).tokens, overhead=args.overhead,
+                first_replies=args.first_replies,
                 on_result=lambda table: print(table, flush=True),
             )
         finally:
@@ -191,7 +196,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"models": dataclasses.asdict(info), "machine": bench.machine(), "repeats": args.repeats,
-            "max_tokens": args.max_tokens, "k": args.k}
+            "max_tokens": args.max_tokens, "k": args.k, "first_replies": args.first_replies}
     bench.write_json(results, out / "results.json", meta=meta)
     bench.write_chart(results, out / "speedup.png")
     print(f"\nwrote {out / 'results.json'} and {out / 'speedup.png'}")

@@ -455,14 +455,18 @@ class Engine:
             if m is not None:
                 m.ctx.abort(stop)
 
-    def reset(self) -> None:
+    def reset(self, *, learnt: bool = False) -> None:
         """Forget both KV caches and the snapshots in RAM (the next generate
-        evaluates its whole prompt, unless the disk cache holds it)."""
+        evaluates its whole prompt, unless the disk cache holds it); with `learnt`,
+        also what auto mode learnt of the drafters and of replies (Policies.forget_learnt):
+        the next reply is then what a new session's first costs."""
         self._target.pool.reset()
         if self._draft:
             self._draft.pool.reset()
         if self._cache is not None:
             self._cache.clear()
+        if learnt:
+            self.policies.forget_learnt()
 
     # -- lifetime ---------------------------------------------------------
     def describe(self) -> EngineInfo:
