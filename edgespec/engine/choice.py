@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from edgespec.engine.auto import AutoPolicy
-from edgespec.engine.costs import Costs, calibrate, load_costs, save_costs
+from edgespec.engine.costs import calibrate, load_costs, save_costs
 from edgespec.engine.drafters import Drafter
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.engine.exact import largest_exact_batch
@@ -101,9 +101,8 @@ class Policies:
         """Auto mode starts over as a new process would: every drafter at its prior, no
         reply seen; on the costs this process measured (measuring again takes seconds)."""
         if self._auto is not None:
-            old = self._auto.costs
-            costs = Costs(old.calibrated, old.per_draft_token, old.per_catch_up_token)
-            self._auto = AutoPolicy(costs, self.drafters, k_max=self._auto.k_max, priors=ACCEPTANCE_PRIORS)
+            self._auto = AutoPolicy(self._auto.costs.fresh(), self.drafters, k_max=self._auto.k_max,
+                                    priors=ACCEPTANCE_PRIORS)
 
     def _make_auto(self, k_max: int) -> AutoPolicy:
         if self._auto is None:

@@ -51,6 +51,11 @@ class Costs:
         self.target = dict(self.calibrated)
         self._sizes = sorted(self.target)
 
+    def fresh(self) -> "Costs":
+        """A copy at the calibration's pass costs and the current draft costs: what a
+        new AutoPolicy starts from, apart from these estimates as they move on."""
+        return Costs(self.calibrated, self.per_draft_token, self.per_catch_up_token)
+
     def target_pass(self, n: int) -> float:
         """Time of a target pass over n tokens, interpolated between measured sizes.
         Auto prices a few dozen sizes every cycle: the sorted sizes are kept

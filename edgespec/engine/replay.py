@@ -289,8 +289,8 @@ def replay_auto(traces: Sequence[Trace], costs: Costs, k: int, *, charge_warming
     """Auto's seconds for each trace, in order: one AutoPolicy for them all (as in the
     app, starting from a copy of the costs as calibrated), drafting at most k tokens."""
     draft = ReplayedDraft(costs, charge_prefill=charge_warming)
-    auto = AutoPolicy(Costs(costs.target, costs.per_draft_token, costs.per_catch_up_token),
-                      [PromptLookup(), draft], k_max=min(k, max(costs.target) - 1), priors=ACCEPTANCE_PRIORS)
+    auto = AutoPolicy(costs.fresh(), [PromptLookup(), draft], k_max=min(k, max(costs.target) - 1),
+                      priors=ACCEPTANCE_PRIORS)
     return [replay(auto, trace, costs, draft) for trace in traces]
 
 
