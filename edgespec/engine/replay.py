@@ -14,7 +14,8 @@ replayed is what the engine does, cycle for cycle.
 
 `ceiling` is the fastest any per-cycle choice of plain, lookup or the draft
 model could be if it knew in advance which guesses the target accepts;
-`best_fixed` the fastest fixed mode and k for one reply, chosen in hindsight.
+`best_fixed` the fastest fixed mode and k for one reply, chosen in hindsight,
+and `best_setting` the one setting fastest over a whole suite.
 `replay_suite` sets the three beside auto for each trace of a suite, and
 MACHINES holds the cost profiles of the machines the tests replay.
 """
@@ -22,7 +23,7 @@ MACHINES holds the cost profiles of the machines the tests replay.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -227,18 +228,29 @@ def proposal_ceiling(prompt: Sequence[int], reply: Sequence[int], costs: Costs, 
     return best[1] if n_reply else 0.0  # the first token comes with the prompt's pass
 
 
-def best_fixed(trace: Trace, costs: Costs, k_max: int, draft: ReplayedDraft,
-               lookup: PromptLookup | None = None) -> tuple[str, int, float]:
-    """(mode, k, seconds) of the fastest fixed mode for this reply, chosen in
-    hindsight: plain, or draft or lookup with a k of 1 to k_max."""
+def fixed_settings(trace: Trace, costs: Costs, k_max: int, draft: ReplayedDraft,
+                   lookup: PromptLookup | None = None) -> dict[tuple[str, int], float]:
+    """Seconds of every fixed setting for this reply, by (mode, k): plain (k 0), and
+    draft or lookup with a k of 1 to k_max, each as `--mode M --k K` decodes it."""
     lookup = lookup or PromptLookup()
-    best = ("plain", 0, plain_seconds(trace, costs))
+    seconds = {("plain", 0): plain_seconds(trace, costs)}
     for mode, drafter in (("draft", draft), ("lookup", lookup)):
         for k in range(1, k_max + 1):
-            seconds = replay(FixedPolicy(drafter, k), trace, costs, draft)
-            if seconds < best[2]:
-                best = (mode, k, seconds)
-    return best
+            seconds[(mode, k)] = replay(FixedPolicy(drafter, k), trace, costs, draft)
+    return seconds
+
+
+def best_fixed(trace: Trace, costs: Costs, k_max: int, draft: ReplayedDraft,
+               lookup: PromptLookup | None = None) -> tuple[str, int, float]:
+    """(mode, k, seconds) of the fastest fixed setting for this reply, chosen in
+    hindsight (of equal ones, plain, then the draft model, then the shorter k)."""
+    (mode, k), seconds = _fastest(fixed_settings(trace, costs, k_max, draft, lookup))
+    return mode, k, seconds
+
+
+def _fastest(seconds: dict[tuple[str, int], float]) -> tuple[tuple[str, int], float]:
+    """The setting of least seconds, and those seconds (of equal ones, the first)."""
+    return min(seconds.items(), key=lambda item: item[1])
 
 
 @dataclass
@@ -253,6 +265,8 @@ class SuiteRow:
     fixed_k: int
     fixed_s: float
     ceiling_s: float
+    settings: dict[tuple[str, int], float] = field(default_factory=dict)
+    """Seconds of every fixed setting for this reply, by (mode, k) (fixed_settings)."""
 
     @property
     def auto(self) -> float:
@@ -279,10 +293,21 @@ def replay_suite(traces: Sequence[Trace], costs: Costs, k: int, *, charge_warmin
     draft, lookup = ReplayedDraft(costs, charge_prefill=charge_warming), PromptLookup()
     rows = []
     for trace, auto_s in zip(traces, replay_auto(traces, costs, k, charge_warming=charge_warming)):
-        mode, fixed_k, fixed_s = best_fixed(trace, costs, k, draft, lookup)
+        settings = fixed_settings(trace, costs, k, draft, lookup)
+        (mode, fixed_k), fixed_s = _fastest(settings)
         rows.append(SuiteRow(trace.name, plain_seconds(trace, costs), auto_s, mode, fixed_k, fixed_s,
-                             ceiling(trace, costs, k, lookup)))
+                             ceiling(trace, costs, k, lookup), settings))
     return rows
+
+
+def best_setting(rows: Sequence[SuiteRow]) -> tuple[tuple[str, int], float]:
+    """The one fixed setting fastest over the whole suite, chosen in hindsight, and its
+    seconds: what a user who types the best `--mode M --k K` for every reply gets."""
+    totals: dict[tuple[str, int], float] = {}
+    for row in rows:
+        for setting, seconds in row.settings.items():
+            totals[setting] = totals.get(setting, 0.0) + seconds
+    return _fastest(totals)
 
 
 def replay_auto(traces: Sequence[Trace], costs: Costs, k: int, *, charge_warming: bool = False) -> list[float]:
