@@ -2,7 +2,7 @@
 
 import pytest
 
-from edgespec.engine.auto import Acceptance, AutoPolicy, Ledger, expected_tokens, k_choices
+from edgespec.engine.auto import Acceptance, AutoPolicy, Ledger, expected_tokens, expected_verify, k_choices
 from edgespec.engine.costs import Costs
 from edgespec.engine.policy import Bucket, CycleReport, Plan
 from edgespec.engine.drafters import Draft, Drafter, Offer, PromptLookup
@@ -54,6 +54,22 @@ def test_expected_tokens_formula():
     assert expected_tokens(0.0, 4) == 1.0
     assert expected_tokens(1.0, 4) == 5.0
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_a_draft_that_stops_itself_is_priced_at_the_mean_of_the_passes_it_leads_to():
+    """A draft model that goes on at each step with probability 0.5 drafts 0, 1, 2 or 3
+    tokens (1/2, 1/4, 1/8, 1/8 of the time at k = 3): the target checks 1 to 4
+    tokens. A pass costs less a token the longer it is, so the pass over the mean
+    length (1.875 tokens) costs more than the mean of those passes."""
+    costs = Costs({1: 0.030, 2: 0.050, 4: 0.070}, {"draft": 0.0})
+    mean_of_passes = 0.5 * 0.030 + 0.25 * 0.050 + 0.125 * 0.060 + 0.125 * 0.070
+    assert expected_verify(costs, 0.5, 3) == pytest.approx(mean_of_passes)
+    assert expected_verify(costs, 0.5, 3) < costs.target_pass(1.875)
+    assert expected_verify(costs, 1.0, 3) == costs.target_pass(4)  # a proposal made in full
+    p = AutoPolicy(costs, [FakeDraftModel()], k_max=3)
+    a = Acceptance(0.6)
+    a.drafted, a.stops = 1.0, 1.0  # continuation 0.5
+    assert p._rate(p.drafters[0], a, 3) == pytest.approx(expected_tokens(0.6, 3) / mean_of_passes)
 
 
 def test_cost_interpolation_and_extrapolation():

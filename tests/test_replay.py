@@ -108,12 +108,13 @@ def machines(*not_yet: str) -> list:
 
 
 @pytest.mark.parametrize("machine", machines("cpu 2 threads", "cpu 1 thread", "cpu exact kernels", "dear draft",
-                                             "cheap draft", "gpu", "slow link"))
+                                             "gpu", "slow link"))
 def test_auto_reaches_the_best_fixed_mode_of_each_reply(machine):
     """Per reply at least 0.9x the fixed mode and k that was fastest for it, in hindsight.
-    Not yet where a draft is cheap: at k up to 16, a fixed k of 14 wins the short
-    edits (80 tokens) that auto, working up its drafts from the priors, reaches
-    at 0.84x (reached at k 8)."""
+    Not yet on most profiles: the fixed mode is chosen knowing whether the reply
+    copies the prompt (lookup k=5 on fix-typo) or is code the draft model gets right
+    (draft k=3 on write-function), which auto learns from the reply's first cycles at
+    a risk its ledger bounds (0.85x of both on a 2-thread CPU)."""
     rows = replayed(machine)
     assert min(r.auto / r.fixed for r in rows) >= 0.9, table(rows)
 

@@ -22,6 +22,21 @@ def expected_drafted(continuation: float, k: int) -> float:
     return continuation * (1.0 - continuation ** k) / (1.0 - continuation)
 
 
+def expected_verify(costs: Costs, continuation: float, k: int) -> float:
+    """Seconds of the target pass checking a draft of up to k tokens from a drafter
+    that goes on with probability `continuation` at each step: the pass over 1 + d
+    tokens, averaged over the d it drafts (d < k with probability c^d (1 - c), k with
+    c^k). A pass costs less a token the longer it is, so the pass over the mean
+    length would overprice a draft model that stops itself when unsure."""
+    if continuation >= 1.0:
+        return costs.target_pass(1 + k)
+    seconds, reach = 0.0, 1.0  # reach: the probability of drafting at least d tokens
+    for d in range(k):
+        seconds += reach * (1.0 - continuation) * costs.target_pass(1 + d)
+        reach *= continuation
+    return seconds + reach * costs.target_pass(1 + k)
+
+
 K_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """The draft lengths auto prices (and k_max itself): between them
 the expected rate changes by little, and pricing every length to 64 for every
@@ -357,9 +372,8 @@ class AutoPolicy(Policy):
         drafter drafts fewer when it stops itself, which costs the step that
         stopped it but saves target columns."""
         s = acceptance.continuation
-        drafted = expected_drafted(s, k)
-        steps = drafted + (1.0 - s**k)
-        cycle_s = self.costs.target_pass(1 + drafted) + self.costs.draft(drafter.name, steps) + switch_s
+        steps = expected_drafted(s, k) + (1.0 - s**k)
+        cycle_s = expected_verify(self.costs, s, k) + self.costs.draft(drafter.name, steps) + switch_s
         return expected_tokens(acceptance.rate, k) / cycle_s
 
     def plan(self, history: Sequence[int]) -> Plan:
