@@ -254,6 +254,22 @@ def format_table(results: Sequence[Result], *, header: bool = True) -> str:
     return "\n".join(lines)
 
 
+def same_note(results: Sequence[Result], *, exact: bool) -> str:
+    """Why `same` says NO, where a row does (empty where none does): every token is
+    still the target's greedy choice, but a pass over several tokens adds up in
+    another order than a single token's (docs/design.md)."""
+    differ = sum(not r.identical for r in results)
+    if not differ:
+        return ""
+    head = f"same: NO for {differ} of {len(results)} rows, a reply not token for token plain decoding's. "
+    if exact:
+        return head + (f"{BASELINE} adds up in llama.cpp's own kernels' order and may flip a near-tie; "
+                       "an edgespec mode that differs under exact kernels is a bug worth reporting.")
+    return head + ("Each token is still the target's argmax, but a verify pass over several tokens (and "
+                   f"{BASELINE}'s own loop) adds up in another order than a single token's pass and may flip a "
+                   "near-tie; --exact makes edgespec's modes match plain decoding (docs/design.md).")
+
+
 def overhead_medians(results: Sequence[Result]) -> tuple[float, float] | None:
     """Medians over every edgespec run: seconds per target pass outside llama_decode
     (edgespec's Python loop) and inside it; None where not measured."""

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import textwrap
 
 from edgespec.bench import BASELINE, DEFAULT_MODES
 from edgespec.cli.bars import stderr_progress
@@ -191,6 +192,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 baseline.close()
     print()
     print(bench.summarize(results))
+    if note_text := bench.same_note(results, exact=args.exact):
+        print(textwrap.fill(note_text, width=100))
     if args.overhead:
         print(bench.format_overhead(results))
     out = Path(args.out)
