@@ -63,13 +63,15 @@ def test_a_draft_that_stops_itself_is_priced_at_the_mean_of_the_passes_it_leads_
     length (1.875 tokens) costs more than the mean of those passes."""
     costs = Costs({1: 0.030, 2: 0.050, 4: 0.070}, {"draft": 0.0})
     mean_of_passes = 0.5 * 0.030 + 0.25 * 0.050 + 0.125 * 0.060 + 0.125 * 0.070
-    assert expected_verify(costs, 0.5, 3) == pytest.approx(mean_of_passes)
-    assert expected_verify(costs, 0.5, 3) < costs.target_pass(1.875)
-    assert expected_verify(costs, 1.0, 3) == costs.target_pass(4)  # a proposal made in full
+    one, two, three = expected_verify(costs, 0.5, [1, 2, 3])
+    assert three == pytest.approx(mean_of_passes) and three < costs.target_pass(1.875)
+    assert (one, two) == pytest.approx((0.5 * 0.030 + 0.5 * 0.050, 0.5 * 0.030 + 0.25 * 0.050 + 0.25 * 0.060))
+    assert expected_verify(costs, 0.5, [3]) == [three]  # the lengths between are averaged over all the same
+    assert expected_verify(costs, 1.0, [1, 3]) == [costs.target_pass(2), costs.target_pass(4)]  # proposals in full
     p = AutoPolicy(costs, [FakeDraftModel()], k_max=3)
     a = Acceptance(0.6)
     a.drafted, a.stops = 1.0, 1.0  # continuation 0.5
-    assert p._rate(p.drafters[0], a, 3) == pytest.approx(expected_tokens(0.6, 3) / mean_of_passes)
+    assert p._rates(p.drafters[0], a, [3]) == pytest.approx([expected_tokens(0.6, 3) / mean_of_passes])
 
 
 def test_cost_interpolation_and_extrapolation():

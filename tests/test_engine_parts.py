@@ -1,5 +1,7 @@
 """Pure parts of the engine: prompt lookup, streaming text, stop strings, pairing rules."""
 
+import random
+
 import numpy as np
 import pytest
 
@@ -59,6 +61,41 @@ def test_one_lookup_follows_a_growing_history_and_a_new_one_alike():
     same(history)
     history.extend([9, 9, 9])
     same(history)
+
+
+def reference_match(history, k, *, ngram_max=4, ngram_min=2, context_max=32, kinds_max=8):
+    """Prompt lookup's rule, spelled out: the longest n-gram ending the history that
+    occurred before; of its occurrences the one whose preceding tokens agree longest
+    (up to context_max), the latest on a tie."""
+    end = len(history)
+    for n in range(min(ngram_max, end - 1), ngram_min - 1, -1):
+        tail = history[end - n:]
+        found = []
+        for p in range(end - n):
+            if history[p:p + n] == tail:
+                agree = 0
+                while (agree < min(context_max, end - n) and p - agree - 1 >= 0
+                       and history[p - agree - 1] == history[end - n - agree - 1]):
+                    agree += 1
+                found.append((agree, p))
+        if found:
+            agree, p = max(found)
+            return history[p + n:p + n + k], f"{min(n + agree, kinds_max)}-gram"
+    return [], ""
+
+
+def test_lookup_finds_what_the_rule_spelled_out_finds():
+    """Random histories over a few tokens (many repeats, many ties) and some that copy
+    a long stretch: the search, narrowed from the last token's places, agrees with
+    the rule read straight off the history, match and kind."""
+    rng = random.Random(7)
+    for trial in range(400):
+        vocab = rng.choice([2, 3, 5, 50])
+        history = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
+        if trial % 4 == 0 and len(history) > 10:  # a reply copying what came before
+            start = rng.randrange(len(history) - 5)
+            history += history[start:start + rng.randrange(3, 15)]
+        assert PromptLookup().match(history, 6) == reference_match(history, 6), history
 
 
 def test_lookup_without_a_match_or_budget_proposes_nothing():

@@ -7,7 +7,7 @@ what drafting saved against plain decoding.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from edgespec.engine.costs import Costs
 from edgespec.engine.drafters import Drafter, Offer
@@ -22,19 +22,26 @@ def expected_drafted(continuation: float, k: int) -> float:
     return continuation * (1.0 - continuation ** k) / (1.0 - continuation)
 
 
-def expected_verify(costs: Costs, continuation: float, k: int) -> float:
-    """Seconds of the target pass checking a draft of up to k tokens from a drafter
-    that goes on with probability `continuation` at each step: the pass over 1 + d
-    tokens, averaged over the d it drafts (d < k with probability c^d (1 - c), k with
-    c^k). A pass costs less a token the longer it is, so the pass over the mean
-    length would overprice a draft model that stops itself when unsure."""
+def expected_verify(costs: Costs, continuation: float, ks: Sequence[int]) -> list[float]:
+    """Seconds of the target pass checking a draft of up to k tokens, for each k of
+    `ks` (ascending), from a drafter that goes on with probability `continuation` at
+    each step: the pass over 1 + d tokens, averaged over the d it drafts (d < k with
+    probability c^d (1 - c), k with c^k). A pass costs less a token the longer it is,
+    so the pass over the mean length would overprice a draft model that stops itself
+    when unsure."""
     if continuation >= 1.0:
-        return costs.target_pass(1 + k)
-    seconds, reach = 0.0, 1.0  # reach: the probability of drafting at least d tokens
-    for d in range(k):
-        seconds += reach * (1.0 - continuation) * costs.target_pass(1 + d)
+        return [costs.target_pass(1 + k) for k in ks]
+    by_k, partial, reach = [], 0.0, 1.0  # reach: the probability of drafting at least d tokens
+    wanted = iter(ks)
+    k = next(wanted, None)
+    for d in range(ks[-1] + 1 if ks else 0):
+        single = costs.target_pass(1 + d)
+        if d == k:
+            by_k.append(partial + reach * single)
+            k = next(wanted, None)
+        partial += reach * (1.0 - continuation) * single
         reach *= continuation
-    return seconds + reach * costs.target_pass(1 + k)
+    return by_k
 
 
 K_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -114,8 +121,28 @@ class Acceptance:
         self.stops = self.decay * self.stops + (1.0 if drafted < asked else 0.0)
 
 
-def _second(pair: tuple) -> float:
-    return pair[1]
+class Option(NamedTuple):
+    """One drafter's offer at one k, priced: what auto chooses among each cycle."""
+
+    drafter: Drafter
+    offer: Offer
+    bucket: Bucket
+    acceptance: float
+    k: int
+    rate: float
+    """Expected tokens per second."""
+    worst_loss: float
+    """Seconds lost against plain decoding if every guess is rejected (AutoPolicy._worst_loss)."""
+    p_draft: float | None
+    """For a drafter drafting on demand (a draft model): how sure it must be of its draft to go on."""
+
+    def plan(self, plain_rate: float) -> Plan:
+        return Plan(self.drafter, self.k, bucket=self.bucket, proposal=self.offer.proposal, source=self.offer.source,
+                    p_draft=self.p_draft, speedup=self.rate / plain_rate, acceptance=self.acceptance)
+
+
+def _rate_of(option: Option) -> float:
+    return option.rate
 
 
 def _scaled_to(weight: float, hits: float, misses: float) -> tuple[float, float]:
@@ -365,16 +392,19 @@ class AutoPolicy(Policy):
 
     def _best_rate(self, drafter: Drafter, acceptance: Acceptance) -> float:
         """Tokens per second of the drafter's best k when warm."""
-        return max(self._rate(drafter, acceptance, k) for k in k_choices(self.k_max))
+        return max(self._rates(drafter, acceptance, k_choices(self.k_max)))
 
-    def _rate(self, drafter: Drafter, acceptance: Acceptance, k: int, switch_s: float = 0.0) -> float:
-        """Expected tokens per second of a cycle asking for up to k tokens: the
-        drafter drafts fewer when it stops itself, which costs the step that
-        stopped it but saves target columns."""
+    def _rates(self, drafter: Drafter, acceptance: Acceptance, ks: Sequence[int],
+               switch_s: float = 0.0) -> list[float]:
+        """Expected tokens per second of a cycle asking for up to k tokens, for each k
+        of `ks` (ascending): the drafter drafts fewer when it stops itself, which costs
+        the step that stopped it but saves target columns."""
         s = acceptance.continuation
-        steps = expected_drafted(s, k) + (1.0 - s**k)
-        cycle_s = expected_verify(self.costs, s, k) + self.costs.draft(drafter.name, steps) + switch_s
-        return expected_tokens(acceptance.rate, k) / cycle_s
+        rates = []
+        for k, verify_s in zip(ks, expected_verify(self.costs, s, ks)):
+            steps = expected_drafted(s, k) + (1.0 - s**k)
+            rates.append(expected_tokens(acceptance.rate, k) / (verify_s + self.costs.draft(drafter.name, steps) + switch_s))
+        return rates
 
     def plan(self, history: Sequence[int]) -> Plan:
         """The fastest safe plan of all the drafters offer; else a probe, if one is
@@ -382,18 +412,19 @@ class AutoPolicy(Policy):
         self._score_shadow(history)
         offers = [(d, self._offer(d, history)) for d in self.drafters]
         plain_rate = 1.0 / self.costs.target_pass(1)
-        options = list(self._options(history, offers, plain_rate))
-        reserve = min((loss for plan, _, loss in options if plan.k == 1), default=0.0)
-        safe = [(plan, rate) for plan, rate, worst_loss in options
-                if rate > plain_rate * (1.0 + self.MARGIN) and self._affordable(plan, worst_loss, reserve)]
-        best = max(safe, key=_second, default=(Plan(None, 0), plain_rate))[0]  # of equal rates, the first
+        options = list(self._options(history, offers))
+        reserve = min((o.worst_loss for o in options if o.k == 1), default=0.0)
+        safe = [o for o in options
+                if o.rate > plain_rate * (1.0 + self.MARGIN) and self._affordable(o, reserve)]
+        chosen = max(safe, key=_rate_of, default=None)  # of equal rates, the first
+        best = chosen.plan(plain_rate) if chosen else Plan(None, 0)
         self.probes.cycle(used=best.drafter.name if best.drafter else None)
         self._shadows = [(len(history), offer.proposal, Bucket(d.name, offer.key)) for d, offer in offers
                          if offer.proposal and d is not best.drafter]
         if best.drafter is None:
             best = self._probe(history, offers) or best
         if best.kind == "plain" and options:
-            best.declined = max(options, key=_second)[0]
+            best.declined = max(options, key=_rate_of).plan(plain_rate)
         best.reason = self.describe(best)
         return best
 
@@ -405,19 +436,17 @@ class AutoPolicy(Policy):
         proposal = offer.proposal[: self.k_max] if offer.proposal is not None else None
         return replace(offer, k_max=self.k_max, proposal=proposal)
 
-    def _options(self, history: Sequence[int], offers: list[tuple[Drafter, Offer]], plain_rate: float):
-        """(plan, expected tokens per second, worst loss) for each drafter and each k it offers."""
+    def _options(self, history: Sequence[int], offers: list[tuple[Drafter, Offer]]):
+        """Each drafter's offer at each k, priced (Option)."""
         for drafter, offer in offers:
             bucket = Bucket(drafter.name, offer.key)
             a = self._acceptance(bucket)
             catch_up = self._catch_up(drafter, history) if offer.k_max > 0 else 0.0
             # drafting on demand (a draft model): it drafts while its guesses are worth a column
             p_draft = self.costs.break_even(drafter.name) if offer.proposal is None else None
-            for k in k_choices(offer.k_max):
-                rate = self._rate(drafter, a, k, catch_up / self.SWITCH_CYCLES)
-                plan = Plan(drafter, k, bucket=bucket, proposal=offer.proposal, source=offer.source,
-                            p_draft=p_draft, speedup=rate / plain_rate, acceptance=a.rate)
-                yield plan, rate, self._worst_loss(drafter, k, catch_up)
+            ks = k_choices(offer.k_max)
+            for k, rate in zip(ks, self._rates(drafter, a, ks, catch_up / self.SWITCH_CYCLES)):
+                yield Option(drafter, offer, bucket, a.rate, k, rate, self._worst_loss(drafter, k, catch_up), p_draft)
 
     def _probe(self, history: Sequence[int], offers: list[tuple[Drafter, Offer]]) -> Plan | None:
         """A probe of the first drafter due one (drafting on demand, so unscored while
@@ -462,12 +491,12 @@ class AutoPolicy(Policy):
             text += f", drafting while {plan.p_draft:.0%} sure"
         return text
 
-    def _affordable(self, plan: Plan, worst_loss: float, reserve: float) -> bool:
+    def _affordable(self, option: Option, reserve: float) -> bool:
         """Whether the ledger can pay for a cycle's worst loss and still for the
         smallest bet after it (`reserve`: the least a 1-token draft risks): a lost
         long draft must not leave the rest of the reply without the means to win
         its loss back."""
-        return worst_loss <= self.ledger.credit_for(plan.drafter.name) - (reserve if plan.k > 1 else 0.0)
+        return option.worst_loss <= self.ledger.credit_for(option.drafter.name) - (reserve if option.k > 1 else 0.0)
 
     def _worst_loss(self, drafter: Drafter, k: int, catch_up_s: float) -> float:
         """What a cycle drafting k tokens loses against plain decoding if every

@@ -36,7 +36,6 @@ class Costs:
                  per_catch_up_token: dict[str, float] | None = None):
         self.target = dict(target)
         self.calibrated = dict(target)
-        self._sizes: list[int] = sorted(self.target)
         """The pass costs as first given (measured at load, at an empty context)."""
         self.per_draft_token = dict(per_draft_token)
         self.per_catch_up_token = dict(per_catch_up_token or {})
@@ -49,22 +48,40 @@ class Costs:
         a size a policy stops using is never measured again. The first cycles
         relearn them."""
         self.target = dict(self.calibrated)
-        self._sizes = sorted(self.target)
+
+    @property
+    def target(self) -> dict[int, float]:
+        """Seconds of a target pass by the number of tokens it reads, as measured."""
+        return self._target
+
+    @target.setter
+    def target(self, measured: dict[int, float]) -> None:
+        self._target = measured
+        self._changed()
+
+    def _changed(self) -> None:
+        """The measured pass costs changed: what was derived from them is derived anew.
+        Auto prices a few dozen sizes every cycle, and the pass costs change only
+        when a cycle is observed."""
+        self._sizes: list[int] = sorted(self._target)
+        self._interpolated: dict[float, float] = {}
 
     def fresh(self) -> "Costs":
         """A copy at the calibration's pass costs and the current draft costs: what a
         new AutoPolicy starts from, apart from these estimates as they move on."""
         return Costs(self.calibrated, self.per_draft_token, self.per_catch_up_token)
 
-    def target_pass(self, n: int) -> float:
-        """Time of a target pass over n tokens, interpolated between measured sizes.
-        Auto prices a few dozen sizes every cycle: the sorted sizes are kept
-        between calls while the measured sizes stay the same."""
+    def target_pass(self, n: float) -> float:
+        """Time of a target pass over n tokens, interpolated between measured sizes."""
+        seconds = self._interpolated.get(n)
+        if seconds is None:
+            seconds = self._interpolated[n] = self._interpolate(n)
+        return seconds
+
+    def _interpolate(self, n: float) -> float:
         if n in self.target:
             return self.target[n]
         sizes = self._sizes
-        if len(sizes) != len(self.target):  # observe() adds sizes, restart() sets them anew
-            sizes = self._sizes = sorted(self.target)
         i = bisect.bisect(sizes, n)  # sizes[i - 1] < n < sizes[i]
         if i == len(sizes):  # beyond the largest measured size: extend the last slope
             if i == 1:
@@ -98,6 +115,7 @@ class Costs:
         n = report.drafted + 1
         old = self.target.get(n)
         self.target[n] = report.verify_s if old is None else old + EMA * (report.verify_s - old)
+        self._changed()
         if report.plan.drafter is None:
             return
         name = report.plan.drafter.name

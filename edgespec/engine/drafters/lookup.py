@@ -83,13 +83,29 @@ class PromptLookup(Drafter):
 
     def _find(self, arr: np.ndarray, end: int) -> tuple[int, int] | None:
         """Where the continuation of arr[:end]'s last n-gram starts (at an
-        earlier occurrence), and how many tokens of context agree there."""
-        for n in range(min(self.ngram_max, end - 1), self.ngram_min - 1, -1):
-            tail = arr[end - n : end]
-            # Start positions of every earlier n-gram equal to the tail (the tail itself excluded).
-            starts = np.flatnonzero(arr[: end - n] == tail[0])
-            for j in range(1, n):
-                starts = starts[arr[starts + j] == tail[j]]
+        earlier occurrence), and how many tokens of context agree there (exact up
+        to KINDS_MAX: beyond it, context only chooses between occurrences).
+
+        Every n-gram ending in the last token ends at an earlier place of that
+        token: those places are found once, in one pass over the history, and
+        narrowed a token at a time for the longer n-grams."""
+        top = min(self.ngram_max, end - 1)
+        if top < self.ngram_min:
+            return None
+        last = end - 1
+        ends = [np.flatnonzero(arr[:last] == arr[last])]  # ends[m - 1]: where the tail's last m tokens recur
+        for j in range(1, top):
+            q = ends[-1][ends[-1] >= j]
+            ends.append(q[arr[q - j] == arr[last - j]])
+        for n in range(top, self.ngram_min - 1, -1):
+            starts = ends[n - 1] - (n - 1)  # of every earlier n-gram equal to the tail (the tail itself excluded)
+            if starts.size == 1:  # the usual case where a reply copies: its context only names its kind
+                start = int(starts[0])
+                agree = 0
+                while (agree < self.KINDS_MAX - n and start - agree - 1 >= 0
+                       and arr[start - agree - 1] == arr[end - n - agree - 1]):
+                    agree += 1
+                return start + n, n + agree
             if starts.size:
                 agree = np.zeros(starts.size, dtype=np.int64)
                 alive = np.ones(starts.size, dtype=bool)
