@@ -24,7 +24,7 @@ def expected_drafted(continuation: float, k: int) -> float:
 
 def expected_verify(costs: Costs, continuation: float, ks: Sequence[int]) -> list[float]:
     """Seconds of the target pass checking a draft of up to k tokens, for each k of
-    `ks` (ascending), from a drafter that goes on with probability `continuation` at
+    `ks` (ascending, each once), from a drafter that goes on with probability `continuation` at
     each step: the pass over 1 + d tokens, averaged over the d it drafts (d < k with
     probability c^d (1 - c), k with c^k). A pass costs less a token the longer it is,
     so the pass over the mean length would overprice a draft model that stops itself
