@@ -24,11 +24,11 @@ def expected_drafted(continuation: float, k: int) -> float:
 
 def expected_verify(costs: Costs, continuation: float, ks: Sequence[int]) -> list[float]:
     """Seconds of the target pass checking a draft of up to k tokens, for each k of
-    `ks` (ascending, each once), from a drafter that goes on with probability `continuation` at
-    each step: the pass over 1 + d tokens, averaged over the d it drafts (d < k with
-    probability c^d (1 - c), k with c^k). A pass costs less a token the longer it is,
-    so the pass over the mean length would overprice a draft model that stops itself
-    when unsure."""
+    `ks` (ascending, each once), from a drafter that goes on with probability
+    `continuation` at each step: the pass over 1 + d tokens, averaged over the d it
+    drafts (d < k with probability c^d (1 - c), k with c^k). A pass costs less a
+    token the longer it is, so the pass over the mean length would overprice a draft
+    model that stops itself when unsure."""
     if continuation >= 1.0:
         return [costs.target_pass(1 + k) for k in ks]
     by_k, partial, reach = [], 0.0, 1.0  # reach: the probability of drafting at least d tokens
