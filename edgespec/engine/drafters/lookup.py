@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Sequence
 
 import numpy as np
@@ -70,42 +71,43 @@ class PromptLookup(Drafter):
         if k <= 0:
             return [], "", None
         arr = self._history.of(history)
-        found = self._find(arr, len(arr))
+        found = self._find(arr, len(arr), history)
         if found is not None:
             begin, context = found
             return arr[begin : begin + k].tolist(), f"{min(context, self.KINDS_MAX)}-gram", begin
         if skip and len(arr) > 2:
-            found = self._find(arr, len(arr) - 1)  # the context before the new token
+            found = self._find(arr, len(arr) - 1, history)  # the context before the new token
             if found is not None and found[0] + 1 < len(arr):
                 begin = found[0] + 1  # past the token the new one replaced
                 return arr[begin : begin + k].tolist(), "skip", begin
         return [], "", None
 
-    def _find(self, arr: np.ndarray, end: int) -> tuple[int, int] | None:
+    def _find(self, arr: np.ndarray, end: int, tokens: Sequence[int]) -> tuple[int, int] | None:
         """Where the continuation of arr[:end]'s last n-gram starts (at an
         earlier occurrence), and how many tokens of context agree there (exact up
         to KINDS_MAX: beyond it, context only chooses between occurrences).
+        `tokens`: the same history as a list, for looking at single tokens.
 
         Every n-gram ending in the last token ends at an earlier place of that
-        token: those places are found once, in one pass over the history, and
-        narrowed a token at a time for the longer n-grams."""
+        token (kept as the history grows): those places are narrowed a token at a
+        time for the longer n-grams."""
         top = min(self.ngram_max, end - 1)
         if top < self.ngram_min:
             return None
         last = end - 1
-        ends = [np.flatnonzero(arr[:last] == arr[last])]  # ends[m - 1]: where the tail's last m tokens recur
+        ends = [self._history.places(tokens[last], last)]  # ends[m - 1]: where the tail's last m tokens recur
         for j in range(1, top):
-            q = ends[-1][ends[-1] >= j]
-            ends.append(q[arr[q - j] == arr[last - j]])
+            ends.append(_narrowed(ends[-1], j, tokens[last - j], arr, tokens))
         for n in range(top, self.ngram_min - 1, -1):
-            starts = ends[n - 1] - (n - 1)  # of every earlier n-gram equal to the tail (the tail itself excluded)
-            if starts.size == 1:  # the usual case where a reply copies: its context only names its kind
-                start = int(starts[0])
+            found = ends[n - 1]  # where every earlier n-gram equal to the tail ends (the tail itself excluded)
+            if len(found) == 1:  # the usual case where a reply copies: its context only names its kind
+                start = int(found[0]) - (n - 1)
                 agree = 0
                 while (agree < self.KINDS_MAX - n and start - agree - 1 >= 0
-                       and arr[start - agree - 1] == arr[end - n - agree - 1]):
+                       and tokens[start - agree - 1] == tokens[end - n - agree - 1]):
                     agree += 1
                 return start + n, n + agree
+            starts = np.asarray(found, dtype=np.int64) - (n - 1)
             if starts.size:
                 agree = np.zeros(starts.size, dtype=np.int64)
                 alive = np.ones(starts.size, dtype=bool)
@@ -120,6 +122,19 @@ class PromptLookup(Drafter):
         return None
 
 
+SMALL = 64
+"""Up to this many places are narrowed one by one in Python; more, as an array."""
+
+
+def _narrowed(places, j: int, token: int, arr: np.ndarray, tokens: Sequence[int]):
+    """The places q (ascending) with `token` j tokens before them."""
+    if len(places) <= SMALL:
+        return [q for q in places if q >= j and tokens[q - j] == token]
+    q = np.asarray(places, dtype=np.int64)
+    q = q[q >= j]
+    return q[arr[q - j] == token]
+
+
 class _GrowingArray:
     """A history list as an int64 array, made once per reply and extended as the
     reply grows: converting a 16,000-token list afresh each cycle took 1.6 ms, most
@@ -132,6 +147,13 @@ class _GrowingArray:
         self._list_id: int | None = None
         self._buf = np.empty(0, dtype=np.int64)
         self._n = 0
+        self._places: dict[int, list[int]] = {}
+        """Where each token occurs in the history, ascending."""
+
+    def places(self, token: int, before: int) -> list[int]:
+        """Where `token` occurs before position `before`, ascending."""
+        where = self._places.get(token, [])
+        return where[: bisect.bisect_left(where, before)]
 
     def of(self, history: Sequence[int]) -> np.ndarray:
         n, have = len(history), self._n
@@ -139,11 +161,15 @@ class _GrowingArray:
                  and (have == 0 or history[have - 1] == self._buf[have - 1]))
         if not grown:
             have = 0
+            self._places = {}
         if n > len(self._buf):
             buf = np.empty(max(n, 2 * len(self._buf), 1024), dtype=np.int64)
             buf[:have] = self._buf[:have]
             self._buf = buf
         if n > have:
             self._buf[have:n] = history[have:n]
+            places = self._places
+            for i in range(have, n):
+                places.setdefault(history[i], []).append(i)
         self._list_id, self._n = id(history), n
         return self._buf[:n]
