@@ -74,6 +74,27 @@ def test_a_draft_that_stops_itself_is_priced_at_the_mean_of_the_passes_it_leads_
     assert p._rates(p.drafters[0], a, [3]) == pytest.approx([expected_tokens(0.6, 3) / mean_of_passes])
 
 
+def test_an_idle_draft_model_is_rated_again_at_its_long_run_rate():
+    """A draft model is measured only while auto uses it, and auto stops using it
+    after a bad stretch: its rate would stay frozen at that stretch's low, which is
+    low partly by chance (auto stopped because it was low). Idle, its recent rate
+    fades back to its long-run one, as fast as new cycles would have faded it, and
+    it is chosen again."""
+    costs = Costs(CPU, {"draft": 0.004, "lookup": 0.0})
+    p = AutoPolicy(costs, [FakeDraftModel()], k_max=4, priors={"draft": 0.8})
+    history = [1, 2, 3, 4, 5, 6]
+    for _ in range(40):  # right 3 cycles in 4, over many cycles
+        run(p, history, 3, accepted=4)
+        run(p, history, 1, accepted=0)
+    long_run = p.acceptance[Bucket("draft")].rate
+    plans = run(p, history, 6, accepted=0)  # a bad stretch: every guess rejected
+    low = p.acceptance[Bucket("draft")].rate
+    assert low < long_run - 0.2 and plans[-1].kind == "plain"
+    plans = run(p, history, 20, accepted=4)  # right again, if asked
+    assert plans[0].kind == "plain" and "chosen" in [plan.kind for plan in plans]  # before a probe falls due
+    assert p.acceptance[Bucket("draft")].rate > (low + long_run) / 2
+
+
 def test_cost_interpolation_and_extrapolation():
     costs = Costs({1: 1.0, 5: 3.0}, {})
     assert costs.target_pass(3) == pytest.approx(2.0)

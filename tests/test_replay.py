@@ -119,7 +119,7 @@ def test_auto_reaches_the_best_fixed_mode_of_each_reply(machine):
     assert min(r.auto / r.fixed for r in rows) >= 0.9, table(rows)
 
 
-@pytest.mark.parametrize("machine", machines("cpu exact kernels", "cheap draft", "gpu", "slow link"))
+@pytest.mark.parametrize("machine", machines("cpu exact kernels", "gpu", "slow link"))
 def test_auto_reaches_the_best_fixed_modes_over_the_suite(machine):
     """Over the suite at least 0.97x the fixed modes fastest for each reply, together."""
     rows = replayed(machine)
@@ -137,14 +137,15 @@ def test_auto_keeps_what_it_reached(machine):
     assert min(r.auto / r.fixed for r in rows) >= (0.6 if machine == "slow link" else 0.75), table(rows)
 
 
-@pytest.mark.parametrize("machine", machines("cheap draft"))
+@pytest.mark.parametrize("machine", MACHINES)
 def test_no_one_setting_beats_auto_over_the_suite(machine):
     """The one `--mode M --k K` fastest over the whole suite, chosen in hindsight (what
     a user who tuned it once for every reply gets: `--mode draft --k 3` beat auto on a
     2-thread CPU when the issue was filed), is no faster than auto over the suite.
-    Not yet where the draft model costs a tenth of a target pass: draft k=3 pays
-    there on chat too (68% agreement), and auto, rating the model from a probe or
-    two, leaves free-form replies plain."""
+    Where the draft model costs a tenth of a target pass, draft k=3 pays on chat too
+    (68% agreement): auto gets there by rating an idle draft model again at its
+    long-run rate (AutoPolicy._fade_idle), not at the low of the stretch it dropped
+    it after."""
     rows = replayed(machine)
     (mode, k), seconds = best_setting(rows)
     assert sum(r.auto_s for r in rows) <= seconds * (1 + 1e-9), (mode, k, sum(r.plain_s for r in rows) / seconds,

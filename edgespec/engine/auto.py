@@ -112,6 +112,16 @@ class Acceptance:
             self.ended += (1.0 - prior) * self.PRIOR_WEIGHT
             self.drafted += self.PRIOR_WEIGHT
 
+    def fade_toward(self, long_run: "Acceptance") -> None:
+        """A cycle that did not use the drafter: its evidence ages as a new cycle would
+        age it (by `decay`), and what it loses goes to the long-run rates."""
+        d, weight = self.decay, self.accepted + self.ended
+        self.accepted = d * self.accepted + (1 - d) * weight * long_run.rate
+        self.ended = d * self.ended + (1 - d) * weight * (1 - long_run.rate)
+        weight = self.drafted + self.stops
+        self.drafted = d * self.drafted + (1 - d) * weight * long_run.continuation
+        self.stops = d * self.stops + (1 - d) * weight * (1 - long_run.continuation)
+
     def observe(self, asked: int, drafted: int, accepted: int) -> None:
         if asked <= 0:
             return
@@ -299,6 +309,10 @@ class AutoPolicy(Policy):
     TYPICAL_REPLY = 128
     """Tokens a first reply is expected to run, before any has been seen."""
 
+    LONG_RUN_DECAY = 0.99
+    """The weight a drafter's long-run rates keep at each cycle that uses it: about
+    the last hundred cycles, across replies (its recent rates keep 0.9)."""
+
     FORGET_WEIGHT = 2.0
     """At a new reply, a drafter rated below its prior gets a fresh chance: what
     earlier replies taught counts as this many cycles, beside the prior's own
@@ -319,6 +333,10 @@ class AutoPolicy(Policy):
         self.probes = Probes([d.name for d in self.drafters], every=self.PROBE_EVERY, most=self.PROBE_MAX)
         self._shadows: list[tuple[int, list[int], Bucket]] = []
         """Last cycle's unused free proposals: (where they started, the tokens, their bucket)."""
+        self.long_run: dict[Bucket, Acceptance] = {}
+        """The rates of drafters that draft on demand, over many cycles (LONG_RUN_DECAY)."""
+        self._last_used: str | None = None
+        """The drafter the last cycle used (None: plain)."""
         self._reply_s = self.TYPICAL_REPLY * costs.target_pass(1)
         """Plain decode seconds of a reply, averaged over the replies so far."""
         self.ledger = Ledger(self._reply_s)
@@ -411,6 +429,7 @@ class AutoPolicy(Policy):
         due; else plain, with the best plan it declined."""
         self._score_shadow(history)
         offers = [(d, self._offer(d, history)) for d in self.drafters]
+        self._fade_idle(offers)
         plain_rate = 1.0 / self.costs.target_pass(1)
         options = list(self._options(history, offers))
         reserve = min((o.worst_loss for o in options if o.k == 1), default=0.0)
@@ -427,6 +446,18 @@ class AutoPolicy(Policy):
             best.declined = max(options, key=_rate_of).plan(plain_rate)
         best.reason = self.describe(best)
         return best
+
+    def _fade_idle(self, offers: list[tuple[Drafter, Offer]]) -> None:
+        """The rates of each drafter drafting on demand that the last cycle did not
+        use, one cycle older, toward its long-run rates. It is measured only while
+        used, and auto stops using it after a bad stretch: frozen, its rates would
+        stay at that stretch's low, which is low partly by chance (it was dropped
+        because it was low). Lookup's proposals are scored every cycle: theirs are
+        current."""
+        for drafter, offer in offers:
+            bucket = Bucket(drafter.name, offer.key)
+            if offer.proposal is None and drafter.name != self._last_used and bucket in self.long_run:
+                self._acceptance(bucket).fade_toward(self.long_run[bucket])
 
     def _offer(self, drafter: Drafter, history: Sequence[int]) -> Offer:
         """What the drafter offers, cut to k_max: the one place --k caps every drafter."""
@@ -529,6 +560,12 @@ class AutoPolicy(Policy):
     def observe(self, report: CycleReport) -> None:
         self.ledger.observe(report, self.costs.target_pass(1))
         self.costs.observe(report)
-        if report.plan.drafter is not None:
-            bucket = report.plan.bucket or Bucket(report.plan.drafter.name)
+        drafter = report.plan.drafter
+        self._last_used = drafter.name if drafter is not None else None
+        if drafter is not None:
+            bucket = report.plan.bucket or Bucket(drafter.name)
             self._acceptance(bucket).observe(report.asked, report.drafted, report.accepted)
+            if report.plan.proposal is None:  # drafted on demand
+                if bucket not in self.long_run:
+                    self.long_run[bucket] = Acceptance(self._prior(bucket), decay=self.LONG_RUN_DECAY)
+                self.long_run[bucket].observe(report.asked, report.drafted, report.accepted)
