@@ -212,11 +212,13 @@ def proposal_ceiling(prompt: Sequence[int], reply: Sequence[int], costs: Costs, 
     each length, from 1). A bound no policy over these drafters can beat."""
     n_reply = len(reply)
     best = [0.0] * (n_reply + 1)
-    history = [*prompt, *reply]
+    history, proposals = list(prompt), []  # one list, grown as a decode loop grows it (lookup follows it)
+    for token in reply:
+        proposals.append([list(propose(history))[:k_max] for propose in proposers])
+        history.append(token)
     for i in range(n_reply - 1, -1, -1):
         options = [costs.target_pass(1) + best[i + 1]]
-        for propose in proposers:
-            proposal = propose(history[: len(prompt) + i])[:k_max]
+        for proposal in proposals[i]:
             agreed = 0
             for k in range(1, len(proposal) + 1):
                 if agreed == k - 1 and i + agreed < n_reply and proposal[k - 1] == reply[i + agreed]:
