@@ -3,7 +3,7 @@
 import pytest
 
 from edgespec.engine.auto import Acceptance, AutoPolicy, Ledger, expected_tokens, expected_verify, k_choices
-from edgespec.engine.costs import Costs
+from edgespec.engine.costs import Costs, pass_sizes
 from edgespec.engine.policy import Bucket, CycleReport, Plan
 from edgespec.engine.drafters import Draft, Drafter, Offer, PromptLookup
 
@@ -100,6 +100,29 @@ def test_cost_interpolation_and_extrapolation():
     assert costs.target_pass(3) == pytest.approx(2.0)
     assert costs.target_pass(9) == pytest.approx(5.0)  # the last slope, extended
     assert Costs({1: 2.0}, {}).target_pass(3) == pytest.approx(6.0)
+
+
+def test_the_calibration_measures_passes_at_powers_of_two_and_just_past_them():
+    """Where a CPU's kernels multiply columns in blocks (4 at a time for llama.cpp's
+    repacked weights), a pass costs a step more just past a multiple of the block:
+    the sizes at and after each power of two show those steps, whatever the block."""
+    assert pass_sizes(64) == [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65]
+    assert pass_sizes(10) == [1, 2, 3, 4, 5, 8, 9, 11]
+    assert pass_sizes(4) == [1, 2, 3, 4, 5] and pass_sizes(0) == [1]
+
+
+def test_auto_verifies_in_the_pass_the_machine_does_cheapest():
+    """Measured on an AMD EPYC Zen 5 (2 threads, repacked Q4_K weights): a pass over
+    16 tokens costs 149 ms, over 17 182 ms. On a long copy auto drafts 15 tokens,
+    not 16 (K_GRID's): the 16th would cost more than a pass of its own (24 ms)."""
+    zen5 = {1: .024, 2: .045, 3: .062, 4: .066, 5: .082, 8: .120, 9: .131, 16: .149, 17: .182}
+    p = AutoPolicy(Costs(zen5, {"lookup": 0.0}), [PromptLookup()], k_max=16, priors={"lookup": 0.5})
+    p.acceptance[Bucket("lookup", "8-gram")] = Acceptance(0.995, weight=100.0)
+    p.ledger.saved = 10.0
+    history = list(range(200)) + list(range(100))  # 100 tokens of a 200-token copy so far
+    assert p.plan(history).k == 15
+    p.acceptance[Bucket("lookup", "8-gram")] = Acceptance(0.85, weight=100.0)
+    assert p.plan(history).k == 3  # unsure: 4 tokens for the price of 3 (66 ms against 62)
 
 
 def test_cost_interpolation_follows_sizes_measured_later_and_a_restart():

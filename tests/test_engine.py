@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from edgespec.engine.costs import calibrate
+from edgespec.engine.costs import calibrate, pass_sizes
 from edgespec.engine.detok import Detokenizer
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.runtime import Engine, ModelSettings
@@ -181,7 +181,7 @@ def test_calibration_measures_costs_and_leaves_the_caches_as_they_were(engines, 
     target, draft = engine.target_seq, engine.draft_seq
     before = (list(target.tokens), list(draft.tokens))
     costs = calibrate(target, draft, 4)
-    assert set(costs.target) == {1, 2, 5} and all(s > 0 for s in costs.target.values())
+    assert set(costs.target) == {1, 2, 3, 4, 5} and all(s > 0 for s in costs.target.values())
     assert costs.per_draft_token["draft"] > 0 and costs.per_catch_up_token["draft"] > 0
     assert (target.tokens, draft.tokens) == before
     # A nearly full context: only what fits is measured.
@@ -190,7 +190,8 @@ def test_calibration_measures_costs_and_leaves_the_caches_as_they_were(engines, 
         t.sync(list(range(1, t.n_ctx - 3)))
         d.sync(list(range(1, d.n_ctx - 3)))
         costs = calibrate(t, d, 6)
-        assert set(costs.target) == {1, 2} and costs.per_catch_up_token["draft"] > 0
+        assert set(costs.target) == {n for n in pass_sizes(6) if n <= t.room} == {1, 2, 3, 4}
+        assert costs.per_catch_up_token["draft"] > 0
 
 
 def test_reset_with_learnt_starts_auto_over_as_a_new_process_would(engines):

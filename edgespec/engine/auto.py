@@ -7,7 +7,7 @@ what drafting saved against plain decoding.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import NamedTuple, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from edgespec.engine.costs import Costs
 from edgespec.engine.drafters import Drafter, Offer
@@ -45,14 +45,20 @@ def expected_verify(costs: Costs, continuation: float, ks: Sequence[int]) -> lis
 
 
 K_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-"""The draft lengths auto prices (and k_max itself): between them
-the expected rate changes by little, and pricing every length to 64 for every
-drafter each cycle would cost plain decoding's cycles a millisecond."""
+"""The draft lengths auto prices (and k_max itself, and those whose passes the
+calibration measured): between them the expected rate changes by little, and
+pricing every length to 64 for every drafter each cycle would cost plain
+decoding's cycles a millisecond."""
 
 
-def k_choices(k_max: int) -> list[int]:
-    """The lengths of K_GRID up to k_max, and k_max."""
-    return [k for k in K_GRID if k < k_max] + ([k_max] if k_max > 0 else [])
+def k_choices(k_max: int, measured: Iterable[int] = ()) -> list[int]:
+    """The lengths of K_GRID up to k_max, k_max, and the drafts that `measured`
+    passes verify (one token fewer): where a machine's kernels work in blocks, the
+    pass that fills a block may cost less than a shorter one (costs.pass_sizes),
+    and interpolating between sizes would not show it."""
+    if k_max <= 0:
+        return []
+    return sorted({k for k in (*K_GRID, *(n - 1 for n in measured)) if 0 < k < k_max} | {k_max})
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -410,7 +416,7 @@ class AutoPolicy(Policy):
 
     def _best_rate(self, drafter: Drafter, acceptance: Acceptance) -> float:
         """Tokens per second of the drafter's best k when warm."""
-        return max(self._rates(drafter, acceptance, k_choices(self.k_max)))
+        return max(self._rates(drafter, acceptance, k_choices(self.k_max, self.costs.calibrated)))
 
     def _rates(self, drafter: Drafter, acceptance: Acceptance, ks: Sequence[int],
                switch_s: float = 0.0) -> list[float]:
@@ -475,7 +481,7 @@ class AutoPolicy(Policy):
             catch_up = self._catch_up(drafter, history) if offer.k_max > 0 else 0.0
             # drafting on demand (a draft model): it drafts while its guesses are worth a column
             p_draft = self.costs.break_even(drafter.name) if offer.proposal is None else None
-            ks = k_choices(offer.k_max)
+            ks = k_choices(offer.k_max, self.costs.calibrated)
             for k, rate in zip(ks, self._rates(drafter, a, ks, catch_up / self.SWITCH_CYCLES)):
                 yield Option(drafter, offer, bucket, a.rate, k, rate, self._worst_loss(drafter, k, catch_up), p_draft)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from edgespec.engine.auto import AutoPolicy
-from edgespec.engine.costs import calibrate, load_costs, save_costs
+from edgespec.engine.costs import calibrate, load_costs, pass_sizes, save_costs
 from edgespec.engine.drafters import Drafter
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.engine.exact import largest_exact_batch
@@ -108,9 +108,12 @@ class Policies:
         if self._auto is None:
             kept = self.costs_path(k_max)
             costs = load_costs(kept) if kept else None
-            if costs is None:
+            wanted = {n for n in pass_sizes(k_max) if n <= self.target.seq.room}
+            if costs is None or not wanted <= set(costs.calibrated):
+                # none kept, or kept without sizes measured now (an older version's): those kept stand
+                measured = {**(costs.calibrated if costs else {}), **self._probe_timings}
                 costs = calibrate(self.target.seq, self.draft.seq if self.draft else None, k_max,
-                                  measured=self._probe_timings)
+                                  measured=measured)
                 if kept:
                     save_costs(costs, kept)
             self._auto = AutoPolicy(costs, self.drafters, k_max=k_max, priors=ACCEPTANCE_PRIORS)
