@@ -4,6 +4,7 @@ new tokens, whatever was read in between, and never changes the output."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -140,8 +141,6 @@ RESTART = textwrap.dedent("""
 
 
 def run_process(model, disk, prompt, *, exact=False) -> dict:
-    import json
-
     done = subprocess.run([sys.executable, "-c", RESTART, str(model), str(disk), "1" if exact else "0",
                            json.dumps(prompt)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -368,7 +367,6 @@ def test_auto_calibrates_once_per_machine_and_models_not_once_per_process(smollm
         reply(engine, conversation(engine, TOPICS[1]), mode="auto")
     assert measured == [1]
     # kept by an older version, without some of the sizes now measured: those are measured, the rest kept
-    import json
     old = json.loads(kept.read_text())
     old["target"] = {"1": 0.5, "2": 0.75}
     kept.write_text(json.dumps(old))

@@ -148,7 +148,6 @@ CATCH_UP_PROBE = 16
 """Tokens of the draft model's calibration batch, the price of reading missed history."""
 
 
-
 def pass_sizes(k_max: int) -> list[int]:
     """The target passes the calibration measures: 1 token, every power of two and
     the size just past it, up to a draft of k_max (k_max + 1). A pass costs less a
@@ -171,8 +170,8 @@ def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
     not `measured` already), one draft-model token and a draft batch (catching up
     on missed tokens). Each pass once, longest first, after one untimed pass over
     the longest: a process's first passes run up to a quarter slower (AMD EPYC Zen 5:
-    687 ms against 555 for 64 tokens), later ones within a few percent, and a
-    first run waits for the calibration (13 sizes to 65 tokens: 3.0 s there, against 1.3 s
+    687 ms against 555 for 64 tokens), later ones within a few percent, and a first
+    run waits for the calibration (13 sizes to 65 tokens: 3.0 s there, against 1.3 s
     for the 4 measured before)."""
     target_costs = dict(measured or {})
     sizes = [n for n in reversed(pass_sizes(k_max)) if n not in target_costs and n <= target.room]
