@@ -6,8 +6,9 @@ what drafting saved against plain decoding.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
-from typing import Iterable, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 from edgespec.engine.costs import Costs
 from edgespec.engine.drafters import Drafter, Offer
@@ -51,14 +52,20 @@ pricing every length to 64 for every drafter each cycle would cost plain
 decoding's cycles a millisecond."""
 
 
-def k_choices(k_max: int, measured: Iterable[int] = ()) -> list[int]:
+def k_choices(k_max: int, measured: tuple[int, ...] = ()) -> list[int]:
     """The lengths of K_GRID up to k_max, k_max, and the drafts that `measured`
     passes verify (one token fewer): where a machine's kernels work in blocks, the
     pass that fills a block may cost less than a shorter one (costs.pass_sizes),
     and interpolating between sizes would not show it."""
+    return list(_k_choices(k_max, measured))
+
+
+@functools.lru_cache(maxsize=256)
+def _k_choices(k_max: int, measured: tuple[int, ...]) -> tuple[int, ...]:
+    """k_choices, made once for each k_max and calibration: auto asks every cycle."""
     if k_max <= 0:
-        return []
-    return sorted({k for k in (*K_GRID, *(n - 1 for n in measured)) if 0 < k < k_max} | {k_max})
+        return ()
+    return tuple(sorted({k for k in (*K_GRID, *(n - 1 for n in measured)) if 0 < k < k_max} | {k_max}))
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -416,7 +423,7 @@ class AutoPolicy(Policy):
 
     def _best_rate(self, drafter: Drafter, acceptance: Acceptance) -> float:
         """Tokens per second of the drafter's best k when warm."""
-        return max(self._rates(drafter, acceptance, k_choices(self.k_max, self.costs.calibrated)))
+        return max(self._rates(drafter, acceptance, k_choices(self.k_max, self.costs.calibrated_sizes)))
 
     def _rates(self, drafter: Drafter, acceptance: Acceptance, ks: Sequence[int],
                switch_s: float = 0.0) -> list[float]:
@@ -481,7 +488,7 @@ class AutoPolicy(Policy):
             catch_up = self._catch_up(drafter, history) if offer.k_max > 0 else 0.0
             # drafting on demand (a draft model): it drafts while its guesses are worth a column
             p_draft = self.costs.break_even(drafter.name) if offer.proposal is None else None
-            ks = k_choices(offer.k_max, self.costs.calibrated)
+            ks = k_choices(offer.k_max, self.costs.calibrated_sizes)
             for k, rate in zip(ks, self._rates(drafter, a, ks, catch_up / self.SWITCH_CYCLES)):
                 yield Option(drafter, offer, bucket, a.rate, k, rate, self._worst_loss(drafter, k, catch_up), p_draft)
 

@@ -37,6 +37,8 @@ class Costs:
         self.target = dict(target)
         self.calibrated = dict(target)
         """The pass costs as first given (measured at load, at an empty context)."""
+        self.calibrated_sizes = tuple(sorted(self.calibrated))
+        """Their sizes: the passes whose costs are known, not interpolated."""
         self.per_draft_token = dict(per_draft_token)
         self.per_catch_up_token = dict(per_catch_up_token or {})
         """Seconds per token a drafter takes to read the history it missed (in a batch)."""
