@@ -171,7 +171,7 @@ class ScriptedCache:
         self.tokens, self.history_length = list(history), len(history)
         return self.rows[0]
 
-    def extend(self, tokens, all_logits=False):
+    def extend(self, tokens):
         self.tokens += tokens
 
     def logits(self, i):  # the row after the draft tokens read so far

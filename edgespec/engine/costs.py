@@ -121,17 +121,10 @@ class Costs:
         if report.plan.drafter is None:
             return
         name = report.plan.drafter.name
-        if report.caught_up > STEADY_CATCH_UP:  # its draft time is mostly reading: no draft step to learn
-            if report.caught_up >= CATCH_UP_PROBE:
-                # As catch_up() prices it: the tokens past a steady cycle's. A short catch-up is
-                # mostly a pass's fixed cost, and would price a long one at a fraction of its
-                # time (3 tokens: a third of a step each), letting auto risk more than its ledger.
-                _ema(self.per_catch_up_token, name, report.catch_up_s / (report.caught_up - STEADY_CATCH_UP))
-        elif report.asked > 0:  # a step a pass: the one that found a guess too unsure counts too
-            passes = report.passes if report.passes is not None else report.drafted + report.stopped
-            hints_s = report.hints * self.per_catch_up_token.get(name, 0.0)  # read as a catch-up reads
-            if passes > 0:
-                _ema(self.per_draft_token, name, max(0.0, report.draft_s - hints_s) / passes)
+        if report.caught_up > STEADY_CATCH_UP:
+            _ema(self.per_catch_up_token, name, report.catch_up_s / report.caught_up)
+        elif report.asked > 0:  # the step that found a guess too unsure counts too
+            _ema(self.per_draft_token, name, report.draft_s / (report.drafted + report.stopped))
 
 
 def _ema(estimates: dict[str, float], name: str, value: float) -> None:

@@ -131,8 +131,7 @@ def speculative_steps(
         produced += len(step.tokens)
         policy.observe(CycleReport(plan, drafted=len(done.draft.tokens), accepted=done.accepted,
                                    draft_s=done.draft_s, verify_s=done.verify_s, caught_up=done.draft.caught_up,
-                                   catch_up_s=done.draft.catch_up_s, passes=done.draft.passes,
-                                   hints=done.draft.hints, asked=max(k, 0)))
+                                   catch_up_s=done.draft.catch_up_s, asked=max(k, 0)))
         yield step
 
 

@@ -73,10 +73,6 @@ class CycleReport:
     caught_up: int = 0
     """Tokens the drafter evaluated before drafting (see Draft.caught_up)."""
     catch_up_s: float = 0.0
-    passes: int | None = None
-    """Passes the drafter ran (see Draft.passes)."""
-    hints: int = 0
-    """Hint tokens it read in them (see Draft.hints)."""
     asked: int | None = None
     """The draft length the cycle asked for: the plan's k, cut to the room left
     (None: the plan's k). A drafter that drafted fewer stopped itself."""

@@ -36,7 +36,6 @@ from edgespec.engine.costs import Costs
 from edgespec.engine.decoder import speculative_steps
 from edgespec.engine.policy import FixedPolicy, Policy
 from edgespec.engine.drafters import Draft, Drafter, PromptLookup, too_unsure
-from edgespec.engine.drafters.hints import HintRule
 from edgespec.engine.events import GenerationParams
 
 
@@ -120,23 +119,16 @@ class RecordedTarget:
 
 class ReplayedDraft(Drafter):
     """The draft model, replayed from a trace: greedy, stopping as the real one
-    does (p_min, p_draft), reading prompt lookup's guesses as hints as the real one
-    does (drafters/hints.py: where they agree with its own guesses, a batch of them
-    costs a step and a column a token, not a step a token), and paying on the clock
-    for its passes and to read the history it missed; with `charge_prefill`, for
-    reading the prompt too (the engine reads it once the first token is out: part of
-    the wait for the reply, which fixed draft modes pay on every prompt and auto
-    where it warms the model)."""
+    does (p_min, p_draft), and paying on the clock for its steps and to read the
+    history it missed; with `charge_prefill`, for reading the prompt too (the
+    engine reads it once the first token is out: part of the wait for the reply,
+    which fixed draft modes pay on every prompt and auto where it warms the model)."""
 
     name = "draft"
 
-    def __init__(self, costs: Costs, *, charge_prefill: bool = False, hints: bool = True):
+    def __init__(self, costs: Costs, *, charge_prefill: bool = False):
         self.costs = costs
         self.charge_prefill = charge_prefill
-        self.hints = PromptLookup() if hints else None
-        self.hint_rule = HintRule()
-        self._text: list[int] = []
-        """The history and the draft so far, for `hints`."""
         self.trace: Trace | None = None
         self.clock = SimulatedClock()
         self.tokens: list[int] = []
@@ -161,62 +153,21 @@ class ReplayedDraft(Drafter):
         caught_up = self.behind(history)
         self.tokens = list(history)
         i = len(history) - len(trace.prompt)
-        step, column = self.costs.draft(self.name, 1), self.costs.per_catch_up_token.get(self.name, 0.0)
         out: list[int] = []
-        guessed = None  # of `out`, the guesses known (up to a miss)
-        rounds: list[tuple[int, list[int]]] = []  # (where in the draft each batch of hints was read, the hints)
-        ahead = self._hints(history, out, k)  # read with what it missed: the first guess's row comes before them
-        if ahead:
-            rounds.append((0, ahead[:]))
-        whole, seconds, passes, hinted = 1.0, step + column * len(ahead), 1, len(ahead)  # the pass of the first guess
+        whole = 1.0
         for j in range(i, min(i + k, len(trace.reply))):
             whole *= trace.confidence[j]
             if too_unsure(trace.confidence[j], whole, params):
                 break
             out.append(trace.guess[j])
             if trace.guess[j] != trace.reply[j]:
-                # What it guesses after a miss is unknown, and rejected anyway: a step a guess, no hint agreeing.
-                guessed = len(out)
-                seconds += step * (k - len(out))
-                passes += k - len(out)
-                out += [-1] * (k - len(out))
+                out += [-1] * (k - len(out))  # what it guesses after a miss is unknown; it is rejected anyway
                 break
-            if len(out) >= k:
-                break
-            if ahead and ahead[0] == out[-1]:  # a hint guessed it: the row after it is read already
-                ahead.pop(0)
-                continue
-            ahead = self._hints(history, out, k - len(out))
-            if ahead:
-                rounds.append((len(out), ahead[:]))
-            seconds += step + column * len(ahead)
-            passes, hinted = passes + 1, hinted + len(ahead)
-            self.hint_rule.timed(1 + len(ahead), step + column * len(ahead))
-        for at, read in rounds:
-            self.hint_rule.observe(read, out[at:guessed])
-        self._cut(len(history))
         self.tokens += out[:-1]  # it reads each guess but the last to make the next
         catch_up_s = self.costs.catch_up(self.name, caught_up)  # a steady cycle's reading is in its step cost
-        self.clock.advance(seconds + catch_up_s)
-        return Draft(out, caught_up=caught_up, catch_up_s=catch_up_s, passes=passes, hints=hinted)
-
-    def _hints(self, history, out, most):
-        """DraftModel._hints: what lookup guesses follows, as far as reading it is expected to pay
-        (over one list kept, as there, so that lookup extends its index)."""
-        if self.hints is None:
-            return []
-        text = self._text
-        held = common_prefix_length(text, history)
-        self._cut(held)
-        text.extend(history[held:])
-        text.extend(out[len(text) - len(history):])
-        guess = self.hints.lookup(text, most)
-        return guess[: self.hint_rule.length(len(guess))]
-
-    def _cut(self, n: int) -> None:
-        if n < len(self._text):
-            del self._text[n:]
-            self.hints.shortened(n)
+        steps = len(out) + (len(out) < k)  # a draft that stopped itself paid for the step that stopped it
+        self.clock.advance(self.costs.draft(self.name, steps) + catch_up_s)
+        return Draft(out, caught_up=caught_up, catch_up_s=catch_up_s)
 
 
 def replay(policy: Policy, trace: Trace, costs: Costs, draft: ReplayedDraft,
@@ -243,36 +194,13 @@ def ceiling(trace: Trace, costs: Costs, k_max: int, lookup: PromptLookup | None 
     """Seconds of the fastest schedule that knows which guesses will be accepted
     (the draft model always warm: its catch-up is not charged)."""
     lookup = lookup or PromptLookup()
-    hints, history = [], list(trace.prompt)  # hints[p]: what lookup guesses follows the reply's first p tokens
-    for token in trace.reply:
-        hints.append(lookup.lookup(history, k_max))
-        history.append(token)
 
     def draft_runs(i: int):
         run = trace.draft_run(i)
-        return [(min(costs.draft("draft", k), _hinted_seconds(trace, hints, costs, i, k)), min(run, k))
-                for k in range(1, k_max + 1)]
+        return [(costs.draft("draft", k), min(run, k)) for k in range(1, k_max + 1)]
 
     return proposal_ceiling(trace.prompt, trace.reply, costs, k_max,
                             [lambda history: lookup.match(history, k_max, skip=True)[0]], draft_runs)
-
-
-def _hinted_seconds(trace: Trace, hints: list[list[int]], costs: Costs, i: int, k: int) -> float:
-    """What drafting k tokens from reply position i costs a draft model reading every
-    hint lookup has (ReplayedDraft's passes): a pass where its guess left the hints, a
-    column a hint. Past its first wrong guess it is charged a step a guess, as there."""
-    step, column = costs.draft("draft", 1), costs.per_catch_up_token.get("draft", 0.0)
-    seconds, ahead = 0.0, []
-    for j in range(i, i + k):
-        if j > i:
-            if j - 1 >= len(trace.reply) or trace.guess[j - 1] != trace.reply[j - 1]:
-                return seconds + step * (i + k - j)
-            if ahead and ahead[0] == trace.guess[j - 1]:  # the row of its next guess was read with the hint
-                ahead.pop(0)
-                continue
-        ahead = hints[j][: i + k - j] if j < len(hints) else []
-        seconds += step + column * len(ahead)
-    return seconds
 
 
 def proposal_ceiling(prompt: Sequence[int], reply: Sequence[int], costs: Costs, k_max: int,

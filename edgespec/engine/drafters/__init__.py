@@ -23,11 +23,9 @@ def engine_drafters(draft: KVSequence | None, *, is_eog: Callable[[int], bool],
     and a line below. Auto mode weighs them all (of equal rates, the first wins); a mode
     named after a drafter uses that one alone. `draft`: the draft model's sequence, if
     there is a draft model; `is_eog`, `n_vocab`: the draft's end test, the target's size; `pool`:
-    the earlier text kept for this tokenizer (engine/pool.py), if the pool is on. The
-    draft model reads prompt lookup's guesses as hints (drafters/hints.py): a lookup
-    of its own, over the history and its draft."""
+    the earlier text kept for this tokenizer (engine/pool.py), if the pool is on."""
     return [
         PromptLookup(),
         *([PoolLookup(pool)] if pool is not None else []),
-        *([DraftModel(draft, is_eog=is_eog, n_vocab=n_vocab, hints=PromptLookup())] if draft is not None else []),
+        *([DraftModel(draft, is_eog=is_eog, n_vocab=n_vocab)] if draft is not None else []),
     ]

@@ -31,11 +31,6 @@ class Draft:
     1 or 2 when it drafted last cycle too, many after it sat idle."""
     catch_up_s: float = 0.0
     """Seconds that catch-up took."""
-    passes: int | None = None
-    """Passes the drafter ran for the draft, catch-up included (None: one a token
-    drafted, and one for a guess it stopped at): fewer where it read hints."""
-    hints: int = 0
-    """Hint tokens it read in those passes (drafters/hints.py)."""
     source: str = ""
     """Where the tokens came from, for Stats.accepted_by: "lookup/<region label>"
     (see engine/regions.py); "": the drafter itself (its name)."""

@@ -53,12 +53,6 @@ class PromptLookup(Drafter):
     def lookup(self, history: Sequence[int], k: int) -> list[int]:
         return self.match(history, k)[0]
 
-    def shortened(self, n: int) -> None:
-        """The history list lookup was last handed has been cut to its first n
-        tokens in place (a caller that keeps one list, as a draft model reading
-        hints does): its index drops the rest instead of being made anew."""
-        self._history.truncate(n)
-
     def match(self, history: Sequence[int], k: int, *, skip: bool = False) -> tuple[list[int], str]:
         """The proposal and how it was found: "N-gram" with N the length of the
         agreeing context (capped at KINDS_MAX; longer agreement predicts better, and
@@ -155,12 +149,6 @@ class _GrowingArray:
         self._n = 0
         self._places: dict[int, list[int]] = {}
         """Where each token occurs in the history, ascending."""
-
-    def truncate(self, n: int) -> None:
-        """Forget all but the first n tokens of the history indexed."""
-        for i in range(self._n - 1, n - 1, -1):
-            self._places[int(self._buf[i])].pop()
-        self._n = min(self._n, n)
 
     def places(self, token: int, before: int) -> list[int]:
         """Where `token` occurs before position `before`, ascending."""
