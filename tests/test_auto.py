@@ -232,11 +232,26 @@ def test_a_catch_up_after_idle_cycles_is_measured_apart_from_drafting():
     costs.observe(CycleReport(Plan(d, 2), drafted=2, accepted=2, draft_s=0.42, verify_s=0.05,
                               caught_up=80, catch_up_s=0.4))
     assert costs.draft("draft", 1) == pytest.approx(0.01)
-    assert costs.catch_up("draft", 102) == pytest.approx(100 * (0.001 + 0.2 * (0.005 - 0.001)))
+    assert costs.catch_up("draft", 102) == pytest.approx(100 * (0.001 + 0.2 * (0.4 / 78 - 0.001)))
     assert costs.catch_up("draft", 2) == 0.0  # a steady cycle's catch-up is part of drafting
     # In steady use it reads the last draft token and the target's token each cycle.
     costs.observe(CycleReport(Plan(d, 4), drafted=4, accepted=4, draft_s=0.048, verify_s=0.08, caught_up=2))
     assert costs.draft("draft", 1) == pytest.approx(0.01 + 0.2 * (0.012 - 0.01))
+
+
+def test_a_short_catch_up_does_not_price_a_long_one():
+    """Reading 3 missed tokens is mostly one pass's fixed cost: priced a token, it made
+    a 176-token catch-up look 40% cheaper than it was, and auto risked more than its
+    ledger held. Only catch-ups as long as the calibration's are learnt from."""
+    costs = Costs({1: 0.04, 5: 0.05}, {"draft": 0.01}, {"draft": 0.0035})
+    d = FakeDraftModel()
+    for _ in range(20):
+        costs.observe(CycleReport(Plan(d, 2), drafted=2, accepted=2, draft_s=0.0235, verify_s=0.05,
+                                  caught_up=3, catch_up_s=0.0035))
+    assert costs.catch_up("draft", 176) == pytest.approx(174 * 0.0035)
+    costs.observe(CycleReport(Plan(d, 2), drafted=2, accepted=2, draft_s=0.083, verify_s=0.05,
+                              caught_up=20, catch_up_s=0.063))
+    assert costs.catch_up("draft", 176) == pytest.approx(174 * 0.0035)
 
 
 def test_acceptance_estimate():

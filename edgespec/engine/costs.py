@@ -121,8 +121,12 @@ class Costs:
         if report.plan.drafter is None:
             return
         name = report.plan.drafter.name
-        if report.caught_up > STEADY_CATCH_UP:
-            _ema(self.per_catch_up_token, name, report.catch_up_s / report.caught_up)
+        if report.caught_up > STEADY_CATCH_UP:  # its draft time is mostly reading: no draft step to learn
+            if report.caught_up >= CATCH_UP_PROBE:
+                # As catch_up() prices it: the tokens past a steady cycle's. A short catch-up is
+                # mostly a pass's fixed cost, and would price a long one at a fraction of its
+                # time (3 tokens: a third of a step each), letting auto risk more than its ledger.
+                _ema(self.per_catch_up_token, name, report.catch_up_s / (report.caught_up - STEADY_CATCH_UP))
         elif report.asked > 0:  # the step that found a guess too unsure counts too
             _ema(self.per_draft_token, name, report.draft_s / (report.drafted + report.stopped))
 
