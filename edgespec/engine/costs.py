@@ -27,6 +27,12 @@ model idle, is the price of switching back to it, measured and charged apart:
 it is paid once per switch, not per drafted token, and it is not free."""
 
 
+def per_missed_token(seconds: float, read: int) -> float:
+    """The price of reading a missed token, from a catch-up that read `read` tokens in
+    `seconds`: per token past a steady cycle's, as Costs.catch_up charges it."""
+    return seconds / max(read - STEADY_CATCH_UP, 1)
+
+
 class Costs:
     """Seconds per target pass by batch size, and per draft step by drafter,
     measured on this machine and updated from every cycle. A step drafts one
@@ -123,10 +129,10 @@ class Costs:
         name = report.plan.drafter.name
         if report.caught_up > STEADY_CATCH_UP:  # its draft time is mostly reading: no draft step to learn
             if report.caught_up >= CATCH_UP_PROBE:
-                # As catch_up() prices it: the tokens past a steady cycle's. A short catch-up is
-                # mostly a pass's fixed cost, and would price a long one at a fraction of its
-                # time (3 tokens: a third of a step each), letting auto risk more than its ledger.
-                _ema(self.per_catch_up_token, name, report.catch_up_s / (report.caught_up - STEADY_CATCH_UP))
+                # A short catch-up is mostly a pass's fixed cost, and would price a long one at
+                # a fraction of its time (3 tokens: a third of a step each), letting auto risk
+                # more than its ledger holds.
+                _ema(self.per_catch_up_token, name, per_missed_token(report.catch_up_s, report.caught_up))
         elif report.asked > 0:  # the step that found a guess too unsure counts too
             _ema(self.per_draft_token, name, report.draft_s / (report.drafted + report.stopped))
 
@@ -189,7 +195,7 @@ def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
     if draft is not None and draft.room > 1:
         draft_costs["draft"] = measure_pass(draft, 1)
         n = min(CATCH_UP_PROBE, draft.room - 1)
-        catch_up_costs["draft"] = measure_pass(draft, n) / n
+        catch_up_costs["draft"] = per_missed_token(measure_pass(draft, n), n)
     return Costs(target_costs, draft_costs, catch_up_costs)
 
 
