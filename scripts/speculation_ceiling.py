@@ -176,14 +176,17 @@ def record_suite(args, prompts) -> tuple[list[Trace], Costs]:
 
 def suite(rows: list[SuiteRow]) -> dict[str, float | str | int]:
     """Speedups over the whole suite (its seconds summed): auto's, the best fixed mode's
-    for each reply, the one setting's best for them all (best_setting), the ceiling's;
-    and the worst reply's auto / best fixed."""
+    for each reply (and with the luck of one k taken out: SuiteRow.steady), the one
+    setting's best for them all (best_setting), the ceiling's; and the worst reply's
+    auto / best fixed (and / the steady best)."""
     plain = sum(r.plain_s for r in rows)
     (mode, k), setting_s = best_setting(rows)
     return {"auto": plain / sum(r.auto_s for r in rows), "best_fixed": plain / sum(r.fixed_s for r in rows),
+            "best_fixed_steady": plain / sum(r.plain_s / r.steady for r in rows),
             "best_setting": plain / setting_s, "best_setting_mode": mode, "best_setting_k": k,
             "ceiling": plain / sum(r.ceiling_s for r in rows),
             "worst_auto_over_best_fixed": min(r.auto / r.fixed for r in rows),
+            "worst_auto_over_best_fixed_steady": min(r.auto / r.steady for r in rows),
             "slowest_auto": min(r.auto for r in rows)}
 
 
@@ -196,7 +199,8 @@ def as_json(name: str, costs: Costs, runs: list[list[SuiteRow]], categories: dic
             "orders": [suite(order) for order in runs], **({"first_replies": suite(first)} if first else {}),
             "prompts": [
         {"id": r.name, "category": categories.get(r.name, ""), "plain_s": r.plain_s, "auto": r.auto,
-         "best_fixed": r.fixed, "best_fixed_mode": r.fixed_mode, "best_fixed_k": r.fixed_k, "ceiling": r.ceiling}
+         "best_fixed": r.fixed, "best_fixed_mode": r.fixed_mode, "best_fixed_k": r.fixed_k, "best_fixed_steady": r.steady,
+         "ceiling": r.ceiling}
         for r in rows]}
 
 
@@ -223,6 +227,9 @@ def print_table(name: str, costs: Costs, runs: list[list[SuiteRow]], traces: dic
     setting = f"{mode} k={k}" if k else mode
     print(f"one setting for every reply, the best in hindsight: {setting} {total['best_setting']:.2f}x; "
           f"auto / it {total['auto'] / total['best_setting']:.3f}", flush=True)
+    print(f"best fixed per reply, the luck of one k taken out (each k with its neighbours): "
+          f"{total['best_fixed_steady']:.2f}x; auto / it {total['auto'] / total['best_fixed_steady']:.3f}, "
+          f"worst reply {total['worst_auto_over_best_fixed_steady']:.2f}", flush=True)
     if len(runs) > 1:
         each = [suite(order) for order in runs]
         print(f"{len(runs)} orders: auto " + ", ".join(f"{s['auto']:.2f}x" for s in each)
