@@ -1,9 +1,11 @@
 """Auto mode's choices, with made-up costs and drafters (no model)."""
 
+import json
+
 import pytest
 
 from edgespec.engine.auto import Acceptance, AutoPolicy, Ledger, expected_tokens, expected_verify, k_choices
-from edgespec.engine.costs import Costs, pass_sizes
+from edgespec.engine.costs import CATCH_UP_PROBE, Costs, load_costs, pass_sizes, per_missed_token, save_costs
 from edgespec.engine.policy import Bucket, CycleReport, Plan
 from edgespec.engine.drafters import Draft, Drafter, Offer, PromptLookup
 
@@ -252,6 +254,23 @@ def test_a_short_catch_up_does_not_price_a_long_one():
     costs.observe(CycleReport(Plan(d, 2), drafted=2, accepted=2, draft_s=0.083, verify_s=0.05,
                               caught_up=20, catch_up_s=0.063))
     assert costs.catch_up("draft", 176) == pytest.approx(174 * 0.0035)
+
+
+def test_a_kept_calibration_prices_reading_as_it_was_measured(tmp_path):
+    """Kept, the price of reading a missed token comes back as measured. One kept by a
+    version that divided the calibration's batch by all its tokens (CATCH_UP_PROBE), not
+    by those past a steady cycle's as it is charged, is read as that batch's price now."""
+    costs = Costs({1: 0.04, 2: 0.05}, {"draft": 0.01, "lookup": 0.0}, {"draft": 0.0035})
+    kept = tmp_path / "costs.json"
+    save_costs(costs, kept)
+    again = load_costs(kept)
+    assert (again.target, again.per_draft_token, again.per_catch_up_token) == (
+        costs.target, costs.per_draft_token, costs.per_catch_up_token)
+    batch_s = 0.056  # its 16-token batch
+    old = {"target": {"1": 0.04, "2": 0.05}, "per_draft_token": {"draft": 0.01, "lookup": 0.0},
+           "per_catch_up_token": {"draft": batch_s / CATCH_UP_PROBE}}
+    kept.write_text(json.dumps(old))
+    assert load_costs(kept).per_catch_up_token["draft"] == pytest.approx(per_missed_token(batch_s, CATCH_UP_PROBE))
 
 
 def test_acceptance_estimate():

@@ -204,7 +204,8 @@ def save_costs(costs: Costs, path: Path) -> None:
     one-shot `chat` or `generate` would otherwise pay for it every time).
     Best effort: a failed write only means measuring again next time."""
     data = {"target": {str(n): t for n, t in costs.calibrated.items()},
-            "per_draft_token": costs.per_draft_token, "per_catch_up_token": costs.per_catch_up_token}
+            "per_draft_token": costs.per_draft_token, "per_catch_up_token": costs.per_catch_up_token,
+            "catch_up_past": STEADY_CATCH_UP}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -216,14 +217,21 @@ def save_costs(costs: Costs, path: Path) -> None:
 
 
 def load_costs(path: Path) -> Costs | None:
-    """A calibration save_costs kept, or None (none, or not one: measured again)."""
+    """A calibration save_costs kept, or None (none, or not one: measured again).
+    `catch_up_past`: the tokens of a catch-up its reading price leaves out (a steady
+    cycle's, as Costs.catch_up charges); kept without it, the price was the calibration
+    batch's seconds over all its tokens, and is read as that batch's price now."""
     try:
         data = json.loads(path.read_text())
         target = {int(n): float(t) for n, t in data["target"].items()}
         draft = {str(k): float(v) for k, v in data["per_draft_token"].items()}
         catch_up = {str(k): float(v) for k, v in data["per_catch_up_token"].items()}
+        past = int(data.get("catch_up_past", 0))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+    if past != STEADY_CATCH_UP and 0 <= past < CATCH_UP_PROBE:
+        # priced per token past `past` (an earlier version: past none): the calibration batch's price now
+        catch_up = {k: per_missed_token(v * (CATCH_UP_PROBE - past), CATCH_UP_PROBE) for k, v in catch_up.items()}
     values = [*target.values(), *draft.values(), *catch_up.values()]
     if not target or any(n < 1 for n in target) or not all(math.isfinite(v) and v >= 0 for v in values):
         return None
