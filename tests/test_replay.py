@@ -126,6 +126,18 @@ def test_auto_reaches_the_best_fixed_modes_over_the_suite(machine):
     assert sum(r.fixed_s for r in rows) >= 0.97 * sum(r.auto_s for r in rows), table(rows)
 
 
+@pytest.mark.parametrize("machine", machines("cpu 2 threads", "gpu", "slow link"))
+def test_auto_reaches_the_steady_best_fixed_mode(machine):
+    """The goals above against the best fixed mode with the luck of one k taken out
+    (steady_best_fixed: each k scored with its neighbours): per reply 0.9x, over the
+    suite 0.97x. Not yet where auto leaves the draft model cold on code (write-function
+    on a 2-thread CPU: 0.87x of draft k=3), or takes lookup's long drafts where the draft
+    model's pay more (a GPU, a slow link: reformat-json, fix-typo)."""
+    rows = replayed(machine)
+    assert min(r.auto / r.steady for r in rows) >= 0.9, table(rows)
+    assert sum(r.plain_s / r.steady for r in rows) >= 0.97 * sum(r.auto_s for r in rows), table(rows)
+
+
 @pytest.mark.parametrize("machine", MACHINES)
 def test_auto_keeps_what_it_reached(machine):
     """Where the goals above are not reached yet, what is: over the suite 0.92x
