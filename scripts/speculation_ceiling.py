@@ -182,7 +182,7 @@ def suite(rows: list[SuiteRow]) -> dict[str, float | str | int]:
     plain = sum(r.plain_s for r in rows)
     (mode, k), setting_s = best_setting(rows)
     return {"auto": plain / sum(r.auto_s for r in rows), "best_fixed": plain / sum(r.fixed_s for r in rows),
-            "best_fixed_steady": plain / sum(r.plain_s / r.steady for r in rows),
+            "best_fixed_steady": plain / sum(r.steady_s for r in rows),
             "best_setting": plain / setting_s, "best_setting_mode": mode, "best_setting_k": k,
             "ceiling": plain / sum(r.ceiling_s for r in rows),
             "worst_auto_over_best_fixed": min(r.auto / r.fixed for r in rows),
