@@ -67,6 +67,8 @@ class FakeEngine:
         """The lookup pool: what remember() was given last for each document."""
         self.forgotten: list[str] = []
         """forget() calls, in order."""
+        self.reads: list[tuple[list[int], GenerationParams]] = []
+        """The tokens and params of every read() call, in order."""
         self.closed = False
         self.generating = False
         self.closed_while_generating = False
@@ -112,6 +114,13 @@ class FakeEngine:
             yield from self._generate(prompt_tokens, params)
         finally:
             self.generating = False
+
+    def read(self, prompt_tokens: list[int], params: GenerationParams) -> Iterator[Chunk]:
+        """Takes the tokens into its cache, as the real engine reads a prompt's start;
+        `reads` keeps each call's tokens and params (their mode: whether a draft model reads)."""
+        self.reads.append((list(prompt_tokens), params))
+        self.cache = list(prompt_tokens)
+        yield Chunk("", stats=Stats(mode="plain", prompt_tokens=len(prompt_tokens)))
 
     def _generate(self, prompt_tokens: list[int], params: GenerationParams) -> Iterator[Chunk]:
         prompt = list(prompt_tokens)
@@ -258,7 +267,7 @@ class SlowReader(FakeEngine):
         self.reading = threading.Event()
         """Set once the first batch is read."""
         self.ended = threading.Event()
-        """Set when a generate() call has ended, read to the end or not."""
+        """Set when a generate() or read() call has ended, read to the end or not."""
         self._reading_prompt = False
         self._stop = threading.Event()
 
@@ -268,6 +277,21 @@ class SlowReader(FakeEngine):
             self._stop.set()
 
     def generate(self, prompt_tokens, params, *, regions=()):
+        try:
+            if (yield from self._slowly(prompt_tokens)):
+                yield from super().generate(prompt_tokens, params, regions=regions)
+        finally:
+            self.ended.set()
+
+    def read(self, prompt_tokens, params):
+        try:
+            if (yield from self._slowly(prompt_tokens)):
+                yield from super().read(prompt_tokens, params)
+        finally:
+            self.ended.set()
+
+    def _slowly(self, prompt_tokens):
+        """The batches of reading a prompt; whether they were all read (not interrupted)."""
         self._stop.clear()
         batches = self.later if self.batches_read else self.batches
         read = 0
@@ -275,13 +299,11 @@ class SlowReader(FakeEngine):
         try:
             for read in range(1, batches + 1):
                 if self._stop.is_set():
-                    return
+                    return False
                 time.sleep(0.05)
                 self.reading.set()
                 yield Chunk("", stats=Stats(prompt_tokens=len(prompt_tokens), prompt_evaluated=read * 512))
-            self._reading_prompt = False
-            yield from super().generate(prompt_tokens, params, regions=regions)
+            return True
         finally:
             self._reading_prompt = False
             self.batches_read.append(read)
-            self.ended.set()

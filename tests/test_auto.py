@@ -400,6 +400,31 @@ def test_a_new_reply_warms_a_draft_model_that_can_pay_and_probes_it_early():
     assert plans[-1].drafter is draft and plans[-1].kind == "probe"
 
 
+def test_reading_ahead_warms_a_draft_model_that_can_pay_whatever_its_reading_would_cost_a_reply():
+    """The chat reads a message into the models while it is written (Engine.read):
+    no reply waits for that reading, so a draft model that can pay here reads it
+    however dear (2,000 tokens, 8 s), and the reply then finds it warm. One that
+    cannot pay on this machine (as slow as the target) reads nothing. Not a reply:
+    nothing learnt, the ledger untouched."""
+    costs = Costs(GPU, {"draft": 0.002, "lookup": 0.0}, {"draft": 0.004})
+    draft = FakeDraftModel()
+    p = AutoPolicy(costs, [PromptLookup(), draft], k_max=4, priors={"draft": 0.9, "lookup": 0.5})
+    draft.missed = 2000
+    ledger = p.ledger
+    p.read_ahead(list(range(1, 2001)))
+    assert draft.prefilled == [2000] and p.ledger is ledger and p.ledger.plain_s == 0
+    p.prefill(list(range(1, 2001)))  # the reply: its prompt, read ahead, costs what it is behind
+    assert draft.prefilled == [2000]  # 8 s behind, as FakeDraftModel tells: not warmed at the reply
+    draft.missed = 3
+    p.prefill(list(range(1, 2004)))
+    assert draft.prefilled == [2000, 2003]  # three tokens behind: warmed
+    slow = FakeDraftModel()
+    p = AutoPolicy(Costs(GPU, {"draft": 0.020, "lookup": 0.0}, {"draft": 0.004}), [PromptLookup(), slow], k_max=4,
+                   priors={"draft": 0.9, "lookup": 0.5})
+    p.read_ahead(list(range(1, 2001)))
+    assert slow.prefilled == []
+
+
 def test_a_draft_model_the_last_reply_gained_nothing_from_is_not_warmed_at_a_dear_price():
     """A session of edits served by prompt lookup: reading each new prompt (the
     last reply and the new message) into an idle draft model would delay every

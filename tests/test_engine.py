@@ -174,6 +174,37 @@ def test_the_draft_model_reads_the_prompt_before_its_first_draft(engines, monkey
     assert len(PROMPTS[4]) > 2 and caught_up[0] == 1
 
 
+def test_reading_ahead_fills_the_caches_a_reply_then_reads_only_the_rest_of(engines, monkeypatch):
+    """Engine.read (the chat reading a message while it is written): the target
+    and, where the reply's mode drafts with it, the draft model hold the tokens,
+    and the reply to a prompt that starts with them reads only what follows, in
+    both; its output is what it would have been."""
+    engine = engines["same"]
+    prompt = PROMPTS[4]
+    engine.reset()
+    expected, _, _ = run(engine, prompt, mode="draft", k=4, max_tokens=10)
+    engine.reset()
+    chunks = list(engine.read(prompt[:-3], GenerationParams(mode="plain")))
+    assert chunks and engine.target_seq.tokens == prompt[:-3] and engine.draft_seq.tokens == []  # plain drafts nothing
+    engine.reset()
+    list(engine.read(prompt[:-3], GenerationParams(mode="draft", k=4)))
+    assert engine.target_seq.tokens == engine.draft_seq.tokens == prompt[:-3]
+    caught_up = []
+    propose = type(engine.draft_model).propose
+
+    def spy(self, *args, **kwargs):
+        draft = propose(self, *args, **kwargs)
+        caught_up.append(draft.caught_up)
+        return draft
+
+    monkeypatch.setattr(type(engine.draft_model), "propose", spy)
+    before = engine.draft_seq.evaluated
+    tokens, _, last = run(engine, prompt, mode="draft", k=4, max_tokens=10)
+    assert tokens == expected and last.stats.prompt_evaluated == 3
+    assert caught_up[0] == 1  # the reply's prompt was read by the draft model too, before the first draft
+    assert engine.draft_seq.evaluated - before <= 3 + sum(caught_up) + 4 * len(caught_up)
+
+
 def test_calibration_measures_costs_and_leaves_the_caches_as_they_were(engines, synth_target):
     engine = engines["same"]
     engine.reset()

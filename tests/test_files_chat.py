@@ -11,6 +11,7 @@ from edgespec.chat import ChatSession, ConversationStore
 from edgespec.chat.attachments import FilesDoNotFitError, TooManyFilesError, model_messages
 from edgespec.chat.export import export_json, export_markdown, import_json
 from edgespec.cli import chats, generate
+from edgespec.engine.events import GenerationParams
 from edgespec.errors import FileAccessError, OutsideRootError
 from edgespec.workspace.root import Workspace
 
@@ -153,7 +154,7 @@ def test_reading_ahead_reads_the_files_before_the_words_and_sending_reads_only_t
     engine = FakeEngine(reply=lambda p: "ok")
     chat = _session(engine, store, project)
     n = chat.read_ahead(["src/app.py"])
-    ahead = engine.prompts[-1]
+    ahead, _ = engine.reads[-1]
     assert len(ahead) == n and APP in engine.detokenize(ahead)
     assert chat.messages == [] and store.list() == []  # nothing stored, nothing sent
     *_, last = chat.send("Rename name to person", ["src/app.py"])
@@ -162,10 +163,30 @@ def test_reading_ahead_reads_the_files_before_the_words_and_sending_reads_only_t
     assert last.stats.prompt_evaluated == len(sent) - n  # the words and the template's tail only
     # the next turn: what is read ahead is the conversation so far, the reply included
     n2 = chat.read_ahead()
-    assert engine.prompts[-1][:len(sent)] == sent and n2 > len(sent)
+    assert engine.reads[-1][0][:len(sent)] == sent and n2 > len(sent)
     (tmp_path / "secret.txt").write_text("secret")
     with pytest.raises(OutsideRootError):  # refused as send() refuses it
         chat.read_ahead(["../secret.txt"])
+
+
+def test_reading_ahead_reads_the_words_written_but_the_last_and_in_the_replys_mode(store, project):
+    """The words are read as they are written, but the last (it may still grow, and
+    its tokens with it): sending then reads that word and the template's tail. The
+    engine is told the reply's params, whose mode says whether a draft model reads."""
+    engine = FakeEngine(reply=lambda p: "ok")
+    chat = _session(engine, store, project, params=GenerationParams(mode="draft", k=3))
+    n = chat.read_ahead(["src/app.py"], words="Rename name to per")
+    ahead = engine.detokenize(engine.reads[-1][0])
+    assert len(engine.reads[-1][0]) == n and ahead.rstrip().endswith("Rename name to") and APP in ahead
+    assert [params.mode for _, params in engine.reads] == ["draft"]
+    assert chat.read_ahead(words="Hello") == chat.read_ahead() < n  # a first word only: the words not yet
+    *_, last = chat.send("Rename name to person", ["src/app.py"])
+    sent = engine.prompts[-1]
+    assert engine.detokenize(sent).startswith(ahead)
+    chat2 = _session(engine := FakeEngine(reply=lambda p: "ok"), store, project)
+    chat2.read_ahead(["src/app.py"], words="Rename name to per")
+    *_, last = chat2.send("Rename name to person", ["src/app.py"])
+    assert engine.detokenize(engine.prompts[-1][-last.stats.prompt_evaluated:]).lstrip().startswith("person")
 
 
 def test_a_session_without_a_project_folder_cannot_attach(store):

@@ -78,13 +78,35 @@ async def test_an_attached_file_is_read_ahead_while_the_message_is_written(store
         await _focused_prompt(pilot)
         engine = app.engines[0]
         app.post_message(events.Paste("src/app.py"))
-        await wait_for(pilot, lambda: engine.prompts and APP in engine.detokenize(engine.prompts[-1]))
-        ahead = engine.prompts[-1]
+        await wait_for(pilot, lambda: engine.reads and APP in engine.detokenize(engine.reads[-1][0]))
+        ahead, _ = engine.reads[-1]
         assert store.list() == []  # read, not sent
         await send(pilot, "Rename name")
         await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
         sent = engine.prompts[-1]
         assert sent[:len(ahead)] == ahead and "Rename name" in engine.detokenize(sent[len(ahead):])
+
+
+async def test_the_words_are_read_ahead_when_the_typing_pauses_and_the_reply_after_it(store, project):
+    """A pause in the typing reads the words so far but the last into the models
+    (ChatSession.read_ahead, in the reply's mode): the message sent is read on top
+    of them. Once a reply has ended, the conversation with it is read ahead too
+    (a draft model that sat the reply out catches up while the next is written)."""
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        prompt = await _focused_prompt(pilot)
+        engine = app.engines[0]
+        await pilot.press(*"Say hello to the wor")
+        await wait_for(pilot, lambda: engine.reads and "the" in engine.detokenize(engine.reads[-1][0]))
+        ahead, params = engine.reads[-1]
+        assert engine.detokenize(ahead).rstrip().endswith("Say hello to the") and params.mode == "auto"
+        assert engine.prompts == [] and store.list() == []  # read, not sent
+        await pilot.press(*"ld", "enter")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        sent = engine.prompts[-1]
+        assert sent[:len(ahead)] == ahead and prompt.text == ""
+        await wait_for(pilot, lambda: len(engine.reads[-1][0]) > len(sent))
+        assert engine.reads[-1][0][:len(sent)] == sent and "ok" in engine.detokenize(engine.reads[-1][0][len(sent):])
 
 
 async def test_a_reading_ahead_that_fails_leaves_the_app_running_and_sending_works(store, project, monkeypatch):
@@ -94,7 +116,7 @@ async def test_a_reading_ahead_that_fails_leaves_the_app_running_and_sending_wor
 
     from edgespec.chat.session import ChatSession
 
-    def broken(self, files=()):
+    def broken(self, files=(), words=""):
         raise RuntimeError("llama_decode failed")
 
     monkeypatch.setattr(ChatSession, "read_ahead", broken)

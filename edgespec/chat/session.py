@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
@@ -129,26 +130,28 @@ class ChatSession:
             self.messages = candidate
             yield from self._reply(fitted)
 
-    def read_ahead(self, files: Sequence[str] = ()) -> int:
-        """Read the next turn's prompt up to where the user's words go (the
-        conversation so far and `files`, as send() would attach them) while the
-        user is still writing those words: the engine keeps what it read, so that
-        sending reads only the words and what follows them. A file attached to a
-        new message is most of its prompt (1,900 tokens, 25 s on a 2-core CPU, for
+    def read_ahead(self, files: Sequence[str] = (), words: str = "") -> int:
+        """Read the next turn's prompt up to the word being written (the conversation
+        so far, `files` as send() would attach them, and `words` but their last, which
+        may still grow) while the user is still writing: the engine keeps what it read,
+        in the draft model too where the reply's mode drafts with it (Engine.read), so
+        that sending reads only the last words and the template's tail. A file attached
+        to a new message is most of its prompt (1,900 tokens, 25 s on a 2-core CPU, for
         a 166-line file), and writing the request takes about as long.
 
         Returns how many prompt tokens are now read (0: none worth it). Stores and
         remembers nothing; engine.interrupt() stops it, keeping what it read. Raises
         as send() does for files that cannot be attached or a prompt that cannot fit."""
         attached = self._with_changed(self._attach(files))
-        # The tokens before the user's words are those two renderings with different words share.
-        a, b = (self._fit([*self.messages, Message("user", words, attachments=attached)], self._dropped).prompt.tokens
-                for words in ("a", "?"))
+        settled = re.sub(r"\s*\S*$", "", words)
+        # The tokens read are those two renderings that go on differently share.
+        a, b = (self._fit([*self.messages, Message("user", settled + more, attachments=attached)],
+                          self._dropped).prompt.tokens
+                for more in ((" a", " ?") if settled else ("a", "?")))
         n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         if n < 2:
             return 0
-        read = GenerationParams(mode="plain", temperature=0.0, max_tokens=1)  # the first token costs no pass
-        with closing(self.engine.generate(a[:n], read)) as stream:
+        with closing(self.engine.read(a[:n], self.params)) as stream:
             for _ in stream:
                 pass
         return n

@@ -375,6 +375,15 @@ class AutoPolicy(Policy):
                 drafter.prefill(prompt)
                 self.probes.soon(drafter.name, self.PROBE_FIRST)
 
+    def read_ahead(self, prompt):
+        """Read into each drafter that can pay on this machine: a reading that no
+        reply waits for costs it nothing, so the draft model is warm at the reply
+        however its reading would be priced then (one that cannot pay stays out:
+        the reading would only spend the user's battery)."""
+        for drafter in self.drafters:
+            if self._could_pay(drafter):
+                drafter.prefill(prompt)
+
     def _worth_warming(self, drafter: Drafter, prompt: Sequence[int], last: Ledger | None) -> bool:
         """Whether reading the prompt into the drafter now is worth its time: after a
         reply whose savings from it would have paid for the reading, or when the

@@ -100,6 +100,12 @@ class Policy(ABC):
         once the first token is out (llama.cpp's loops do it with the prompt,
         which delays the first token by the reading)."""
 
+    def read_ahead(self, prompt: Sequence[int]) -> None:
+        """Let the drafters this policy may use read the start of a prompt not sent
+        yet (the chat reads the conversation, attached files and the words written
+        so far while the user writes: Engine.read): what they read then, the reply
+        need not read. Nothing to wait for, nothing learnt: not a reply."""
+
 
 class Deferred(Policy):
     """A policy made only once the first token is out (at its prefill), so that what
@@ -112,6 +118,11 @@ class Deferred(Policy):
     def prefill(self, prompt):
         self._policy = self._make()
         self._policy.prefill(prompt)
+
+    def read_ahead(self, prompt):
+        # Made now, while the user writes: its calibration then delays no reply at all.
+        self._policy = self._policy or self._make()
+        self._policy.read_ahead(prompt)
 
     def plan(self, history):
         return self._policy.plan(history)  # the decoder always prefills first
@@ -132,3 +143,6 @@ class FixedPolicy(Policy):
     def prefill(self, prompt):
         if self._plan.drafter is not None:
             self._plan.drafter.prefill(prompt)
+
+    def read_ahead(self, prompt):
+        self.prefill(prompt)

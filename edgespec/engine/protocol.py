@@ -38,6 +38,11 @@ class ChatEngine(Protocol):
         labelled spans of the prompt (chat/prompt.py: Prompt.regions), to which
         Stats.accepted_by credits the lookup matches found in them."""
 
+    def read(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
+        """Read the start of a prompt not sent yet into the caches (the target's, and
+        the draft model's where params' mode drafts with it), replying nothing: the
+        reply to a prompt that starts with it reads only the rest. Interruptible."""
+
     def remember(self, doc: str, tokens: Sequence[int]) -> None:
         """Keep `tokens` in the lookup pool as document `doc` ("conversation:<id>",
         "request:<hash>", "file:<sha256>"), replacing what it held: earlier text the

@@ -392,6 +392,23 @@ class Engine:
             last_alone=self._target.exact,  # a prompt read afresh or again gives the same logits
         ))
 
+    def read(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
+        """Read `prompt_tokens` into the caches and reply nothing: the start of a prompt
+        not sent yet (a chat's conversation, attached files and the words written so
+        far), so that the reply to a prompt that starts with them reads only the rest,
+        in the target and in the draft model alike, where params' policy drafts with
+        it (Policy.read_ahead). Streams as generate() does while the target reads;
+        interrupt() stops either reading, keeping what was read."""
+        def held() -> bool:
+            return self._target.seq.tokens[: len(prompt_tokens)] == list(prompt_tokens)
+
+        if not held():  # (a pause in the typing that added no word reads nothing)
+            read = GenerationParams(mode="plain", temperature=0.0, max_tokens=1)  # the first token costs no pass
+            yield from self.generate(prompt_tokens, read)
+        if held():  # not stopped
+            policy = self.policy(replace(params, mode=decoded_mode(params)))
+            yield from self._interruptible(_reading_ahead(policy, prompt_tokens))
+
     # -- the lookup pool: earlier text the pool drafter proposes from ------
     def remember(self, doc: str, tokens: Sequence[int]) -> None:
         """Keep `tokens` in the lookup pool as document `doc` ("conversation:<id>",
@@ -528,3 +545,9 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _reading_ahead(policy: Policy, prompt_tokens: Sequence[int]) -> Iterator[Chunk]:
+    """Engine.read's reading by the drafters, as a stream that interrupt() can stop."""
+    policy.read_ahead(prompt_tokens)
+    yield from ()

@@ -47,6 +47,12 @@ from edgespec.tui.widgets.prompt_input import PromptInput
 from edgespec.tui.widgets.sidebar import ConversationList, store_failed
 from edgespec.tui.widgets.status import StatusLine, format_live
 
+READ_AHEAD_PAUSE_S = 0.4
+"""A pause in the typing this long reads the words so far into the models
+(ChatSession.read_ahead): sending then reads only the last of them. Short enough
+that a message is read by the time it is sent; long enough that keystrokes do not
+each start a reading (the screen and the reading share the CPU)."""
+
 
 class ChatScreen(Screen):
     """One conversation at a time, with the list of the others beside it."""
@@ -100,6 +106,8 @@ class ChatScreen(Screen):
         """Decode speed of the last plain reply: the baseline for the speedup."""
         self._reading_ahead = False
         """A reading ahead (_read_ahead_worker) is under way."""
+        self._typing_paused = None
+        """The timer that reads the words ahead once the typing pauses (READ_AHEAD_PAUSE_S)."""
         self.applied: list = []
         """The edits written by the last apply (workspace.apply.Applied), for F9 to undo."""
 
@@ -393,6 +401,7 @@ class ChatScreen(Screen):
         self.query_one(ConversationList).refresh_list()
         if event.status == "done":
             self.action_review_edits(quiet=True)
+        self._read_ahead()  # the reply, into a draft model that sat it out, while the next message is written
 
     def stop_reply(self) -> None:
         """Ask the reply worker to stop at its next chunk (or batch of the prompt)."""
@@ -459,29 +468,40 @@ class ChatScreen(Screen):
             self._read_ahead()
 
     def _read_ahead(self) -> None:
-        """Read the conversation and the attached files into the KV cache while the
-        message is being written (ChatSession.read_ahead): sending then reads only its words."""
+        """Read the conversation, the attached files and the words written so far into
+        the models while the message is being written (ChatSession.read_ahead): sending
+        then reads only its last words."""
         session = self.session
         if session is None or self.generating or self.context.models.state != "ready":
             return
-        self._read_ahead_worker(session, self.query_one(AttachmentBar).paths)
+        text = self.query_one(PromptInput).text
+        bar = self.query_one(AttachmentBar)
+        files = [*bar.paths, *(p for p in self._at_paths(text) if p not in bar.paths)]  # as _send attaches them
+        self._read_ahead_worker(session, files, text)
 
     @work(thread=True, exclusive=True, group="read-ahead")
-    def _read_ahead_worker(self, session, paths: list[str]) -> None:
+    def _read_ahead_worker(self, session, paths: list[str], words: str) -> None:
         # After a reply or an earlier reading ahead; a message sent meanwhile waits
         # for this one, which reads what that message needs first.
         with self.context.decoding:
-            if get_current_worker().is_cancelled:  # more files came: the worker started for them reads
+            if get_current_worker().is_cancelled:  # more came: the worker started for it reads
                 return
             self._reading_ahead = True
             try:
-                session.read_ahead(paths)
+                session.read_ahead(paths, words)
             except Exception:
                 # Work nobody asked for must not end the app: sending reads the
                 # whole prompt again and says what went wrong, in its place.
                 pass
             finally:
                 self._reading_ahead = False
+
+    @on(TextArea.Changed, "#prompt")
+    def _typed(self, event: TextArea.Changed) -> None:
+        """Read the words ahead once the typing pauses (READ_AHEAD_PAUSE_S)."""
+        if self._typing_paused is not None:
+            self._typing_paused.stop()
+        self._typing_paused = self.set_timer(READ_AHEAD_PAUSE_S, self._read_ahead)
 
     def _stop_reading_ahead(self) -> None:
         """Stop a reading ahead whose message changed or is gone (a file removed,
