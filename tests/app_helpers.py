@@ -50,6 +50,19 @@ async def wait_for(pilot, condition, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def read_ahead_done(pilot, timeout: float = 10.0) -> None:
+    """Wait until the chat reads nothing ahead (ChatSession.read_ahead, after a reply or
+    a pause in the typing): past the pause begun by the last keystroke, no reading runs."""
+    from textual.worker import WorkerState
+
+    from edgespec.tui.screens.chat import READ_AHEAD_PAUSE_S
+
+    await pilot.pause(READ_AHEAD_PAUSE_S + 0.1)
+    await wait_for(pilot, lambda: not any(w.group == "read-ahead" and w.state in (WorkerState.PENDING,
+                                                                                   WorkerState.RUNNING)
+                                          for w in pilot.app.workers), timeout)
+
+
 async def send(pilot, text: str, *, key: bool = True) -> None:
     """Type `text` and press Enter (which returns when the app is idle again, i.e. after
     the reply); key=False posts the submission and returns at once, mid-stream."""

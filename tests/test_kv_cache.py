@@ -298,7 +298,7 @@ async def test_the_app_switches_between_two_chats_without_reading_them_again(smo
     from edgespec.chat.store import ConversationStore, Message
     from edgespec.tui.chat_settings import ChatSettings
     from edgespec.tui.widgets.sidebar import ConversationList
-    from tests.app_helpers import boxes, make_app, send, wait_for
+    from tests.app_helpers import boxes, make_app, read_ahead_done, send, wait_for
 
     engines = []
 
@@ -334,12 +334,15 @@ async def test_the_app_switches_between_two_chats_without_reading_them_again(smo
 
             assert (await turn(ids[0], "Summarise.")).prompt_cache == ""  # read once
             assert (await turn(ids[1], "Summarise.")).prompt_cache == ""
+            await read_ahead_done(pilot)
             decoded = engines[0].target_seq.ctx.decoded
             stats = await turn(ids[0], "Shorter, please.")
             assert stats.prompt_cache == "sequence" and stats.prompt_evaluated < 20, stats
             assert stats.prompt_cached > 400
-            # the new message and at most 8 single-token passes: nothing of either chat read again
-            assert engines[0].target_seq.ctx.decoded - decoded < 20 + 8
+            await read_ahead_done(pilot)
+            # the new message, at most 8 single-token passes, and the next turn's head read
+            # ahead once the reply ended (the end of the turn, the user's): nothing of either chat read again
+            assert engines[0].target_seq.ctx.decoded - decoded < 20 + 8 + 10
 
 
 def test_auto_calibrates_once_per_machine_and_models_not_once_per_process(smollm2, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 import yaml
@@ -196,6 +197,43 @@ async def test_quitting_mid_reply_keeps_the_reply_and_frees_the_models_after_the
     [info] = store.list()
     stored = store.messages(info.id)[-1]
     assert stored.role == "assistant" and stored.status == "stopped" and stored.content.startswith("word word")
+
+
+async def test_quitting_while_the_words_are_read_ahead_stops_the_reading_and_frees_the_models(store):
+    """A long message pasted, its reading ahead under way (10 s), and the app quit: the
+    reading stops at its next batch and the models are freed, at once."""
+    engine = SlowReader(batches=200, reply=lambda prompt: "never asked")
+    app = make_app(store, load=lambda choice, settings, progress: engine)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        app.query_one(PromptInput).load_text("Summarise this long text: " + "words " * 500)
+        await wait_for(pilot, lambda: engine.reading.is_set(), timeout=3)
+        start = time.monotonic()
+        await pilot.press("ctrl+q")
+    assert time.monotonic() - start < 3 and engine.batches_read[0] < 100
+    assert engine.closed and not engine.closed_while_generating
+
+
+async def test_words_taken_back_stop_their_reading_ahead_and_more_words_do_not(store):
+    """A long paste being read ahead (10 s), then replaced by another message: its reading
+    stops, and the message sent next does not wait for it. Words added to it do not stop it."""
+    engine = SlowReader(batches=200, later=1, reply=lambda prompt: "ok")
+    app = make_app(store, load=lambda choice, settings, progress: engine)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        prompt = app.query_one(PromptInput)
+        pasted = "Summarise this long text: " + "words " * 500
+        prompt.load_text(pasted)
+        await wait_for(pilot, lambda: engine.reading.is_set(), timeout=3)
+        prompt.load_text(pasted + "and more")
+        await pilot.pause(0.3)
+        assert not engine.batches_read  # still reading
+        prompt.load_text("Hello")
+        await wait_for(pilot, lambda: engine.batches_read, timeout=2)
+        assert engine.batches_read[0] < 100
+        await send(pilot, "Hello")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2, timeout=3)
+        assert "words" not in engine.detokenize(engine.prompts[-1])
 
 
 async def test_escape_stops_the_reading_of_a_long_prompt(store):

@@ -52,6 +52,12 @@ class _Fitted:
     """Oldest non-system messages left out so that the conversation fits."""
 
 
+def settled_words(words: str) -> str:
+    """`words` but the one being written, and the space before it: a word may still
+    grow, and its tokens with it (read ahead, they would be read again)."""
+    return re.sub(r"\s*\S*$", "", words)
+
+
 class ChatSession:
     """Messages of one conversation, turned into replies by an Engine and kept in a store."""
 
@@ -143,7 +149,7 @@ class ChatSession:
         remembers nothing; engine.interrupt() stops it, keeping what it read. Raises
         as send() does for files that cannot be attached or a prompt that cannot fit."""
         attached = self._with_changed(self._attach(files))
-        settled = re.sub(r"\s*\S*$", "", words)
+        settled = settled_words(words)
         # The tokens read are those two renderings that go on differently share.
         a, b = (self._fit([*self.messages, Message("user", settled + more, attachments=attached)],
                           self._dropped).prompt.tokens

@@ -32,6 +32,7 @@ from textual.worker import get_current_worker
 from edgespec.chat import attachments
 from edgespec.chat.export import write_markdown
 from edgespec.chat.remember import conversation_doc
+from edgespec.chat.session import settled_words
 from edgespec.chat.store import StoreError
 from edgespec.errors import EdgespecError
 from edgespec.tui.library import PullProgress
@@ -108,6 +109,8 @@ class ChatScreen(Screen):
         """A reading ahead (_read_ahead_worker) is under way."""
         self._typing_paused = None
         """The timer that reads the words ahead once the typing pauses (READ_AHEAD_PAUSE_S)."""
+        self._read_words = ""
+        """The words of the message the last reading ahead was for (settled_words of them are read)."""
         self.applied: list = []
         """The edits written by the last apply (workspace.apply.Applied), for F9 to undo."""
 
@@ -477,6 +480,7 @@ class ChatScreen(Screen):
         text = self.query_one(PromptInput).text
         bar = self.query_one(AttachmentBar)
         files = [*bar.paths, *(p for p in self._at_paths(text) if p not in bar.paths)]  # as _send attaches them
+        self._read_words = text
         self._read_ahead_worker(session, files, text)
 
     @work(thread=True, exclusive=True, group="read-ahead")
@@ -498,14 +502,17 @@ class ChatScreen(Screen):
 
     @on(TextArea.Changed, "#prompt")
     def _typed(self, event: TextArea.Changed) -> None:
-        """Read the words ahead once the typing pauses (READ_AHEAD_PAUSE_S)."""
+        """Read the words ahead once the typing pauses (READ_AHEAD_PAUSE_S); stop a reading
+        of words taken back (a long paste replaced: the message sent would wait for it)."""
+        if not event.text_area.text.startswith(settled_words(self._read_words)):
+            self._stop_reading_ahead()
         if self._typing_paused is not None:
             self._typing_paused.stop()
         self._typing_paused = self.set_timer(READ_AHEAD_PAUSE_S, self._read_ahead)
 
     def _stop_reading_ahead(self) -> None:
-        """Stop a reading ahead whose message changed or is gone (a file removed,
-        another conversation, Esc): reading a large file takes a minute on a CPU, and
+        """Stop a reading ahead whose message changed or is gone (a file removed, words
+        taken back, another conversation, Esc): reading a large file takes a minute on a CPU, and
         the message sent next would wait for it. What was read stays in the cache.
         Never a reply's: the engine stops whatever decodes, so only while none is
         asked for (a message sent waits for the reading, under the decoding lock)."""
