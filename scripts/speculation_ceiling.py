@@ -30,7 +30,9 @@ tests, which replay auto mode on them under several machines' costs;
 place of this machine's. --orders N replays the suite in N orders (auto carries
 what it learnt from reply to reply, so one order can flatter or wrong a change),
 --charge-warming charges the draft model's reading of each prompt (as the
-engine pays it and the tests replay it), --first-replies adds the figures of
+engine pays it and the tests replay it), --read-ahead N replays the chat app's
+reading of each prompt while it is written (all but its last N tokens, before
+the reply: Engine.read), --first-replies adds the figures of
 each reply replayed as a session's first, and --json prints the same figures as
 JSON. To judge a change to auto, replay the development suite
 (tests/data/dev_traces.json) with the tests' one, in several orders and as first
@@ -109,6 +111,10 @@ def main() -> int:
                              "and give the suite's figures then")
     parser.add_argument("--charge-warming", action="store_true",
                         help="charge the draft model's reading of each prompt (auto and fixed modes alike)")
+    parser.add_argument("--read-ahead", type=int, metavar="N",
+                        help="replay the chat's reading ahead: each prompt read into the models while it is "
+                             "written, all but its last N tokens (the word being written and the template's "
+                             "tail: 8 or so), on no reply's clock; auto and fixed modes alike")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     args = parser.parse_args()
 
@@ -140,12 +146,13 @@ def replay_orders(traces: list[Trace], costs: Costs, args) -> list[list[SuiteRow
     """The suite's rows in the order given, then in args.orders - 1 shuffles of it (seeds
     1, 2, ...: the same on every run). Only auto depends on the order: the best fixed
     modes and the ceiling are replayed once."""
-    rows = replay_suite(traces, costs, args.k, charge_warming=args.charge_warming)
+    rows = replay_suite(traces, costs, args.k, charge_warming=args.charge_warming, read_ahead_but=args.read_ahead)
     runs = [rows]
     for seed in range(1, max(args.orders, 1)):
         order = list(range(len(traces)))
         random.Random(seed).shuffle(order)
-        seconds = replay_auto([traces[i] for i in order], costs, args.k, charge_warming=args.charge_warming)
+        seconds = replay_auto([traces[i] for i in order], costs, args.k, charge_warming=args.charge_warming,
+                              read_ahead_but=args.read_ahead)
         runs.append([dataclasses.replace(rows[i], auto_s=auto_s) for i, auto_s in zip(order, seconds)])
     return runs
 
@@ -154,7 +161,8 @@ def first_replies(traces: list[Trace], rows: list[SuiteRow], costs: Costs, args)
     """`rows` with auto's seconds for each reply replayed alone, as a session's first: the
     priors, no reply length seen yet, nothing carried (what a short edit in a new
     session pays for a draft model read for nothing)."""
-    return [dataclasses.replace(row, auto_s=replay_auto([trace], costs, args.k, charge_warming=args.charge_warming)[0])
+    return [dataclasses.replace(row, auto_s=replay_auto([trace], costs, args.k, charge_warming=args.charge_warming,
+                                                        read_ahead_but=args.read_ahead)[0])
             for trace, row in zip(traces, rows)]
 
 

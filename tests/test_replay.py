@@ -277,6 +277,26 @@ def test_charging_the_draft_models_reading_of_the_prompt_costs_draft_modes_alone
             == pytest.approx(replay(FixedPolicy(lookup, 3), trace, costs, free)))
 
 
+def test_the_chats_reading_ahead_is_replayed_on_no_replys_clock():
+    """ReplayedDraft(read_ahead_but=N): the prompt but its last N tokens is read into the
+    policy's drafters before the reply, as the chat reads a message while it is written;
+    a fixed draft mode then pays for reading those N alone. Auto reads ahead a draft
+    model that can pay on the machine (cpu 2 threads), and not one that cannot (a CPU
+    where batching gains nothing): there it takes as long as without."""
+    from edgespec.engine.policy import FixedPolicy
+
+    costs, trace = machine_costs("cpu 2 threads"), load_traces(TRACES)[4]
+    free, ahead = ReplayedDraft(costs), ReplayedDraft(costs, charge_prefill=True, read_ahead_but=8)
+    assert (replay(FixedPolicy(ahead, 3), trace, costs, ahead)
+            == pytest.approx(replay(FixedPolicy(free, 3), trace, costs, free) + costs.catch_up("draft", 8)))
+    traces = load_traces(TRACES)
+    for machine, reads in (("cpu 2 threads", True), ("no batching gain", False)):
+        truth = machine_costs(machine)
+        charged = replay_auto(traces, truth, K, charge_warming=True)
+        typed = replay_auto(traces, truth, K, charge_warming=True, read_ahead_but=8)
+        assert (typed != charged) is reads, machine
+
+
 def test_the_ceiling_script_replays_each_reply_as_a_sessions_first():
     """--first-replies: the suite's figures with each reply replayed by a fresh AutoPolicy."""
     done = ceiling_script("--machine", "cpu 2 threads", "--charge-warming", "--first-replies", "--json")

@@ -126,9 +126,14 @@ class ReplayedDraft(Drafter):
 
     name = "draft"
 
-    def __init__(self, costs: Costs, *, charge_prefill: bool = False):
+    def __init__(self, costs: Costs, *, charge_prefill: bool = False, read_ahead_but: int | None = None):
         self.costs = costs
         self.charge_prefill = charge_prefill
+        self.read_ahead_but = read_ahead_but
+        """The chat's reading ahead (Engine.read): each prompt is read into the policy's
+        drafters before its reply, on no reply's clock, all but its last `read_ahead_but`
+        tokens (the word being written and the template's tail). None: no reading
+        ahead (a prompt sent whole, as to the server)."""
         self.trace: Trace | None = None
         self.clock = SimulatedClock()
         self.tokens: list[int] = []
@@ -178,6 +183,10 @@ def replay(policy: Policy, trace: Trace, costs: Costs, draft: ReplayedDraft,
     Greedy: the trace is the target's greedy reply. Prompt lookup costs nothing."""
     clock = SimulatedClock()
     draft.start(trace, clock)
+    if draft.read_ahead_but is not None:  # while the prompt was written: no reply waits for it
+        draft.clock = SimulatedClock()
+        policy.read_ahead(trace.prompt[: max(len(trace.prompt) - draft.read_ahead_but, 0)])
+        draft.clock = clock
     params = replace(params or GenerationParams(), temperature=0.0, max_tokens=len(trace.reply))
     steps = speculative_steps(RecordedTarget(trace, costs, clock), list(trace.prompt), params, policy,
                               is_eog=lambda token: False, rng=np.random.default_rng(0), clock=clock)
@@ -308,17 +317,21 @@ class SuiteRow:
         return self.plain_s / self.steady_s
 
 
-def replay_suite(traces: Sequence[Trace], costs: Costs, k: int, *, charge_warming: bool = False) -> list[SuiteRow]:
+def replay_suite(traces: Sequence[Trace], costs: Costs, k: int, *, charge_warming: bool = False,
+                 read_ahead_but: int | None = None) -> list[SuiteRow]:
     """Each trace replayed under `costs`: auto (one AutoPolicy for the suite, as in
     the app, starting from a copy of the costs as calibrated), the best fixed mode
     and the ceiling, all drafting at most k tokens a cycle (within the largest
     pass the costs know). `charge_warming`: the draft model's reading of each prompt
     is paid for (ReplayedDraft.charge_prefill), by auto and the fixed modes alike;
-    the ceiling keeps it warm for free."""
+    the ceiling keeps it warm for free. `read_ahead_but`: the chat's reading ahead
+    (ReplayedDraft.read_ahead_but), for auto and the fixed modes alike."""
     k = min(k, max(costs.target) - 1)
-    draft, lookup = ReplayedDraft(costs, charge_prefill=charge_warming), PromptLookup()
+    draft = ReplayedDraft(costs, charge_prefill=charge_warming, read_ahead_but=read_ahead_but)
+    lookup = PromptLookup()
     rows = []
-    for trace, auto_s in zip(traces, replay_auto(traces, costs, k, charge_warming=charge_warming)):
+    for trace, auto_s in zip(traces, replay_auto(traces, costs, k, charge_warming=charge_warming,
+                                                 read_ahead_but=read_ahead_but)):
         settings = fixed_settings(trace, costs, k, draft, lookup)
         (mode, fixed_k), fixed_s = _fastest(settings)
         rows.append(SuiteRow(trace.name, plain_seconds(trace, costs), auto_s, mode, fixed_k, fixed_s,
@@ -336,10 +349,11 @@ def best_setting(rows: Sequence[SuiteRow]) -> tuple[tuple[str, int], float]:
     return _fastest(totals)
 
 
-def replay_auto(traces: Sequence[Trace], costs: Costs, k: int, *, charge_warming: bool = False) -> list[float]:
+def replay_auto(traces: Sequence[Trace], costs: Costs, k: int, *, charge_warming: bool = False,
+                read_ahead_but: int | None = None) -> list[float]:
     """Auto's seconds for each trace, in order: one AutoPolicy for them all (as in the
     app, starting from a copy of the costs as calibrated), drafting at most k tokens."""
-    draft = ReplayedDraft(costs, charge_prefill=charge_warming)
+    draft = ReplayedDraft(costs, charge_prefill=charge_warming, read_ahead_but=read_ahead_but)
     auto = AutoPolicy(costs.fresh(), [PromptLookup(), draft], k_max=min(k, max(costs.target) - 1),
                       priors=ACCEPTANCE_PRIORS)
     return [replay(auto, trace, costs, draft) for trace in traces]
