@@ -321,3 +321,13 @@ def test_chat_says_when_a_reply_s_diff_does_not_apply_and_keeps_the_reply(home, 
         assert store.messages(1)[-1].content == reply
     assert cli.main(["apply", "--yes"]) == 1  # EditError: a clear message, the file as it was
     assert (project / "src" / "app.py").read_text() == APP
+
+
+def test_the_settled_words_are_those_before_the_word_being_written():
+    from edgespec.chat.session import settled_words
+
+    assert settled_words("Rename name to per") == "Rename name to"
+    assert settled_words("Rename name to ") == "Rename name to"  # the last word is whole
+    assert settled_words("line one\nline two x") == "line one\nline two"
+    assert settled_words("Hello") == settled_words("") == settled_words("   ") == ""
+    assert settled_words("See " + "x" * 100_000) == "See"  # a pasted blob: one long word

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import time
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
@@ -54,8 +53,12 @@ class _Fitted:
 
 def settled_words(words: str) -> str:
     """`words` but the one being written, and the space before it: a word may still
-    grow, and its tokens with it (read ahead, they would be read again)."""
-    return re.sub(r"\s*\S*$", "", words)
+    grow, and its tokens with it (read ahead, they would be read again). Scanned from
+    the end: the screen asks at every keystroke, and a pasted blob is one long word."""
+    end = len(words)
+    while end and not words[end - 1].isspace():
+        end -= 1
+    return words[:end].rstrip()
 
 
 class ChatSession:
