@@ -21,6 +21,11 @@ Medians over the repeats of each chat's totals, and the ratios.
 
     .venv/bin/python scripts/bench_typing.py --repeats 3
     .venv/bin/python scripts/bench_typing.py --turns 4 --mode plain
+    .venv/bin/python scripts/bench_typing.py --paste FILE --turns 2   # a file pasted into the first message
+
+With --paste the first message is FILE's text pasted before its question (by
+default the standard library's `colorsys.py`, 166 lines): typed, the paste is read
+while the question is written; sent, it is read at sending.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from _common import load
 from bench_chat_turns import QUESTIONS
@@ -134,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--paste", nargs="?", const=str(Path(sysconfig.get_paths()["stdlib"]) / "colorsys.py"),
+                    metavar="FILE", help="paste FILE's text into the first message (default: colorsys.py)")
     args = ap.parse_args(argv)
     try:
         engine = load(None, n_ctx=args.ctx, n_threads=args.threads)
@@ -141,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     params = GenerationParams(mode=args.mode, max_tokens=args.max_tokens, temperature=0.0)
-    questions = QUESTIONS[: args.turns]
+    questions = list(QUESTIONS[: args.turns])
+    if args.paste:
+        questions[0] = f"Here is a file:\n\n{Path(args.paste).read_text()}\n\nWhat does it do? Answer in two sentences."
     with engine:
         info = engine.describe()
         print(f"{machine()}; " + " + ".join(m.path.rsplit('/', 1)[-1] for m in info.models.values())
