@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: free ports, server processes, and engines.
+"""What the benchmark scripts share: free ports, server processes, and engines (and one
+that records the prompts it is given, for the baselines to be fed the same).
 
 The scripts run from a checkout with the project's virtualenv, where edgespec
 is installed editable (`.venv/bin/python scripts/X.py`): they import edgespec
@@ -29,17 +30,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def load(target: str | Path | None, draft: str | Path | None = None, *, pair: str | None = None, **options):
+def load(target: str | Path | None, draft: str | Path | None = None, *, pair: str | None = None,
+         no_draft: bool = False, **options):
     """edgespec.load.load_engine as the CLI calls it: registry names or paths
     (names downloaded when missing), else `pair`'s models (None: the bundled
-    pair). `options`: LoadSettings' fields."""
+    pair; `no_draft`: its target alone). `options`: LoadSettings' fields."""
     from edgespec.load import load_engine
     from edgespec.load_settings import LoadSettings
     from edgespec.models.fetch import resolve_model
     from edgespec.models.registry import DEFAULT_PAIR
 
     return load_engine(None if target is None else str(target), None if draft is None else str(draft),
-                       pair=pair or DEFAULT_PAIR, resolve=resolve_model, settings=LoadSettings(**options))
+                       pair=pair or DEFAULT_PAIR, no_draft=no_draft, resolve=resolve_model,
+                       settings=LoadSettings(**options))
 
 
 @dataclass
@@ -113,3 +116,20 @@ class Server:
             return self.log_path.read_text(errors="replace")[-n:]
         except OSError:
             return ""
+
+
+class Recorder:
+    """An engine that notes the prompt tokens of each generate(): the prompts a chat
+    sent, for a baseline (`Llama`, llama-server, a read from scratch) to be fed the same.
+    Everything else is the engine's."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.prompts: list[list[int]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, tokens, params, **kwargs):
+        self.prompts.append(list(tokens))
+        return self.engine.generate(tokens, params, **kwargs)

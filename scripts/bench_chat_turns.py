@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import load
+from _common import Recorder, load
 from edgespec.chat import ChatSession
 from edgespec.engine.events import GenerationParams
 from edgespec.errors import EdgespecError
@@ -36,21 +36,6 @@ QUESTIONS = [
     "Rewrite it with two pointers instead.",
     "Summarise the versions we wrote, one line each.",
 ]
-
-
-class _Recorder:
-    """The engine, noting each prompt the session sends (to replay it from scratch)."""
-
-    def __init__(self, engine):
-        self._engine = engine
-        self.prompts: list[list[int]] = []
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def generate(self, prompt_tokens, params):
-        self.prompts.append(list(prompt_tokens))
-        return self._engine.generate(prompt_tokens, params)
 
 
 def first_token_from_scratch(engine, prompt: list[int], params: GenerationParams) -> tuple[int, float]:
@@ -91,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         target = Path(info.target.path)
         print(" + ".join(Path(m.path).name for m in info.models.values())
               + f", mode {args.mode}, {info.backend}, n_ctx {engine.n_ctx}")
-        recorder = _Recorder(engine)
+        recorder = Recorder(engine)
         chat = ChatSession(recorder, template=args.template, params=params, model_name=target.name,
                            system_prompt="You are a concise coding assistant.")
         list(engine.generate(engine.tokenize("warm up", add_bos=True),
@@ -101,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in chat.send(question):
                 pass
             s = chat.messages[-1].stats
-            reuse.append((s["prompt_tokens"], s["prompt_evaluated"], s["ttft_s"], s["generated_tokens"],
-                          s["dropped_messages"]))
+            reuse.append((s.prompt_tokens, s.prompt_evaluated, s.ttft_s, s.generated_tokens, s.dropped_messages))
         scratch = [first_token_from_scratch(engine, p, params) for p in recorder.prompts]
 
     print(f"{'turn':>4} {'prompt':>7} {'reply':>6} | {'evaluated':>9} {'TTFT ms':>8} | "

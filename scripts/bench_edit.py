@@ -51,7 +51,7 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from _common import Server, ServerSpec, load
+from _common import Recorder, Server, ServerSpec, load
 
 from edgespec.bench import LlamaCppBaseline, machine, rotation
 from edgespec.chat import ChatSession
@@ -72,20 +72,6 @@ def rename_requests(source: str) -> list[str]:
         raise SystemExit("the file needs at least two public functions to rename")
     return [f"Rename the function `{name}` to `{name}_v2` everywhere in {{path}}, calls included. Change nothing else."
             for name in names]
-
-
-class Recorder:
-    """The engine, recording the prompt tokens of each generate() (for the baselines)."""
-
-    def __init__(self, engine):
-        self.engine, self.prompts = engine, []
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
-
-    def generate(self, tokens, params, **kwargs):
-        self.prompts.append(list(tokens))
-        return self.engine.generate(tokens, params, **kwargs)
 
 
 def run_edgespec(engine, source: str, name: str, requests: list[str], params: GenerationParams,

@@ -68,8 +68,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from _common import Server, ServerSpec, load
-from bench_edit import Recorder, keeping_cache, server_generate
+from _common import Recorder, Server, ServerSpec, load
+from bench_edit import keeping_cache, server_generate
 
 from edgespec.bench import LlamaCppBaseline, machine, rotation
 from edgespec.chat import ChatSession

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import load
+from _common import Recorder, load
 from bench_chat_turns import QUESTIONS
 
 from edgespec.bench import LlamaCppBaseline, machine, rotation
@@ -116,21 +116,6 @@ def llama_turn(base: LlamaCppBaseline, prompt: list[int], params: GenerationPara
     end = time.perf_counter()
     first = end if first is None else first
     return first - start, end - first, max(n - 1, 0)
-
-
-class Recorder:
-    """The engine, noting the prompt of each generate() (the chat Llama replays)."""
-
-    def __init__(self, engine):
-        self._engine = engine
-        self.prompts: list[list[int]] = []
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def generate(self, prompt_tokens, params, **kw):
-        self.prompts.append(list(prompt_tokens))
-        return self._engine.generate(prompt_tokens, params, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:

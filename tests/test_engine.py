@@ -155,12 +155,8 @@ def test_draft_model_reports_how_far_it_had_to_catch_up(engines):
     assert drafter.propose(history, 4, params, None).caught_up == 2  # the last draft token and the target's
 
 
-def test_the_draft_model_reads_the_prompt_before_its_first_draft(engines, monkeypatch):
-    """Once the first token is out, so that drafting starts with a warm draft
-    model (its first draft reads only the first token, as the target's first
-    pass does) and the first token does not wait for it."""
-    engine = engines["same"]
-    engine.reset()
+def draft_catch_ups(engine, monkeypatch) -> list[int]:
+    """What each draft of the engine's draft model read before drafting (Draft.caught_up), as they come."""
     caught_up = []
     propose = type(engine.draft_model).propose
 
@@ -170,6 +166,16 @@ def test_the_draft_model_reads_the_prompt_before_its_first_draft(engines, monkey
         return draft
 
     monkeypatch.setattr(type(engine.draft_model), "propose", spy)
+    return caught_up
+
+
+def test_the_draft_model_reads_the_prompt_before_its_first_draft(engines, monkeypatch):
+    """Once the first token is out, so that drafting starts with a warm draft
+    model (its first draft reads only the first token, as the target's first
+    pass does) and the first token does not wait for it."""
+    engine = engines["same"]
+    engine.reset()
+    caught_up = draft_catch_ups(engine, monkeypatch)
     run(engine, PROMPTS[4], mode="draft", k=4, max_tokens=10)
     assert len(PROMPTS[4]) > 2 and caught_up[0] == 1
 
@@ -189,15 +195,7 @@ def test_reading_ahead_fills_the_caches_a_reply_then_reads_only_the_rest_of(engi
     engine.reset()
     list(engine.read(prompt[:-3], GenerationParams(mode="draft", k=4)))
     assert engine.target_seq.tokens == engine.draft_seq.tokens == prompt[:-3]
-    caught_up = []
-    propose = type(engine.draft_model).propose
-
-    def spy(self, *args, **kwargs):
-        draft = propose(self, *args, **kwargs)
-        caught_up.append(draft.caught_up)
-        return draft
-
-    monkeypatch.setattr(type(engine.draft_model), "propose", spy)
+    caught_up = draft_catch_ups(engine, monkeypatch)
     before = engine.draft_seq.evaluated
     tokens, _, last = run(engine, prompt, mode="draft", k=4, max_tokens=10)
     assert tokens == expected and last.stats.prompt_evaluated == 3
