@@ -48,6 +48,7 @@ def main() -> int:
     args = parser.parse_args()
     with engine_from_args(args) as engine:
         print(f"{machine()}; exact kernels: {engine.describe().exact}")
+        engine.auto(GenerationParams(mode="auto"))  # calibrated now: a first run's calibration is no cycle's
         for prompt in load_prompts(categories=args.category):
             tokens = encode_prompt(engine, prompt.prompt).tokens
             cost, total, ratios = defaultdict(float), defaultdict(int), []

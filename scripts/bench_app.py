@@ -66,8 +66,11 @@ async def in_app(engine, settings: ChatSettings, folder: Path) -> float:
             while app.chat.generating:
                 await asyncio.sleep(0.05)
             stats = store.messages(app.chat.conversation_id)[-1].stats
-            app.engine = None  # the engine is ours: the app must not close it
-    return stats["tokens_per_s"]
+            await asyncio.sleep(0.5)  # the reply's end starts a reading ahead (the next turn's head): let it end
+            while any(w.group == "read-ahead" and not w.is_finished for w in app.workers):
+                await asyncio.sleep(0.05)
+            app.engine = None  # the engine is ours: the app must not close it, nor use it after this
+    return stats.tokens_per_s
 
 
 def main() -> int:
