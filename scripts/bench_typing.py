@@ -58,19 +58,15 @@ class Totals:
     decode_s: float = 0.0
     tokens: int = 0
     read_ahead_s: float = 0.0
-    read_ahead_tokens: int = 0
     prompt_evaluated: int = 0
     draft_ahead: int = 0
     """Turns whose reading ahead the draft model read too."""
     replies: list[str] = field(default_factory=list)
-    turns: list[float] = field(default_factory=list)
-    """Each turn's time to the first token."""
 
     def add(self, ttft_s: float, decode_s: float, tokens: int) -> None:
         self.ttft_s += ttft_s
         self.decode_s += decode_s
         self.tokens += tokens
-        self.turns.append(ttft_s)
 
     @property
     def wait_s(self) -> float:
@@ -167,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                     for q in questions:
                         if way == "typed":
                             start = time.perf_counter()
-                            t.read_ahead_tokens += session.read_ahead(words=q)
+                            session.read_ahead(words=q)
                             t.read_ahead_s += time.perf_counter() - start
                             draft = engine.draft_seq
                             t.draft_ahead += bool(draft and draft.tokens and draft.tokens == engine.target_seq.tokens)
@@ -187,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n{'way':<6} {'wait s':>7} {'TTFT s':>7} {'tok/s':>6} {'read at send':>12} {'read ahead':>16}")
     for way in WAYS:
-        ahead = (f"{med(way, 'read_ahead_tokens'):.0f} tok {med(way, 'read_ahead_s'):.1f} s, "
+        ahead = (f"{med(way, 'read_ahead_s'):.1f} s, "
                  f"draft model in {med(way, 'draft_ahead'):.0f} of {args.turns} turns" if way == "typed" else "-")
         sent = f"{med(way, 'prompt_evaluated'):.0f} tok" if way != "Llama" else "-"
         print(f"{way:<6} {med(way, 'wait_s'):>7.2f} {med(way, 'ttft_s'):>7.2f} {med(way, 'tokens_per_s'):>6.1f} "

@@ -110,7 +110,7 @@ class ChatScreen(Screen):
         self._typing_paused = None
         """The timer that reads the words ahead once the typing pauses (READ_AHEAD_PAUSE_S)."""
         self._read_words = ""
-        """The words of the message the last reading ahead was for (settled_words of them are read)."""
+        """The words the last reading ahead read of the message (settled_words of it)."""
         self.applied: list = []
         """The edits written by the last apply (workspace.apply.Applied), for F9 to undo."""
 
@@ -480,7 +480,7 @@ class ChatScreen(Screen):
         text = self.query_one(PromptInput).text
         bar = self.query_one(AttachmentBar)
         files = [*bar.paths, *(p for p in self._at_paths(text) if p not in bar.paths)]  # as _send attaches them
-        self._read_words = text
+        self._read_words = settled_words(text)
         self._read_ahead_worker(session, files, text)
 
     @work(thread=True, exclusive=True, group="read-ahead")
@@ -504,7 +504,7 @@ class ChatScreen(Screen):
     def _typed(self, event: TextArea.Changed) -> None:
         """Read the words ahead once the typing pauses (READ_AHEAD_PAUSE_S); stop a reading
         of words taken back (a long paste replaced: the message sent would wait for it)."""
-        if not event.text_area.text.startswith(settled_words(self._read_words)):
+        if not event.text_area.text.startswith(self._read_words):
             self._stop_reading_ahead()
         if self._typing_paused is not None:
             self._typing_paused.stop()
