@@ -22,13 +22,14 @@ from edgespec import cli  # noqa: E402
 from edgespec.chat.template import chat_template  # noqa: E402
 from edgespec.cli.options import params_from_args  # noqa: E402
 from edgespec.cli.serve import API_KEY_ENV  # noqa: E402
-from edgespec.engine.events import GenerationParams  # noqa: E402
+from edgespec.engine.events import Chunk, GenerationParams, Stats  # noqa: E402
 from edgespec.engine.runtime import Engine, ModelSettings  # noqa: E402
 from edgespec.errors import ModelFileError, ServeError, WorkerLostError, WorkerUnreachableError  # noqa: E402
 from edgespec.net import is_loopback  # noqa: E402
 from edgespec.server import ServerSettings, bind, check_exposure, create_app, run  # noqa: E402
 from tests.fakes import FakeEngine, SlowReader  # noqa: E402
 from tests.server_helpers import KEY, ServerThread, http  # noqa: E402
+from tests.synthetic import FIRST_WORD  # noqa: E402
 
 MODEL = "smollm2"
 CTX = 1024
@@ -295,6 +296,148 @@ def test_a_client_gone_while_its_long_prompt_is_read_frees_the_engine_between_ba
         assert engine.ended.wait(30)
         assert engine.batches_read[0] < engine.batches, engine.batches_read  # stopped, not read to the end
         assert engine.interrupts == 1  # and the engine was told mid-batch (a real batch takes seconds)
+    finally:
+        served.stop()
+
+
+def until(condition, timeout_s: float = 10.0) -> bool:
+    """Whether `condition()` holds within `timeout_s` (checked every 10 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def completion_body(**fields) -> bytes:
+    return json.dumps({"prompt": "hi", "max_tokens": 5, **fields}).encode()
+
+
+def test_an_idle_server_reads_the_conversation_with_its_last_reply_ahead_in_that_replys_mode():
+    """An editor's or agent's next request comes seconds after a reply (a person reads it,
+    a tool runs) and starts with the prompt and that reply: the server reads them into
+    the models meanwhile (Engine.read, as the chat does after each reply), in the reply's
+    mode (whether a draft model reads them), once."""
+    engine = FakeEngine()
+    served = ServerThread(create_app(lambda: engine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        status, body = http("POST", served.url + "/v1/completions",
+                            completion_body(max_tokens=20, speculation={"mode": "draft", "k": 3}))
+        assert status == 200
+        assert until(lambda: engine.reads)
+        tokens, params = engine.reads[0]
+        assert tokens == engine.prompts[0] + engine.tokenize(body["choices"][0]["text"], special=False)
+        assert (params.mode, params.k) == ("draft", 3)
+        status, body = http("POST", served.url + "/v1/completions", completion_body(prompt=[5, 6, 7]))
+        assert status == 200 and until(lambda: len(engine.reads) == 2)
+        assert engine.reads[1][0] == [5, 6, 7, *engine.tokenize(body["choices"][0]["text"])]  # token ids, as sent
+        time.sleep(0.2)
+        assert len(engine.reads) == 2  # once a reply
+    finally:
+        served.stop()
+
+
+class SlowAhead(FakeEngine):
+    """Reads ahead for 200 batches of 50 ms; interrupt() ends the reading at its next
+    batch. As the engine's, a reading forgets an interrupt that came before it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.reading = threading.Event()
+        self.batches_read: list[int] = []
+        self._stop = threading.Event()
+
+    def interrupt(self) -> None:
+        super().interrupt()
+        self._stop.set()
+
+    def read(self, prompt_tokens, params):
+        self._stop.clear()
+        read = 0
+        try:
+            for read in range(1, 201):
+                if self._stop.is_set():
+                    return
+                self.reading.set()
+                time.sleep(0.05)
+                yield Chunk("", stats=Stats(prompt_tokens=len(prompt_tokens), prompt_evaluated=read))
+            yield from super().read(prompt_tokens, params)
+        finally:
+            self.batches_read.append(read)
+
+
+def test_a_request_that_comes_while_the_server_reads_ahead_stops_the_reading():
+    """Reading ahead is what the server does with its idle time: the next request does
+    not wait for it (10 s here), nor a request that was already waiting."""
+    engine = SlowAhead()
+    served = ServerThread(create_app(lambda: engine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        assert http("POST", served.url + "/v1/completions", completion_body())[0] == 200
+        assert engine.reading.wait(30)
+        status, body = http("POST", served.url + "/v1/completions", completion_body(prompt="again"))
+        assert status == 200 and body["choices"][0]["text"] == "reply"
+        assert until(lambda: len(engine.batches_read) == 2)  # the second reply's reading ahead, stopped too
+        assert engine.batches_read[0] < 200 and len(engine.prompts) == 2, engine.batches_read
+    finally:
+        served.stop()
+    assert engine.batches_read[1] < 200 and engine.closed
+
+
+@pytest.mark.parametrize("fatal", [True, False])
+def test_a_reading_ahead_that_fails_is_told_at_the_next_request_only_where_it_lost_the_engine(fatal):
+    """A worker lost while the server reads ahead leaves the engine unusable, as one lost
+    mid-reply: /health says so and the next request loads the model again. Any other
+    failure of a reading that nobody asked for is logged, and the server goes on."""
+    error = WorkerLostError("lost the RPC worker at 127.0.0.1:50052 (connection closed)") if fatal \
+        else RuntimeError("the draft model's cache is full")
+    engines = []
+
+    class FailingReader(FakeEngine):
+        def read(self, prompt_tokens, params):
+            if self is engines[0]:
+                raise error
+            yield from super().read(prompt_tokens, params)
+
+    def load():
+        engines.append(FailingReader())
+        return engines[-1]
+
+    served = ServerThread(create_app(load, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        assert http("POST", served.url + "/v1/completions", completion_body())[0] == 200
+        if fatal:
+            assert until(lambda: engines[0].closed)
+            status, body = http("GET", served.url + "/health")
+            assert status == 503 and body["error"]["code"] == "worker_lost"
+        status, body = http("POST", served.url + "/v1/completions", completion_body())
+        assert status == 200 and body["choices"][0]["text"] == "reply"
+        assert len(engines) == (2 if fatal else 1) and http("GET", served.url + "/health")[0] == 200
+    finally:
+        served.stop()
+
+
+def test_the_draft_model_holds_the_conversation_with_the_reply_before_the_next_request(synth_target,
+                                                                                   synth_near_draft):
+    """The real engine (synthetic models): once a reply in draft mode is out, both models
+    read it and the target its last token, all before the next request comes."""
+    def settings(path):
+        return ModelSettings(path, n_ctx=256, n_threads=1, n_batch=64)
+
+    engine = Engine.load(settings(synth_target), settings(synth_near_draft))
+    served = ServerThread(create_app(lambda: engine, ServerSettings(model_id="synthetic")))
+    try:
+        served.wait_ready(30)
+        prompt = [1, *range(FIRST_WORD + 30, FIRST_WORD + 58)]
+        status, body = http("POST", served.url + "/v1/completions",
+                            completion_body(prompt=prompt, max_tokens=10, speculation={"mode": "draft", "k": 4}))
+        assert status == 200
+        n = len(prompt) + body["usage"]["completion_tokens"]
+        assert until(lambda: len(engine.draft_seq.tokens) == n)
+        assert engine.draft_seq.tokens == engine.target_seq.tokens and engine.target_seq.tokens[:len(prompt)] == prompt
     finally:
         served.stop()
 

@@ -395,10 +395,14 @@ class Engine:
     def read(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
         """Read `prompt_tokens` into the caches and reply nothing: the start of a prompt
         not sent yet (a chat's conversation, attached files and the words written so
-        far), so that the reply to a prompt that starts with them reads only the rest,
-        in the target and in the draft model alike, where params' policy drafts with
-        it (Policy.read_ahead). Streams as generate() does while the target reads;
-        interrupt() stops either reading, keeping what was read."""
+        far; the server's last reply), so that the reply to a prompt that starts with
+        them reads only the rest, in the target and in the draft model alike, where
+        params' policy drafts with it (Policy.read_ahead). Streams as generate() does
+        while the target reads; interrupt() stops the reading, whichever model reads,
+        keeping what was read."""
+        return self._interruptible(self._read(prompt_tokens, params))
+
+    def _read(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:
         def held() -> bool:
             return self._target.seq.tokens[: len(prompt_tokens)] == list(prompt_tokens)
 
@@ -406,8 +410,7 @@ class Engine:
             read = GenerationParams(mode="plain", temperature=0.0, max_tokens=1)  # the first token costs no pass
             yield from self.generate(prompt_tokens, read)
         if held():  # not stopped
-            policy = self.policy(replace(params, mode=decoded_mode(params)))
-            yield from self._interruptible(_reading_ahead(policy, prompt_tokens))
+            self.policy(replace(params, mode=decoded_mode(params))).read_ahead(prompt_tokens)
 
     # -- the lookup pool: earlier text the pool drafter proposes from ------
     def remember(self, doc: str, tokens: Sequence[int]) -> None:
@@ -455,8 +458,9 @@ class Engine:
 
     def _interruptible(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
         with self._stream_lock:
+            if not self._streams:  # (within one, as the target's part of a read(), it is for that one)
+                self._abort(False)  # an interrupt was for the replies before this one
             self._streams += 1
-            self._abort(False)  # an interrupt was for the replies before this one
         try:
             yield from chunks
         except DecodeAborted:  # interrupt(): the decoder's cleanup has run, the caches are consistent
@@ -545,9 +549,3 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _reading_ahead(policy: Policy, prompt_tokens: Sequence[int]) -> Iterator[Chunk]:
-    """Engine.read's reading by the drafters, as a stream that interrupt() can stop."""
-    policy.read_ahead(prompt_tokens)
-    yield from ()

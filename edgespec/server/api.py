@@ -76,7 +76,7 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
     thread once the server is up (GET /health answers 503 until it returns), and
     the app closes the engine when it stops."""
     thread: EngineThread[Completer] = EngineThread(lambda: Completer(load(), template=settings.template),
-                                                   fatal=(WorkerLostError,))
+                                                   fatal=(WorkerLostError,), idle=Completer.read_ahead)
     started = int(time.time())
 
     @asynccontextmanager

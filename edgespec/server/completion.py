@@ -51,6 +51,9 @@ class Completer:
         """The GGUF file names served, by role ("target", "draft")."""
         self._encoder = PromptEncoder(engine, template=template, model=self.files["target"])
         """Without a usable template raw completions still work; chat requests are told why not."""
+        self._ahead: tuple[list[int], GenerationParams] | None = None
+        """What the next request likely starts with (the last prompt and its reply), and
+        the reply's params, until read ahead."""
 
     @property
     def n_ctx(self) -> int:
@@ -80,11 +83,12 @@ class Completer:
             raise ContextFullError(
                 f"This model's maximum context length is {n_ctx} tokens, but the prompt has {len(tokens)} "
                 f"tokens. Shorten the prompt, or restart the server with a larger context (--ctx).")
+        self._ahead = None
         stream = self.engine.generate(tokens, params, regions=regions)
-        return self._stream(stream, prompt, request_id, doc, tokens)
+        return self._stream(stream, prompt, request_id, doc, tokens, params)
 
-    def _stream(self, stream, prompt, request_id, doc, tokens) -> Iterator[Delta | Done]:
-        reply, reply_tokens, stats = [], [], None
+    def _stream(self, stream, prompt, request_id, doc, tokens, params) -> Iterator[Delta | Done]:
+        reply, reply_tokens, stats, ended = [], [], None, None
         try:
             for chunk in stream:
                 if stats is None:
@@ -93,6 +97,7 @@ class Completer:
                 reply.append(chunk.text)
                 reply_tokens += chunk.tokens
                 if chunk.finish_reason:
+                    ended = chunk.finish_reason
                     yield Done(chunk.text, FINISH_REASONS.get(chunk.finish_reason, "stop"), stats)
                 else:  # empty while a long prompt is read: each is a point where a client gone is noticed
                     yield Delta(chunk.text)
@@ -101,9 +106,22 @@ class Completer:
             if prompt is not None:
                 self._encoder.remember(prompt, "".join(reply), reply_tokens)
             self.engine.remember(doc, [*tokens, *reply_tokens])
+            if ended not in (None, "cancelled", "context"):
+                self._ahead = ([*tokens, *reply_tokens], params)
             if stats is not None:
                 log.info("%s: %d prompt tokens (%d evaluated); %s", request_id, stats.prompt_tokens,
                          stats.prompt_evaluated, stats_line(stats))
+
+    def read_ahead(self) -> Iterator[object]:
+        """Read the last prompt and its reply into the models, in the reply's mode
+        (Engine.read), once: the server's idle work (EngineThread). An editor's or
+        agent's next request starts with them and comes seconds later (a person reads
+        the reply, a tool runs), and reading them then would hold it up: into a draft
+        model the whole conversation when it sat out the reply, as auto leaves it
+        where it cannot pay; the chat reads each reply ahead the same way."""
+        if self._ahead is not None:
+            (tokens, params), self._ahead = self._ahead, None
+            yield from self.engine.read(tokens, params)
 
     def interrupt(self) -> None:
         """From any thread: end the reply in progress now (Engine.interrupt)."""

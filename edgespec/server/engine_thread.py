@@ -8,14 +8,21 @@ yields is passed to the request's event loop as it comes. Cancelling a job
 `interrupt()`, as the engine, stops the decode in progress too: a long prompt's
 batch), and the generator is closed so that the engine leaves its caches
 consistent; the next job starts at once.
+
+Between jobs, while none waits, the thread does the resource's idle work (the
+engine reading ahead what the next request will likely start with): a job
+submitted meanwhile interrupts it, so that no request waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from typing import Any, Callable, Generic, Iterator, TypeVar
+
+log = logging.getLogger("edgespec.server")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -80,11 +87,24 @@ class EngineThread(Generic[R]):
     thread is not ready, and if it fails, `error` says why. A job that fails
     with one of `fatal` (the resource can no longer be used, as an engine
     whose RPC worker went away) closes the resource, and the next job loads it
-    again first; until that works, `lost` says why."""
+    again first; until that works, `lost` says why.
 
-    def __init__(self, load: Callable[[], R], *, fatal: tuple[type[BaseException], ...] = ()):
+    `idle` gives the work to do while no job waits (none: nothing), as a job's is
+    done, but what it yields goes to nobody, a job submitted meanwhile interrupts
+    it, and a failure is only logged, unless it is one of `fatal`."""
+
+    IDLE_INTERRUPT_S = 0.02
+    """How often a job that waits for idle work interrupts it again until it has
+    stopped: the resource may forget an interrupt that came just before its work began."""
+
+    def __init__(self, load: Callable[[], R], *, fatal: tuple[type[BaseException], ...] = (),
+                 idle: Callable[[R], Iterator[Any]] | None = None):
         self._load = load
         self._fatal = fatal
+        self._idle = idle
+        self._idle_lock = threading.Lock()
+        self._idling = False
+        """Whether the idle work runs (under _idle_lock: a job that comes then interrupts it)."""
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
         self._loaded = threading.Event()
@@ -111,10 +131,26 @@ class EngineThread(Generic[R]):
         return self._loaded.wait(timeout)
 
     def submit(self, work: Callable[[R], Iterator[T]]) -> Job[R, T]:
-        """Queue `work` (call from the event loop); it runs after every job queued before it."""
-        job = Job(work, asyncio.get_running_loop())
-        self._jobs.put(job)
+        """Queue `work` (call from the event loop); it runs after every job queued before
+        it, and stops the idle work at once."""
+        loop = asyncio.get_running_loop()
+        job = Job(work, loop)
+        with self._idle_lock:
+            self._jobs.put(job)
+        self._interrupt_idle(loop)
         return job
+
+    def _interrupt_idle(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Interrupt the idle work, if it runs, and with `loop`, again every
+        IDLE_INTERRUPT_S until it has stopped."""
+        with self._idle_lock:  # held while interrupting: the idle work cannot end and a job begin meanwhile
+            if not self._idling:
+                return
+            interrupt = getattr(self.resource, "interrupt", None)
+            if interrupt is not None:
+                interrupt()
+        if loop is not None:
+            loop.call_later(self.IDLE_INTERRUPT_S, self._interrupt_idle, loop)
 
     def stop(self) -> None:
         """Cancel the running and queued jobs, wait for the thread, close the resource."""
@@ -122,7 +158,9 @@ class EngineThread(Generic[R]):
         current = self._current
         if current is not None:
             current.cancel()
-        self._jobs.put(None)
+        with self._idle_lock:
+            self._jobs.put(None)
+        self._interrupt_idle()
         if self._thread.is_alive():
             self._thread.join()
 
@@ -136,7 +174,7 @@ class EngineThread(Generic[R]):
         finally:
             self._loaded.set()
         try:
-            while (job := self._jobs.get()) is not None:
+            while (job := self._next_job()) is not None:
                 if self._stopping:
                     job.cancel()
                 self._current = job
@@ -146,6 +184,35 @@ class EngineThread(Generic[R]):
         finally:
             if self.lost is None:
                 self.resource.close()
+
+    def _next_job(self) -> Job | None:
+        """The next job, doing the idle work first if none waits."""
+        if self._idle is not None and self.lost is None and not self._stopping:
+            self._do_idle_work()
+        return self._jobs.get()
+
+    def _do_idle_work(self) -> None:
+        with self._idle_lock:
+            if not self._jobs.empty():
+                return
+            self._idling = True
+        items: Iterator[Any] | None = None
+        try:
+            items = self._idle(self.resource)
+            for _ in items:
+                if not self._jobs.empty():
+                    break
+        except Exception as e:  # nobody asked for this work: nobody to tell, unless the resource is lost
+            if isinstance(e, self._fatal):
+                self.lost = e
+                self.resource.close()
+            else:
+                log.warning("reading ahead failed: %s", e)
+        finally:
+            with self._idle_lock:
+                self._idling = False
+            if self.lost is None:
+                getattr(items, "close", lambda: None)()
 
     def _reload(self, job: Job) -> bool:
         if job.cancelled:
