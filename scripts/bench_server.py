@@ -219,6 +219,7 @@ def run_turn(client, model: str, messages: list[dict], max_tokens: int, *, clock
         "completion_tokens": n,
         "counted_by": "usage" if usage else "chunks",
         "ttft_s": (first or end) - start,
+        "total_s": end - start,
         "tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
         "server_tokens_per_s": timings.get("predicted_per_second") if timings else None,
         "drafted": timings.get("draft_n") if timings else None,
@@ -237,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=2048, help="per reply (the whole file is ~1500 tokens)")
     ap.add_argument("--fixed", action="store_true",
                     help="send the reference replies as the assistant turns, not the server's own")
+    ap.add_argument("--pause", type=float, default=0.0, metavar="S",
+                    help="seconds between a reply and the next request (a person reading it, a tool "
+                         "running), which a server may use to read ahead; not counted")
     ap.add_argument("--json", metavar="FILE", help="also write the per-turn results here")
     args = ap.parse_args(argv)
 
@@ -250,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'reply':>6} {'TTFT s':>7} {'tok/s':>7} {'accept':>7}")
     results = []
     for turn in range(min(args.turns, len(EDITS))):
+        if turn and args.pause:
+            time.sleep(args.pause)
         if args.fixed:
             messages = fixed_session(turn)
         elif turn:
