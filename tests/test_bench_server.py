@@ -83,7 +83,7 @@ def test_ttft_is_the_first_content_and_the_rate_leaves_the_first_token_out(bs):
               _chunk(usage=SimpleNamespace(prompt_tokens=100, completion_tokens=9),
                      timings={"cache_n": 40, "predicted_per_second": 2.5, "draft_n": 10, "draft_n_accepted": 6})]
     r = bs.run_turn(_FakeClient(chunks), "m", [], 16, clock=lambda: next(times))
-    assert r["ttft_s"] == 2.0
+    assert r["ttft_s"] == 2.0 and r["total_s"] == 6.0
     assert r["tokens_per_s"] == 8 / 4.0  # usage's 9 tokens, not the 3 chunks; the first is TTFT's
     assert (r["counted_by"], r["prompt_tokens"], r["cached_tokens"]) == ("usage", 100, 40)
     assert r["acceptance"] == 0.6 and r["server_tokens_per_s"] == 2.5
@@ -94,6 +94,25 @@ def test_without_usage_the_content_chunks_are_counted(bs):
     r = bs.run_turn(_FakeClient([_chunk("a"), _chunk("b"), _chunk("c")]), "m", [], 16, clock=lambda: next(times))
     assert (r["counted_by"], r["completion_tokens"], r["tokens_per_s"]) == ("chunks", 3, 1.0)
     assert r["acceptance"] is None and r["cached_tokens"] is None
+
+
+def test_the_pause_comes_between_a_reply_and_the_next_request_and_is_not_timed(bs, monkeypatch):
+    openai = pytest.importorskip("openai")
+    sleeps, requests = [], []
+
+    class Client:
+        def __init__(self, **kwargs):
+            self.models = SimpleNamespace(list=lambda: iter([SimpleNamespace(id="m")]))
+            self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+        def create(self, **kwargs):
+            requests.append(len(sleeps))
+            return iter([_chunk("a")])
+
+    monkeypatch.setattr(openai, "OpenAI", Client)
+    monkeypatch.setattr(bs.time, "sleep", sleeps.append)
+    assert bs.main(["--turns", "3", "--pause", "2.5"]) == 0
+    assert sleeps == [2.5, 2.5] and requests == [0, 1, 2]
 
 
 # -- order, ratios, goal, tables ----------------------------------------------------------------------
