@@ -370,20 +370,24 @@ class SlowAhead(FakeEngine):
 
 def test_a_request_that_comes_while_the_server_reads_ahead_stops_the_reading():
     """Reading ahead is what the server does with its idle time: the next request does
-    not wait for it (10 s here), nor a request that was already waiting."""
+    not wait for it (10 s here), and the reading after that request's reply goes on
+    until the server stops, which stops it too."""
     engine = SlowAhead()
     served = ServerThread(create_app(lambda: engine, ServerSettings(model_id="fake")))
     try:
         served.wait_ready(30)
         assert http("POST", served.url + "/v1/completions", completion_body())[0] == 200
         assert engine.reading.wait(30)
+        engine.reading.clear()
         status, body = http("POST", served.url + "/v1/completions", completion_body(prompt="again"))
         assert status == 200 and body["choices"][0]["text"] == "reply"
-        assert until(lambda: len(engine.batches_read) == 2)  # the second reply's reading ahead, stopped too
-        assert engine.batches_read[0] < 200 and len(engine.prompts) == 2, engine.batches_read
+        assert engine.batches_read[:1] and engine.batches_read[0] < 200 and len(engine.prompts) == 2
+        assert engine.reading.wait(30)
+        time.sleep(0.2)  # what stopped the first reading must not stop this one
+        assert len(engine.batches_read) == 1, engine.batches_read
     finally:
         served.stop()
-    assert engine.batches_read[1] < 200 and engine.closed
+    assert len(engine.batches_read) == 2 and engine.batches_read[1] < 200 and engine.closed
 
 
 @pytest.mark.parametrize("fatal", [True, False])

@@ -105,6 +105,8 @@ class EngineThread(Generic[R]):
         self._idle_lock = threading.Lock()
         self._idling = False
         """Whether the idle work runs (under _idle_lock: a job that comes then interrupts it)."""
+        self._idle_runs = 0
+        """How many times the idle work has begun: a job interrupts the run it found, not a later one."""
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
         self._loaded = threading.Event()
@@ -137,20 +139,21 @@ class EngineThread(Generic[R]):
         job = Job(work, loop)
         with self._idle_lock:
             self._jobs.put(job)
-        self._interrupt_idle(loop)
+            run = self._idle_runs
+        self._interrupt_idle(run, loop)
         return job
 
-    def _interrupt_idle(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Interrupt the idle work, if it runs, and with `loop`, again every
+    def _interrupt_idle(self, run: int, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Interrupt the idle work's `run`, if it runs, and with `loop`, again every
         IDLE_INTERRUPT_S until it has stopped."""
         with self._idle_lock:  # held while interrupting: the idle work cannot end and a job begin meanwhile
-            if not self._idling:
+            if not self._idling or self._idle_runs != run:
                 return
             interrupt = getattr(self.resource, "interrupt", None)
             if interrupt is not None:
                 interrupt()
         if loop is not None:
-            loop.call_later(self.IDLE_INTERRUPT_S, self._interrupt_idle, loop)
+            loop.call_later(self.IDLE_INTERRUPT_S, self._interrupt_idle, run, loop)
 
     def stop(self) -> None:
         """Cancel the running and queued jobs, wait for the thread, close the resource."""
@@ -160,7 +163,8 @@ class EngineThread(Generic[R]):
             current.cancel()
         with self._idle_lock:
             self._jobs.put(None)
-        self._interrupt_idle()
+            run = self._idle_runs
+        self._interrupt_idle(run)
         if self._thread.is_alive():
             self._thread.join()
 
@@ -196,6 +200,7 @@ class EngineThread(Generic[R]):
             if not self._jobs.empty():
                 return
             self._idling = True
+            self._idle_runs += 1
         items: Iterator[Any] | None = None
         try:
             items = self._idle(self.resource)
