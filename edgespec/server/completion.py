@@ -116,9 +116,9 @@ class Completer:
         """Read the last prompt and its reply into the models, in the reply's mode
         (Engine.read), once: the server's idle work (EngineThread). An editor's or
         agent's next request starts with them and comes seconds later (a person reads
-        the reply, a tool runs), and reading them then would hold it up: into a draft
-        model the whole conversation when it sat out the reply, as auto leaves it
-        where it cannot pay; the chat reads each reply ahead the same way."""
+        the reply, a tool runs); read then, they would hold it up (a draft model that
+        sat the reply out reads it all before its first draft). The chat reads each
+        reply ahead the same way."""
         if self._ahead is not None:
             (tokens, params), self._ahead = self._ahead, None
             yield from self.engine.read(tokens, params)

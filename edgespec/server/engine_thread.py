@@ -164,9 +164,9 @@ class EngineThread(Generic[R]):
         with self._idle_lock:
             self._jobs.put(None)
             run = self._idle_runs
-        self._interrupt_idle(run)
-        if self._thread.is_alive():
-            self._thread.join()
+        while self._thread.is_alive():
+            self._interrupt_idle(run)
+            self._thread.join(self.IDLE_INTERRUPT_S)
 
     # -- the thread
     def _run(self) -> None:
