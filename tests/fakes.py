@@ -63,6 +63,8 @@ class FakeEngine:
         """The prompt regions of every generate() call, in order."""
         self.interrupts = 0
         """interrupt() calls (the real engine stops the decode in progress)."""
+        self.drafters_interrupts = 0
+        """interrupt_drafters_reading() calls (the real engine stops a read()'s drafters' part)."""
         self.remembered: dict[str, list[int]] = {}
         """The lookup pool: what remember() was given last for each document."""
         self.forgotten: list[str] = []
@@ -99,6 +101,9 @@ class FakeEngine:
     # -- generation --------------------------------------------------------------------
     def interrupt(self) -> None:
         self.interrupts += 1
+
+    def interrupt_drafters_reading(self) -> None:
+        self.drafters_interrupts += 1
 
     def remember(self, doc: str, tokens) -> None:
         self.remembered[doc] = list(tokens)
@@ -307,3 +312,41 @@ class SlowReader(FakeEngine):
         finally:
             self._reading_prompt = False
             self.batches_read.append(read)
+
+
+class SlowDraftReader(FakeEngine):
+    """Reads ahead as the engine does after a reply: the target at once, then the draft
+    model for 200 batches of 50 ms (10 s), which interrupt_drafters_reading() or
+    interrupt() ends at its next batch."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.drafting_read = threading.Event()
+        """Set once the draft model's reading has begun."""
+        self.draft_batches_read: list[int] = []
+        self._stop = threading.Event()
+        self._in_drafters = False
+
+    def interrupt(self) -> None:
+        super().interrupt()
+        self._stop.set()
+
+    def interrupt_drafters_reading(self) -> None:
+        super().interrupt_drafters_reading()
+        if self._in_drafters:
+            self._stop.set()
+
+    def read(self, prompt_tokens, params):
+        yield from super().read(prompt_tokens, params)
+        self._stop.clear()
+        self._in_drafters = True
+        read = 0
+        try:
+            for read in range(1, 201):
+                if self._stop.is_set():
+                    return
+                self.drafting_read.set()
+                time.sleep(0.05)
+        finally:
+            self._in_drafters = False
+            self.draft_batches_read.append(read)

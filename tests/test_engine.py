@@ -203,6 +203,43 @@ def test_reading_ahead_fills_the_caches_a_reply_then_reads_only_the_rest_of(engi
     assert engine.draft_seq.evaluated - before <= 3 + sum(caught_up) + 4 * len(caught_up)
 
 
+def test_a_message_sent_stops_the_draft_models_reading_ahead_not_the_targets_nor_a_reply(engines, monkeypatch):
+    """interrupt_drafters_reading(): a message sent while the draft model catches up
+    with a reply (seconds at a long context on a CPU, for a model the next reply may
+    leave out) does not wait for it; the target's reading of what the message needs
+    goes on, and a reply is never stopped by it."""
+    engine = engines["same"]
+    prompt = PROMPTS[4]
+    engine.reset()
+    drafter = type(engine.draft_model)
+    prefill = drafter.prefill
+
+    def sent_meanwhile(self, tokens):
+        engine.interrupt_drafters_reading()  # what the app does when a message is sent now
+        prefill(self, tokens)
+
+    monkeypatch.setattr(drafter, "prefill", sent_meanwhile)
+    list(engine.read(prompt, GenerationParams(mode="draft", k=4)))
+    assert engine.target_seq.tokens == prompt and engine.draft_seq.tokens != prompt
+    monkeypatch.setattr(drafter, "prefill", prefill)
+    engine.reset()
+    stopped_target = []
+
+    def reading_target():
+        for chunk in engine.read(prompt, GenerationParams(mode="plain")):
+            engine.interrupt_drafters_reading()
+            stopped_target.append(chunk.finish_reason)
+
+    reading_target()
+    assert engine.target_seq.tokens == prompt and "cancelled" not in stopped_target
+    expected, _, _ = run(engine, prompt, mode="draft", k=4, max_tokens=12)
+    tokens = []
+    for chunk in engine.generate(prompt, GenerationParams(mode="draft", k=4, max_tokens=12)):
+        engine.interrupt_drafters_reading()
+        tokens += chunk.tokens
+    assert tokens == expected
+
+
 def test_calibration_measures_costs_and_leaves_the_caches_as_they_were(engines, synth_target):
     engine = engines["same"]
     engine.reset()

@@ -11,7 +11,7 @@ from edgespec.tui.screens.picker import FilePickerScreen, ProjectTree
 from edgespec.tui.widgets.chips import AttachmentBar, ChipView
 from edgespec.tui.widgets.prompt_input import PromptInput
 from tests.app_helpers import boxes, make_app, send, wait_for
-from tests.fakes import SlowReader
+from tests.fakes import SlowDraftReader, SlowReader
 
 APP = "def greet(name):\n    print('hi', name)\n"
 RENAMED = "def greet(person):\n    print('hi', person)\n"
@@ -107,6 +107,23 @@ async def test_the_words_are_read_ahead_when_the_typing_pauses_and_the_reply_aft
         assert sent[:len(ahead)] == ahead and prompt.text == ""
         await wait_for(pilot, lambda: len(engine.reads[-1][0]) > len(sent))
         assert engine.reads[-1][0][:len(sent)] == sent and "ok" in engine.detokenize(engine.reads[-1][0][len(sent):])
+
+
+async def test_a_message_sent_while_the_draft_model_reads_the_last_reply_does_not_wait_for_it(store, project):
+    """Once a reply ends, a draft model that sat it out reads it while the next message
+    is written (seconds at a long context on a CPU); a message sent meanwhile stops that
+    reading (the reply's own warming decides whether to read on) and is read at once."""
+    engine = SlowDraftReader(reply=lambda prompt: "ok")
+    app = make_app(store, load=lambda choice, settings, progress: engine, root=project)
+    async with app.run_test() as pilot:
+        await _focused_prompt(pilot)
+        await send(pilot, "Hello")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        await wait_for(pilot, engine.drafting_read.is_set)  # the reply read ahead, into the draft model
+        await send(pilot, "And again")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 4)
+        assert engine.draft_batches_read and engine.draft_batches_read[0] < 200, engine.draft_batches_read
+        assert "And again" in engine.detokenize(engine.prompts[-1])
 
 
 async def test_a_reading_ahead_that_fails_leaves_the_app_running_and_sending_works(store, project, monkeypatch):

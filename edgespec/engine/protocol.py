@@ -55,6 +55,10 @@ class ChatEngine(Protocol):
         """From any thread: end the reply being generated now (a long prompt's read
         stops mid-batch); the stream ends with stop_reason "cancelled"."""
 
+    def interrupt_drafters_reading(self) -> None:
+        """From any thread: end a read()'s reading by the drafters, if that is what runs
+        now (the target's reading and a reply go on)."""
+
     def describe(self) -> EngineInfo:
         """Where the models run: the backend and, per model, its file and GPU layers."""
 

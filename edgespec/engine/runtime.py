@@ -260,6 +260,8 @@ class Engine:
                                  costs_path=self._costs_path)
         self._streams = 0
         """Streams of generate() running (their decodes are what interrupt() stops)."""
+        self._drafters_reading = False
+        """Whether a read()'s drafters read (what interrupt_drafters_reading() stops)."""
         self._stream_lock = threading.Lock()
 
     @classmethod
@@ -410,7 +412,14 @@ class Engine:
             read = GenerationParams(mode="plain", temperature=0.0, max_tokens=1)  # the first token costs no pass
             yield from self.generate(prompt_tokens, read)
         if held():  # not stopped
-            self.policy(replace(params, mode=decoded_mode(params))).read_ahead(prompt_tokens)
+            policy = self.policy(replace(params, mode=decoded_mode(params)))
+            with self._stream_lock:
+                self._drafters_reading = True
+            try:
+                policy.read_ahead(prompt_tokens)
+            finally:
+                with self._stream_lock:
+                    self._drafters_reading = False
 
     # -- the lookup pool: earlier text the pool drafter proposes from ------
     def remember(self, doc: str, tokens: Sequence[int]) -> None:
@@ -454,6 +463,17 @@ class Engine:
         earlier batches read (the next generate reuses it). Between replies, nothing."""
         with self._stream_lock:
             if self._streams:
+                self._abort(True)
+
+    def interrupt_drafters_reading(self) -> None:
+        """From any thread: end a read()'s reading by the drafters, if that is what runs
+        now, keeping what they read. A message sent meanwhile need not wait for a draft
+        model catching up (with a reply it sat out: seconds at a long context on a CPU)
+        that its reply may leave out; the target's reading goes on, since that prompt
+        needs it (a batch stopped mid-way would be read again), and a reply is never
+        stopped by it."""
+        with self._stream_lock:
+            if self._drafters_reading:
                 self._abort(True)
 
     def _interruptible(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:

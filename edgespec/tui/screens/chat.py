@@ -368,7 +368,7 @@ class ChatScreen(Screen):
         async with self._view:
             if not self._ready_to_generate():  # the conversation opened meanwhile may not be usable
                 return
-            self.generating = True
+            self._start_reply()
             await self.log_view.send(self.session, text, files)
 
     @on(ReplyWaits)
@@ -421,7 +421,7 @@ class ChatScreen(Screen):
         """Generate the last reply again."""
         if not self._ready_to_generate():
             return
-        self.generating = True
+        self._start_reply()
         if not await self.log_view.regenerate(self.session):
             self.generating = False
             self.notify("No reply to regenerate.")
@@ -435,7 +435,7 @@ class ChatScreen(Screen):
 
         async def done(text: str | None) -> None:
             if text:
-                self.generating = True
+                self._start_reply()
                 await self.log_view.resend(self.session, box, index, text)
 
         self.app.push_screen(TextPromptScreen("Edit and resend (ctrl+s)", box.content, multiline=True,
@@ -519,6 +519,17 @@ class ChatScreen(Screen):
         engine = self.context.models.engine
         if self._reading_ahead and not self.generating and engine is not None:
             engine.interrupt()
+
+    def _start_reply(self) -> None:
+        """A reply is asked for (sent, regenerated, resent). A reading ahead still in its
+        drafters' part (a draft model catching up with the last reply: seconds at a long
+        context on a CPU) is stopped, keeping what it read, so that the reply does not
+        wait for a reading it may not use; its warming decides whether the model reads
+        on. The target's part, which the prompt needs, is left to end."""
+        engine = self.context.models.engine
+        if self._reading_ahead and not self.generating and engine is not None:
+            engine.interrupt_drafters_reading()
+        self.generating = True
 
     def _attach_pasted(self, line: str) -> bool:
         """A pasted line that names a file of the project folder attaches it (False: it is text)."""
