@@ -24,7 +24,9 @@ from edgespec.cli.options import params_from_args  # noqa: E402
 from edgespec.cli.serve import API_KEY_ENV  # noqa: E402
 from edgespec.engine.events import Chunk, GenerationParams, Stats  # noqa: E402
 from edgespec.engine.runtime import Engine, ModelSettings  # noqa: E402
-from edgespec.errors import ModelFileError, ServeError, WorkerLostError, WorkerUnreachableError  # noqa: E402
+from edgespec.errors import (  # noqa: E402
+    ContextFullError, ModelFileError, ServeError, WorkerLostError, WorkerUnreachableError,
+)
 from edgespec.net import is_loopback  # noqa: E402
 from edgespec.server import ServerSettings, bind, check_exposure, create_app, run  # noqa: E402
 from tests.fakes import FakeEngine, SlowReader  # noqa: E402
@@ -335,6 +337,31 @@ def test_an_idle_server_reads_the_conversation_with_its_last_reply_ahead_in_that
         assert engine.reads[1][0] == [5, 6, 7, *engine.tokenize(body["choices"][0]["text"])]  # token ids, as sent
         time.sleep(0.2)
         assert len(engine.reads) == 2  # once a reply
+    finally:
+        served.stop()
+
+
+def test_a_reply_that_filled_the_context_is_not_read_ahead(caplog):
+    """The next request cannot start with a conversation that fills the context: there
+    is nothing to read ahead, and no failure to log for it."""
+    caplog.set_level(logging.INFO, logger="edgespec.server")
+
+    class Bounded(FakeEngine):
+        def read(self, prompt_tokens, params):
+            if len(prompt_tokens) >= self.n_ctx:
+                raise ContextFullError(f"{len(prompt_tokens)} tokens do not fit in {self.n_ctx}")
+            yield from super().read(prompt_tokens, params)
+
+    engine = Bounded(n_ctx=8, reply=lambda prompt: "abcde")  # 3 prompt tokens, 5 replied: 8
+    served = ServerThread(create_app(lambda: engine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        status, body = http("POST", served.url + "/v1/completions", completion_body(max_tokens=10))
+        assert status == 200 and body["choices"][0]["text"] == "abcde"
+        assert http("POST", served.url + "/v1/completions", completion_body(prompt="a", max_tokens=2))[0] == 200
+        assert until(lambda: len(engine.reads) == 1)  # the second reply, which fits, is read ahead
+        assert len(engine.reads[0][0]) < 8
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     finally:
         served.stop()
 

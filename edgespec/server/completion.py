@@ -106,8 +106,9 @@ class Completer:
             if prompt is not None:
                 self._encoder.remember(prompt, "".join(reply), reply_tokens)
             self.engine.remember(doc, [*tokens, *reply_tokens])
-            if ended not in (None, "cancelled", "context"):
-                self._ahead = ([*tokens, *reply_tokens], params)
+            ahead = [*tokens, *reply_tokens]
+            if ended not in (None, "cancelled", "context") and len(ahead) < self.engine.n_ctx:
+                self._ahead = (ahead, params)  # (a conversation that fills the context has no next request)
             if stats is not None:
                 log.info("%s: %d prompt tokens (%d evaluated); %s", request_id, stats.prompt_tokens,
                          stats.prompt_evaluated, stats_line(stats))
