@@ -315,17 +315,23 @@ class SlowReader(FakeEngine):
 
 
 class SlowDraftReader(FakeEngine):
-    """Reads ahead as the engine does after a reply: the target at once, then the draft
-    model for 200 batches of 50 ms (10 s), which interrupt_drafters_reading() or
-    interrupt() ends at its next batch."""
+    """Reads ahead as the engine does: the target for `target_batches` batches of 50 ms
+    (interrupt() ends it at its next batch), then the draft model for 200 (10 s), which
+    interrupt_drafters_reading() ends at its next batch, or keeps from beginning when it
+    comes during the target's part."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, *, target_batches: int = 0, **kwargs):
         super().__init__(**kwargs)
+        self.target_batches = target_batches
+        self.target_reading = threading.Event()
+        """Set once the target's reading has begun."""
         self.drafting_read = threading.Event()
         """Set once the draft model's reading has begun."""
+        self.target_batches_read: list[int] = []
         self.draft_batches_read: list[int] = []
         self._stop = threading.Event()
-        self._in_drafters = False
+        self._skip_drafters = threading.Event()
+        self._reading = False
 
     def interrupt(self) -> None:
         super().interrupt()
@@ -333,20 +339,32 @@ class SlowDraftReader(FakeEngine):
 
     def interrupt_drafters_reading(self) -> None:
         super().interrupt_drafters_reading()
-        if self._in_drafters:
-            self._stop.set()
+        if self._reading:
+            self._skip_drafters.set()
 
     def read(self, prompt_tokens, params):
-        yield from super().read(prompt_tokens, params)
         self._stop.clear()
-        self._in_drafters = True
+        self._skip_drafters.clear()
+        self._reading = True
+        try:
+            if (yield from self._batches(self.target_batches, self.target_batches_read, self.target_reading,
+                                         self._stop)):
+                yield from super().read(prompt_tokens, params)
+                yield from self._batches(200, self.draft_batches_read, self.drafting_read, self._skip_drafters)
+        finally:
+            self._reading = False
+
+    def _batches(self, n, counts, started, stop):
+        """n batches of 50 ms, each reported by an empty chunk; whether all were read."""
         read = 0
         try:
-            for read in range(1, 201):
-                if self._stop.is_set():
-                    return
-                self.drafting_read.set()
+            for read in range(1, n + 1):
+                if stop.is_set() or self._stop.is_set():
+                    read -= 1
+                    return False
+                started.set()
                 time.sleep(0.05)
+                yield Chunk("", stats=Stats(prompt_evaluated=read))
+            return True
         finally:
-            self._in_drafters = False
-            self.draft_batches_read.append(read)
+            counts.append(read)

@@ -126,6 +126,24 @@ async def test_a_message_sent_while_the_draft_model_reads_the_last_reply_does_no
         assert "And again" in engine.detokenize(engine.prompts[-1])
 
 
+async def test_a_message_sent_while_its_file_is_read_waits_for_the_target_not_the_draft_model(store, project):
+    """Sent while the attached file is read into the target (what the message needs: a
+    batch stopped mid-way would be read again), the message waits for that reading, and
+    the draft model's reading of the file, which would come next, does not begin."""
+    from textual import events
+
+    engine = SlowDraftReader(target_batches=20, reply=lambda prompt: "ok")
+    app = make_app(store, load=lambda choice, settings, progress: engine, root=project)
+    async with app.run_test() as pilot:
+        await _focused_prompt(pilot)
+        app.post_message(events.Paste("src/app.py"))
+        await wait_for(pilot, lambda: _chips(app) == ["src/app.py"] and engine.target_reading.is_set())
+        await send(pilot, "Rename name")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        assert engine.target_batches_read[0] == 20 and engine.draft_batches_read[0] == 0
+        assert APP in engine.detokenize(engine.prompts[-1])
+
+
 async def test_a_reading_ahead_that_fails_leaves_the_app_running_and_sending_works(store, project, monkeypatch):
     """Reading ahead is work the user did not ask for: whatever it raises, the app
     goes on, and the message is sent (and read) in full."""

@@ -56,8 +56,8 @@ class ChatEngine(Protocol):
         stops mid-batch); the stream ends with stop_reason "cancelled"."""
 
     def interrupt_drafters_reading(self) -> None:
-        """From any thread: end a read()'s reading by the drafters, if that is what runs
-        now (the target's reading and a reply go on)."""
+        """From any thread: end, or keep from beginning, the reading by the drafters of
+        the read() running now (its target's reading and a reply go on)."""
 
     def describe(self) -> EngineInfo:
         """Where the models run: the backend and, per model, its file and GPU layers."""

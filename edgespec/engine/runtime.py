@@ -262,6 +262,10 @@ class Engine:
         """Streams of generate() running (their decodes are what interrupt() stops)."""
         self._drafters_reading = False
         """Whether a read()'s drafters read (what interrupt_drafters_reading() stops)."""
+        self._reading = False
+        """Whether a read() runs."""
+        self._drafters_stopped = False
+        """Whether the read() running now is to read no more with the drafters."""
         self._stream_lock = threading.Lock()
 
     @classmethod
@@ -408,18 +412,22 @@ class Engine:
         def held() -> bool:
             return self._target.seq.tokens[: len(prompt_tokens)] == list(prompt_tokens)
 
-        if not held():  # (a pause in the typing that added no word reads nothing)
-            read = GenerationParams(mode="plain", temperature=0.0, max_tokens=1)  # the first token costs no pass
-            yield from self.generate(prompt_tokens, read)
-        if held():  # not stopped
-            policy = self.policy(replace(params, mode=decoded_mode(params)))
-            with self._stream_lock:
-                self._drafters_reading = True
-            try:
-                policy.read_ahead(prompt_tokens)
-            finally:
+        with self._stream_lock:
+            self._reading = True
+        try:
+            if not held():  # (a pause in the typing that added no word reads nothing)
+                read = GenerationParams(mode="plain", temperature=0.0, max_tokens=1)  # the first token costs no pass
+                yield from self.generate(prompt_tokens, read)
+            if held():  # not stopped
+                policy = self.policy(replace(params, mode=decoded_mode(params)))
                 with self._stream_lock:
-                    self._drafters_reading = False
+                    if self._drafters_stopped:
+                        return
+                    self._drafters_reading = True
+                policy.read_ahead(prompt_tokens)
+        finally:
+            with self._stream_lock:
+                self._reading = self._drafters_reading = self._drafters_stopped = False
 
     # -- the lookup pool: earlier text the pool drafter proposes from ------
     def remember(self, doc: str, tokens: Sequence[int]) -> None:
@@ -466,13 +474,14 @@ class Engine:
                 self._abort(True)
 
     def interrupt_drafters_reading(self) -> None:
-        """From any thread: end a read()'s reading by the drafters, if that is what runs
-        now, keeping what they read. A message sent meanwhile need not wait for a draft
-        model catching up (with a reply it sat out: seconds at a long context on a CPU)
-        that its reply may leave out; the target's reading goes on, since that prompt
-        needs it (a batch stopped mid-way would be read again), and a reply is never
-        stopped by it."""
+        """From any thread: end the reading by the drafters of the read() running now,
+        keeping what they read, or keep it from beginning. A message sent meanwhile need
+        not wait for a draft model catching up (with a reply it sat out, or a file:
+        seconds at a long context on a CPU) that its reply may leave out; the target's
+        reading goes on, since that prompt needs it (a batch stopped mid-way would be
+        read again), and a reply is never stopped by it."""
         with self._stream_lock:
+            self._drafters_stopped = self._reading
             if self._drafters_reading:
                 self._abort(True)
 
