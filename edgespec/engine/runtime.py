@@ -260,10 +260,9 @@ class Engine:
                                  costs_path=self._costs_path)
         self._streams = 0
         """Streams of generate() running (their decodes are what interrupt() stops)."""
-        self._drafters_reading = False
-        """Whether a read()'s drafters read (what interrupt_drafters_reading() stops)."""
-        self._reading = False
-        """Whether a read() runs."""
+        self._reading: str | None = None
+        """The part of a read() that runs: "target", "drafters" (interrupt_drafters_reading()
+        stops that one), or None."""
         self._drafters_stopped = False
         """Whether the read() running now is to read no more with the drafters."""
         self._stream_lock = threading.Lock()
@@ -413,7 +412,7 @@ class Engine:
             return self._target.seq.tokens[: len(prompt_tokens)] == list(prompt_tokens)
 
         with self._stream_lock:
-            self._reading = True
+            self._reading = "target"
         try:
             if not held():  # (a pause in the typing that added no word reads nothing)
                 read = GenerationParams(mode="plain", temperature=0.0, max_tokens=1)  # the first token costs no pass
@@ -423,11 +422,11 @@ class Engine:
                 with self._stream_lock:
                     if self._drafters_stopped:
                         return
-                    self._drafters_reading = True
+                    self._reading = "drafters"
                 policy.read_ahead(prompt_tokens)
         finally:
             with self._stream_lock:
-                self._reading = self._drafters_reading = self._drafters_stopped = False
+                self._reading, self._drafters_stopped = None, False
 
     # -- the lookup pool: earlier text the pool drafter proposes from ------
     def remember(self, doc: str, tokens: Sequence[int]) -> None:
@@ -481,8 +480,8 @@ class Engine:
         reading goes on, since that prompt needs it (a batch stopped mid-way would be
         read again), and a reply is never stopped by it."""
         with self._stream_lock:
-            self._drafters_stopped = self._reading
-            if self._drafters_reading:
+            self._drafters_stopped = self._reading is not None
+            if self._reading == "drafters":
                 self._abort(True)
 
     def _interruptible(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:

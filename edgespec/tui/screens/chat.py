@@ -516,8 +516,8 @@ class ChatScreen(Screen):
         the message sent next would wait for it. What was read stays in the cache.
         Never a reply's: the engine stops whatever decodes, so only while none is
         asked for (a message sent waits for the reading, under the decoding lock)."""
-        engine = self.context.models.engine
-        if self._reading_ahead and not self.generating and engine is not None:
+        engine = self._reading_engine()
+        if engine is not None:
             engine.interrupt()
 
     def _start_reply(self) -> None:
@@ -526,10 +526,16 @@ class ChatScreen(Screen):
         context on a CPU) is stopped, keeping what it read, so that the reply does not
         wait for a reading it may not use; its warming decides whether the model reads
         on. The target's part, which the prompt needs, is left to end."""
-        engine = self.context.models.engine
-        if self._reading_ahead and not self.generating and engine is not None:
+        engine = self._reading_engine()
+        if engine is not None:
             engine.interrupt_drafters_reading()
         self.generating = True
+
+    def _reading_engine(self):
+        """The engine while it reads ahead and no reply is asked for (None otherwise): its
+        interrupts then stop that reading, never a reply's decode."""
+        engine = self.context.models.engine
+        return engine if self._reading_ahead and not self.generating else None
 
     def _attach_pasted(self, line: str) -> bool:
         """A pasted line that names a file of the project folder attaches it (False: it is text)."""
