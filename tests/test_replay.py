@@ -362,3 +362,34 @@ def test_traces_recorded_before_the_target_confidence_still_load(tmp_path):
     path.write_text(json.dumps([old]))
     (trace,) = load_traces(path)
     assert trace.target_confidence is None and trace.reply == old["reply"]
+
+
+def test_the_bounds_script_tells_auto_each_replys_rate_or_lends_it_the_whole_reply():
+    """scripts/auto_bounds.py replays auto beside variants that know or risk more: "told"
+    prices the draft model at the reply's own rates from the prompt on, "loose" lends a
+    whole reply's time to its ledger; its auto row is the tests' replay."""
+    import importlib.util
+
+    from edgespec.engine.policy import Bucket
+
+    spec = importlib.util.spec_from_file_location("auto_bounds", SCRIPT.parent / "auto_bounds.py")
+    bounds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bounds)
+    costs, traces = machine_costs("gpu"), load_traces(TRACES)
+    truth = {tuple(t.prompt): bounds.reply_acceptance(t, costs) for t in traces}
+    assert truth[tuple(traces[8].prompt)].rate > 0.9 > truth[tuple(traces[0].prompt)].rate  # reformat-json, chat
+
+    def fresh(policy):
+        return policy(costs.fresh(), [PromptLookup(), ReplayedDraft(costs)], k_max=K, priors=ACCEPTANCE_PRIORS)
+
+    told = fresh(bounds.told(truth))
+    for trace in (traces[8], traces[0]):
+        told.prefill(trace.prompt)
+        assert told._acceptance(Bucket("draft")).rate == pytest.approx(truth[tuple(trace.prompt)].rate)
+    loose = fresh(bounds.loose(AutoPolicy))
+    loose.prefill(traces[0].prompt)
+    assert loose.ledger.credit >= loose.ledger.expected_s / 2 > 0
+    report = bounds.bounds(traces, "gpu", K, None)
+    rows = replayed("gpu")
+    assert report["auto"]["speedup"] == pytest.approx(sum(r.plain_s for r in rows) / sum(r.auto_s for r in rows))
+    assert report["best_fixed"] == pytest.approx(sum(r.plain_s for r in rows) / sum(r.fixed_s for r in rows))

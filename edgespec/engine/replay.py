@@ -350,12 +350,13 @@ def best_setting(rows: Sequence[SuiteRow]) -> tuple[tuple[str, int], float]:
 
 
 def replay_auto(traces: Sequence[Trace], costs: Costs, k: int, *, charge_warming: bool = False,
-                read_ahead_but: int | None = None) -> list[float]:
+                read_ahead_but: int | None = None, policy: type[AutoPolicy] = AutoPolicy) -> list[float]:
     """Auto's seconds for each trace, in order: one AutoPolicy for them all (as in the
-    app, starting from a copy of the costs as calibrated), drafting at most k tokens."""
+    app, starting from a copy of the costs as calibrated), drafting at most k tokens
+    (`policy`: AutoPolicy or a variant of it, to replay what a change would do)."""
     draft = ReplayedDraft(costs, charge_prefill=charge_warming, read_ahead_but=read_ahead_but)
-    auto = AutoPolicy(costs.fresh(), [PromptLookup(), draft], k_max=min(k, max(costs.target) - 1),
-                      priors=ACCEPTANCE_PRIORS)
+    auto = policy(costs.fresh(), [PromptLookup(), draft], k_max=min(k, max(costs.target) - 1),
+                  priors=ACCEPTANCE_PRIORS)
     return [replay(auto, trace, costs, draft) for trace in traces]
 
 
