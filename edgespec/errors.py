@@ -35,6 +35,10 @@ class ContextFullError(EdgespecError):
     """The prompt alone does not fit in the context window."""
 
 
+class InvalidTokenError(EdgespecError, ValueError):
+    """A prompt holds a token id that the model's vocabulary does not have."""
+
+
 class RegistryError(EdgespecError):
     """models.yaml (or the user's override) is malformed, or a name is unknown."""
 

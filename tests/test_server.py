@@ -473,6 +473,38 @@ def test_the_draft_model_holds_the_conversation_with_the_reply_before_the_next_r
         served.stop()
 
 
+def test_token_ids_outside_the_vocabulary_are_refused_and_never_kept(synth_target, tmp_path):
+    """A token-id prompt with an id the model does not have gets a 400 naming the prompt
+    (llama_decode failed on it: a 500 with a traceback), the engine refuses it before
+    reading anything, and the lookup pool never keeps it (an earlier version saved it,
+    to be proposed as a draft later)."""
+    from edgespec.engine.runtime import CacheSettings
+    from edgespec.errors import InvalidTokenError
+
+    engine = Engine.load(ModelSettings(synth_target, n_ctx=256, n_threads=1, n_batch=64),
+                         cache=CacheSettings(pool=tmp_path / "pool"))
+    n_vocab = engine.target_seq.ctx.n_vocab
+    for bad in (n_vocab, -1):
+        with pytest.raises(InvalidTokenError, match="vocabulary"):
+            engine.generate([1, FIRST_WORD, bad], GenerationParams(max_tokens=2))
+        with pytest.raises(InvalidTokenError, match="vocabulary"):
+            engine.read([1, bad], GenerationParams(max_tokens=2))
+    served = ServerThread(create_app(lambda: engine, ServerSettings(model_id="synthetic")))
+    try:
+        served.wait_ready(30)
+        status, body = http("POST", served.url + "/v1/completions",
+                            completion_body(prompt=[1, FIRST_WORD, n_vocab], max_tokens=2))
+        assert status == 400 and body["error"]["param"] == "prompt", body
+        assert str(n_vocab) in body["error"]["message"]
+        status, body = http("POST", served.url + "/v1/completions",
+                            completion_body(prompt=[1, FIRST_WORD, FIRST_WORD + 1], max_tokens=2))
+        assert status == 200, body
+    finally:
+        served.stop()
+    (pool,) = (tmp_path / "pool").glob("*.pool")
+    assert n_vocab.to_bytes(4, "little") not in pool.read_bytes()
+
+
 # -- SmolLM2 behind the server -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -534,3 +534,25 @@ def test_the_vocabulary_id_names_the_tokenizer(synth_target, synth_far_draft, sy
 
 
 _VOCAB_ID_FORMAT = re.compile(r"[0-9a-f]{32}")
+
+
+def test_a_pool_keeps_only_token_ids_of_its_vocabulary(tmp_path, caplog):
+    """A pool for a vocabulary of n tokens refuses ids from n on, and a file that holds
+    such a document (an earlier version took a request's token ids unchecked) opens
+    without it, the other documents kept: proposed as a draft, it would fail the decode."""
+    caplog.set_level(logging.WARNING)
+    loose = Pool.open(tmp_path, VOCAB)
+    loose.add("request:bad", [1, 2, 3, 150, 4])
+    loose.add("chat:1", [1, 2, 3, 99, 4])
+    assert loose.save()
+    pool = Pool.open(tmp_path, VOCAB, n_tokens=100)
+    assert pool.index.documents() == ["chat:1"]
+    assert any("token ids" in r.getMessage() for r in _pool_warnings(caplog))
+    with pytest.raises(ValueError, match="vocabulary"):
+        pool.add("request:worse", [1, 100])
+    with pytest.raises(ValueError, match="vocabulary"):
+        pool.extend("chat:1", [100])
+    assert pool.index.tokens("chat:1").tolist() == [1, 2, 3, 99, 4]
+    pool.touch("chat:1")
+    assert pool.save()  # merging the file again drops the bad document again
+    assert Pool.open(tmp_path, VOCAB).index.documents() == ["chat:1"]

@@ -30,7 +30,7 @@ from edgespec.engine.policy import Policy
 from edgespec.engine.pool import Pool, forget_everywhere, vocab_id
 from edgespec.engine.slots import SequencePool, default_slots
 from edgespec.engine.snapshots import SnapshotCache, cache_key, file_identity
-from edgespec.errors import ModelLoadError
+from edgespec.errors import InvalidTokenError, ModelLoadError
 from edgespec.llama import system_info
 from edgespec.llama.context import DecodeAborted, LlamaContext
 from edgespec.llama.model import LlamaModel
@@ -211,12 +211,21 @@ class _Loaded:
         self.model.close()
 
 
+def _check_tokens(tokens: Sequence[int], n_vocab: int) -> None:
+    """Raise InvalidTokenError unless every token id lies in 0..n_vocab-1: llama.cpp
+    fails a whole decode on one that does not, and the lookup pool would keep it."""
+    if tokens and not (min(tokens) >= 0 and max(tokens) < n_vocab):
+        bad = next(t for t in tokens if not 0 <= t < n_vocab)
+        raise InvalidTokenError(f"token id {bad} is not in the model's vocabulary (0 to {n_vocab - 1})")
+
+
 def _open_pool(cache: CacheSettings, model: LlamaModel) -> Pool | None:
     """The lookup pool for the model's tokenizer, sorted for matching here (on the
     loading thread, so that no reply waits for it); None where it is off."""
     if cache.pool is None or cache.pool_mib <= 0:
         return None
-    pool = Pool.open(cache.pool, vocab_id(vocab_info(model)), budget_bytes=cache.pool_mib << 20)
+    pool = Pool.open(cache.pool, vocab_id(vocab_info(model)), budget_bytes=cache.pool_mib << 20,
+                     n_tokens=model.n_vocab)
     pool.index.prepare()
     return pool
 
@@ -381,6 +390,7 @@ class Engine:
         holds more; both models use the same sequence number. `regions`: the
         prompt's labelled spans, which accepted lookup tokens are credited to."""
         model = self._target.model
+        _check_tokens(prompt_tokens, model.n_vocab)
         self._forget_pending()
         params = replace(params, mode=decoded_mode(params))
         policy = self.policy(params)
@@ -405,6 +415,7 @@ class Engine:
         params' policy drafts with it (Policy.read_ahead). Streams as generate() does
         while the target reads; interrupt() stops the reading, whichever model reads,
         keeping what was read."""
+        _check_tokens(prompt_tokens, self._target.model.n_vocab)
         return self._interruptible(self._read(prompt_tokens, params))
 
     def _read(self, prompt_tokens: Sequence[int], params: GenerationParams) -> Iterator[Chunk]:

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from edgespec.errors import (ContextFullError, EdgespecError, TemplateError, WorkerLostError,
+from edgespec.errors import (ContextFullError, EdgespecError, InvalidTokenError, TemplateError, WorkerLostError,
                              WorkerUnreachableError)
 from edgespec.server.engine_thread import Cancelled
 
@@ -44,6 +44,8 @@ def api_error(exc: BaseException, *, prompt_param: str = "messages") -> ApiError
         return ApiError(503, f"The request was not completed: {exc}.", type="server_error")
     if isinstance(exc, ContextFullError):
         return ApiError(400, str(exc), param=prompt_param, code="context_length_exceeded")
+    if isinstance(exc, InvalidTokenError):
+        return ApiError(400, f"{exc}.", param=prompt_param)
     if isinstance(exc, TemplateError):
         return ApiError(400, str(exc), param="messages")
     if isinstance(exc, ValueError):  # a setting the engine refused (e.g. mode "draft" with no draft model)
