@@ -119,6 +119,40 @@ def test_a_server_stopped_mid_stream_ends_the_stream_with_an_error_and_done(sig)
         server.wait()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_server_stopped_before_a_reply_is_whole_answers_it_with_a_503(sig):
+    """A request not streamed (its reply is not whole yet) and a streamed one waiting
+    behind it for the engine: told to stop, the server answers both with OpenAI's error
+    body (they got a plain-text 500 after the graceful stop ran out, and a traceback
+    each in the log)."""
+    server = subprocess.Popen([sys.executable, "-c", FAKE_SERVER.format(root=str(ROOT))], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        address = _line(server.stdout).strip()
+        _wait_for(server.stdout, "ready")
+        host, port = address.removeprefix("http://").rsplit(":", 1)
+        whole, queued = (http.client.HTTPConnection(host, int(port), timeout=60) for _ in range(2))
+        whole.request("POST", "/v1/completions", json.dumps({"prompt": "hi"}), {"Content-Type": "application/json"})
+        time.sleep(0.5)
+        queued.request("POST", "/v1/completions", json.dumps({"prompt": "hi", "stream": True}),
+                       {"Content-Type": "application/json"})
+        time.sleep(0.5)
+        server.send_signal(sig)
+        for connection in (whole, queued):
+            response = connection.getresponse()
+            body = response.read().decode()
+            assert (response.status, response.getheader("content-type")) == (503, "application/json"), body
+            assert json.loads(body)["error"]["code"] == "server_stopping", body
+            connection.close()
+        assert server.wait(timeout=30) == 0
+        out, err = server.communicate(timeout=30)
+        assert "stopped" in out
+        assert "Traceback" not in err and "Exception in ASGI" not in err, err
+    finally:
+        server.kill()
+        server.wait()
+
+
 def test_serve_says_ready_once_health_answers_200_and_not_while_it_loads():
     server = subprocess.Popen([sys.executable, "-c", GATED_SERVER.format(root=str(ROOT))], cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE)

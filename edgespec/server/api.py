@@ -52,6 +52,28 @@ STOP_GRACE_S = 1.0
 `[DONE]` (less than the server's graceful shutdown, listen.GRACEFUL_S)."""
 
 
+class StopNotice:
+    """Told, from any thread, that the server is stopping (listen.run's signal handler):
+    a request still waiting for its reply then gets a 503 in STOP_GRACE_S, as a stream
+    gets its last event, instead of being cut when the graceful stop runs out."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+
+    def start(self) -> None:
+        """On the server's event loop, before any request."""
+        self._loop, self._event = asyncio.get_running_loop(), asyncio.Event()
+
+    def set(self) -> None:
+        if self._loop is not None and self._event is not None:
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    async def wait(self) -> None:
+        assert self._event is not None, "StopNotice.start() was not called"
+        await self._event.wait()
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """What the server serves and how. Sampling settings in `defaults` apply to
@@ -78,9 +100,11 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
     thread: EngineThread[Completer] = EngineThread(lambda: Completer(load(), template=settings.template),
                                                    fatal=(WorkerLostError,), idle=Completer.read_ahead)
     started = int(time.time())
+    stopping = StopNotice()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        stopping.start()
         thread.start()
         try:
             yield
@@ -92,6 +116,7 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
                   responses={400: {"model": ErrorResponse}, 401: {"model": ErrorResponse},
                              503: {"model": ErrorResponse}})
     app.state.engine_thread = thread
+    app.state.stopping = stopping
     app.state.settings = settings
     install_handlers(app)
 
@@ -137,7 +162,7 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
         reply_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         job = thread.submit(lambda c: c.chat(messages, params, request_id=reply_id))
         return await _respond(request, job, body, _ChatShape(reply_id, body.model or settings.model_id),
-                              prompt_param="messages")
+                              prompt_param="messages", stopping=stopping)
 
     @app.post("/v1/completions", response_model=Completion)
     async def completions(body: CompletionRequest, request: Request):
@@ -147,7 +172,7 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
         reply_id = f"cmpl-{uuid.uuid4().hex[:24]}"
         job = thread.submit(lambda c: c.complete(body.prompt, params, request_id=reply_id))
         return await _respond(request, job, body, _TextShape(reply_id, body.model or settings.model_id),
-                              prompt_param="prompt")
+                              prompt_param="prompt", stopping=stopping)
 
     app.add_middleware(_Guard, api_key=settings.api_key, max_body=settings.max_body_bytes)
     if settings.cors_origins:  # outermost, so that preflight requests need no key
@@ -241,14 +266,15 @@ class _TextShape(_Shape):
         return TextChoice(text=text or "", finish_reason=finish)
 
 
-async def _respond(request: Request, job: Job, body, shape, *, prompt_param: str):
+async def _respond(request: Request, job: Job, body, shape, *, prompt_param: str, stopping: StopNotice):
     """The response to a queued job: waits for its first result (an error then is an
-    error response), then sends the whole reply or streams it."""
+    error response), then sends the whole reply or streams it. A server told to stop
+    meanwhile answers 503 if the wait does not end within STOP_GRACE_S."""
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
-        first = await anext(job)
+        first = await _unless_stopping(anext(job), stopping)
         if not body.stream:
-            items = [first] + [item async for item in job]
+            items = [first] + await _unless_stopping(_rest(job), stopping)
     except Exception as e:
         job.cancel()
         raise api_error(e, prompt_param=prompt_param) from None
@@ -268,6 +294,27 @@ async def _respond(request: Request, job: Job, body, shape, *, prompt_param: str
 
 class _Stopping(Exception):
     """The server was told to stop while a reply streamed."""
+
+
+async def _rest(job: Job) -> list:
+    return [item async for item in job]
+
+
+async def _unless_stopping(awaitable, stopping: StopNotice):
+    """The awaitable's result; ApiError 503 where the server is told to stop and the
+    result does not come within STOP_GRACE_S after."""
+    work, stop = asyncio.ensure_future(awaitable), asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait((work, stop), return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            await asyncio.wait((work,), timeout=STOP_GRACE_S)
+        if work.done():
+            return work.result()
+        raise ApiError(503, "The request was not completed: the server is stopping.", type="server_error",
+                       code="server_stopping")
+    finally:
+        work.cancel()
+        stop.cancel()
 
 
 async def _next(job: Job, stopping: anyio.Event):

@@ -59,6 +59,7 @@ def run(app: FastAPI, sock: socket.socket, *, on_ready: Callable[[], None] | Non
     """Serve `app` on `sock` until Ctrl+C (or SIGTERM). Calls `on_ready` once the
     model is loaded; if loading fails, stops and raises the loading error."""
     server = _server_class()(uvicorn_config(app, verbose=verbose))
+    server.on_exit = app.state.stopping.set
     thread = app.state.engine_thread
 
     def watch_loading() -> None:
@@ -95,7 +96,15 @@ def _server_class():
         SIGTERM stops it, a second Ctrl+C cuts the open requests short, and the app
         (the engine) is closed either way. uvicorn raises the signals again once it
         has stopped, for its own command line; a second Ctrl+C then cancelled the
-        app's shutdown mid-way, which was logged as a traceback."""
+        app's shutdown mid-way, which was logged as a traceback. `on_exit` is told
+        of each signal (the app's StopNotice)."""
+
+        on_exit: Callable[[], None] | None = None
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            if self.on_exit is not None:
+                self.on_exit()
 
         @contextlib.contextmanager
         def capture_signals(self):
