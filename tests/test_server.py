@@ -137,6 +137,67 @@ def test_a_lone_surrogate_in_a_text_is_a_400_that_names_it(path, body, param):
         served.stop()
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": None, "n": None,
+                              "presence_penalty": None, "frequency_penalty": None,
+                              "stream_options": {"include_usage": None}}),
+    ("/v1/completions", {"prompt": "hi", "echo": None, "n": None, "stream": None, "best_of": None}),
+])
+def test_null_stands_for_a_fields_default_where_openai_allows_it(path, body):
+    """OpenAI's schema lets every optional field be null (a client may send each unset
+    one so): null is its default, as for the fields that were nullable already."""
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", template="chatml")))
+    try:
+        served.wait_ready(30)
+        status, answer = http("POST", served.url + path, json.dumps({**body, "max_tokens": 3}).encode())
+        assert status == 200, answer
+        assert answer["object"] in ("chat.completion", "text_completion")  # not streamed
+    finally:
+        served.stop()
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_json_body_is_read_whatever_its_content_type_says(content_type):
+    """`curl -d '{...}'` sends a form's content type, and some clients send none: a JSON
+    body is read as JSON all the same (as llama-server and Ollama read it); it was refused
+    as "not a JSON object"."""
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        host, port = served.url.removeprefix("http://").rsplit(":", 1)
+        connection = http_client.HTTPConnection(host, int(port), timeout=30)
+        headers = {"Content-Type": content_type} if content_type else {}
+        connection.request("POST", "/v1/completions", completion_body(max_tokens=3), headers)
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        connection.close()
+        assert response.status == 200, answer
+        assert answer["choices"][0]["text"]
+    finally:
+        served.stop()
+
+
+def test_a_request_names_the_served_model_by_its_name_or_its_target_file_not_the_draft_file():
+    """The draft model answers nothing: naming its file is naming a model not served
+    (it was answered by the target, and the response named the draft)."""
+    from tests.fakes import engine_info, model_info
+
+    class Paired(FakeEngine):
+        def describe(self):
+            return engine_info({"target": model_info("big.gguf"), "draft": model_info("small.gguf")})
+
+    served = ServerThread(create_app(Paired, ServerSettings(model_id="pair")))
+    try:
+        served.wait_ready(30)
+        for name, status in (("pair", 200), ("big.gguf", 200), ("small.gguf", 404)):
+            answer = http("POST", served.url + "/v1/completions", completion_body(model=name))
+            assert answer[0] == status, (name, answer)
+        status, answer = http("POST", served.url + "/v1/completions", completion_body(n="two"))
+        assert status == 400 and answer["error"]["message"].startswith("n: "), answer
+    finally:
+        served.stop()
+
+
 @pytest.mark.parametrize("body", [b"", b"null", b"[]", b'"hi"'])
 def test_a_body_that_is_not_a_json_object_says_so(body):
     served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", template="chatml")))

@@ -128,7 +128,7 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
         return thread.resource
 
     def check_model(name: str | None) -> None:
-        served = {settings.model_id, *completer().files.values()}
+        served = {settings.model_id, completer().files["target"]}  # the draft model answers nothing
         if name is not None and name not in served:
             raise ApiError(404, f"The model '{name}' does not exist here: this server serves '{settings.model_id}'.",
                            param="model", code="model_not_found")
@@ -388,9 +388,16 @@ async def _cancel_on_disconnect(request: Request, job: Job) -> None:
             return
 
 
+def _says_json(scope) -> bool:
+    kind = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip().lower()
+    return kind == b"application/json" or kind.endswith(b"+json")
+
+
 class _Guard:
     """Pure ASGI middleware: reads the body before the app does, and refuses a body
-    over the limit (413) or a request without the API key (401)."""
+    over the limit (413) or a request without the API key (401). A body is read as
+    JSON whatever its content type says (`curl -d` sends a form's, some clients none),
+    as llama-server and Ollama read it."""
 
     def __init__(self, app, *, api_key: str | None, max_body: int):
         self.app = app
@@ -422,6 +429,9 @@ class _Guard:
                              code="invalid_api_key")
             return await error.response()(scope, receive, send)
         body = b"".join(parts)
+        if body and not _says_json(scope):
+            headers = [(name, value) for name, value in scope["headers"] if name != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         replayed = False
 
         async def replay():

@@ -8,6 +8,7 @@ edgespec's typed errors and anything unexpected to OpenAI-shaped bodies.
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -78,7 +79,7 @@ def validation_error(exc: RequestValidationError) -> ApiError:
     message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
     if first.get("type") == "missing":
         message = f"'{param}' is required"
-    elif param and loc[-1] not in message:
+    elif param and not re.search(rf"\b{re.escape(loc[-1])}\b", message):  # ("n" is in "Input")
         message = f"{param}: {message}"
     others = {tuple(_field(e)) for e in errors} - {tuple(loc)}  # a union's members each report the same field
     more = f" (and {len(others)} more)" if others else ""

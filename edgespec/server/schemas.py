@@ -51,8 +51,15 @@ def _unsupported(what: str, why: str = "this server does not implement it") -> V
 
 # -- requests ----------------------------------------------------------------------------------
 
+def _default_if_null(cls, value, info):
+    """OpenAI's schema lets every optional field be null: null is the field's default."""
+    return cls.model_fields[info.field_name].get_default() if value is None else value
+
+
 class StreamOptions(_Body):
     include_usage: StrictBool = False
+
+    _null = field_validator("include_usage", mode="before")(classmethod(_default_if_null))
 
 
 class Speculation(_Body):
@@ -124,6 +131,9 @@ class _Generation(_Body):
     user: StrictStr | None = None
     speculation: Speculation | None = None
 
+    _null = field_validator("stream", "n", "presence_penalty", "frequency_penalty", mode="before")(
+        classmethod(_default_if_null))
+
     @field_validator("n")
     @classmethod
     def _one_choice(cls, n: int) -> int:
@@ -184,6 +194,8 @@ class CompletionRequest(_Generation):
     suffix: StrictStr | None = None
     logprobs: StrictInt | None = None
     best_of: StrictInt | None = None
+
+    _null_echo = field_validator("echo", mode="before")(classmethod(_default_if_null))
 
     @field_validator("prompt")
     @classmethod
