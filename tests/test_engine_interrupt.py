@@ -75,3 +75,31 @@ def test_interrupting_a_long_prompt_read_stops_within_a_fraction_of_a_batch(smol
         again = reply(engine, prompt)
     with load(smollm2) as fresh:
         assert again == reply(fresh, prompt)
+
+
+def test_ctrl_c_while_a_model_loads_ends_the_load_with_keyboard_interrupt(synth_target, monkeypatch):
+    """Ctrl+C that comes while llama.cpp calls back into Python during a load (its log,
+    its progress) was raised inside the callback, where ctypes prints and drops it: the
+    load went on and the command answered, exit status 0. Now it is noted, the load
+    is told to stop, and KeyboardInterrupt is raised once llama.cpp has returned."""
+    import os
+    import signal
+
+    from edgespec.llama import backend
+    from edgespec.llama.model import LlamaModel
+
+    told = []
+    ask = backend.loading_progress
+
+    def interrupted_at_once(fraction: float) -> bool:
+        if not told:
+            os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl+C, in the callback
+        told.append(fraction)
+        return ask(fraction)
+
+    monkeypatch.setattr(backend, "loading_progress", interrupted_at_once)
+    with pytest.raises(KeyboardInterrupt):
+        LlamaModel(synth_target)
+    assert told == [told[0]]  # the load stopped at its first report
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    LlamaModel(synth_target).close()  # and the next load is not stopped

@@ -5,11 +5,14 @@ package that calls llama.cpp starts here."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
+import signal
 import threading
 from collections import deque
+from typing import Callable, Iterator
 
 import llama_cpp
 
@@ -43,6 +46,49 @@ def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         _recent_errors.append(line.strip())
     if _verbose:
         os.write(2, text)
+
+
+_sigint_noted = False
+
+
+@contextlib.contextmanager
+def sigint_noted() -> Iterator[Callable[[], bool]]:
+    """Ctrl+C (SIGINT) noted instead of raised, for a long llama.cpp call that calls
+    back into Python (loading a model: its log, its progress): raised inside a
+    callback, ctypes prints KeyboardInterrupt and drops it, and the call and the
+    command go on. Yields whether one came; meanwhile loading_progress tells a load to
+    stop. Only where SIGINT raises KeyboardInterrupt (the main thread, Python's own
+    handler); elsewhere it never comes."""
+    global _sigint_noted
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield lambda: False
+        return
+    _sigint_noted, noted = False, []
+
+    def note(signum, frame) -> None:
+        global _sigint_noted
+        _sigint_noted = True
+        noted.append(signum)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield lambda: bool(noted)  # (still true once the block has ended)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _sigint_noted = False
+
+
+def loading_progress(fraction: float) -> bool:
+    """Whether llama.cpp goes on loading a model (`fraction` of it done): not once
+    Ctrl+C was noted (sigint_noted)."""
+    return not _sigint_noted
+
+
+@llama_cpp.llama_progress_callback
+def load_progress_callback(fraction: float, user_data: ctypes.c_void_p) -> bool:
+    """llama_model_params.progress_callback: asks loading_progress."""
+    return loading_progress(fraction)
 
 
 def backend_init() -> None:

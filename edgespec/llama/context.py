@@ -10,7 +10,7 @@ import llama_cpp
 import numpy as np
 
 from edgespec.errors import ContextFullError, ModelLoadError
-from edgespec.llama.backend import recent_errors
+from edgespec.llama.backend import recent_errors, sigint_noted
 from edgespec.llama.batch import LlamaBatch
 from edgespec.llama.model import LlamaModel
 
@@ -61,7 +61,12 @@ class LlamaContext:
         params.type_k = params.type_v = self.KV_TYPES[kv_type]
         if flash_attn is not None:
             params.flash_attn_type = 1 if flash_attn else 0
-        self._ctx = model.call(llama_cpp.llama_init_from_model, model.ptr, params)
+        with sigint_noted() as interrupted:  # allocating the caches logs through a callback
+            self._ctx = model.call(llama_cpp.llama_init_from_model, model.ptr, params)
+        if interrupted():
+            if self._ctx:
+                llama_cpp.llama_free(self._ctx)
+            raise KeyboardInterrupt
         if not self._ctx:
             why = recent_errors() or "llama.cpp gave no reason"
             raise ModelLoadError(f"could not create a {n_ctx}-token context for {model.path.name}: {why}")

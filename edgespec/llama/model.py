@@ -11,7 +11,7 @@ import llama_cpp
 
 from edgespec.errors import ModelFileError, ModelLoadError
 from edgespec.llama import rpc
-from edgespec.llama.backend import backend_init, recent_errors, take_layer_devices
+from edgespec.llama.backend import backend_init, load_progress_callback, recent_errors, sigint_noted, take_layer_devices
 from edgespec.net import Split
 
 GGUF_MAGIC = b"GGUF"
@@ -73,11 +73,18 @@ class LlamaModel:
         """The devices in llama_model_params.devices (with a split)."""
         if split is not None:
             keep = self._set_devices(params, split)  # noqa: F841 (the arrays must outlive the load)
-        with _load_lock:
+        params.progress_callback = load_progress_callback
+        with _load_lock, sigint_noted() as interrupted:
             take_layer_devices()
             self._model = self.call(llama_cpp.llama_model_load_from_file, str(self.path).encode(), params)
             self.layer_devices = take_layer_devices()
             """Which device each layer is on (layer n_layer is the output layer); {} if llama.cpp did not say."""
+            if interrupted():
+                if self._model:
+                    self.close()
+                elif self.guard:
+                    self.guard.close()
+                raise KeyboardInterrupt
         if split is not None and split.local_output and self.layer_devices:
             self.layer_devices[max(self.layer_devices)] = "CPU"  # its weights were overridden to the CPU
         if not self._model:
