@@ -29,6 +29,11 @@ for a 17-token pass and 52 for one token (bundled 1.5B, Zen 4), so auto, which
 prices every length, takes long drafts where the runs are long."""
 
 
+def _number(value: float) -> str:
+    """2, 0.5, 16,777,216: whole numbers in full, with thousands separated."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
 @dataclass(frozen=True)
 class Limit:
     """The range and default of one generation parameter."""
@@ -52,12 +57,12 @@ class Limit:
 
     def range(self) -> str:
         """'from 0 to 2', 'at least 1', 'above 0 and at most 1'."""
-        low = f"{'above' if self.above_low else 'at least'} {self.low:g}" if self.low is not None else ""
+        low = f"{'above' if self.above_low else 'at least'} {_number(self.low)}" if self.low is not None else ""
         if self.high is None:
             return low
         if self.low is not None and not self.above_low:
-            return f"from {self.low:g} to {self.high:g}"
-        return f"{low} and at most {self.high:g}" if low else f"at most {self.high:g}"
+            return f"from {_number(self.low)} to {_number(self.high)}"
+        return f"{low} and at most {_number(self.high)}" if low else f"at most {_number(self.high)}"
 
     def check(self, value: float | None) -> None:
         """Raise ValueError naming the parameter, its range and the value (None: not set, allowed)."""

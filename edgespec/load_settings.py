@@ -26,10 +26,14 @@ MIN_CTX = 32
 for, and a verify pass (up to 17 tokens) and the draft model's 16-token
 calibration must each fit in one batch; nor does any chat fit in fewer tokens."""
 
+MAX_CTX = 2**24
+"""The largest context: llama.cpp's n_ctx is 32 bits (a larger one wrapped around to
+a small context, or asked for terabytes), and no model is trained past millions."""
+
 _CHOICES = ", ".join(f"{n:,}" for n in CTX_CHOICES)
 
 LOAD_LIMITS = MappingProxyType({
-    "n_ctx": Limit("context size", MIN_CTX, None, None,
+    "n_ctx": Limit("context size", MIN_CTX, MAX_CTX, None,
                    f"tokens the context holds; default: the largest of {_CHOICES} that the models were trained for "
                    f"and whose KV caches take at most {CTX_MEMORY_SHARE:.0%} of the memory available, "
                    f"never less than {CTX_FLOOR:,}"),

@@ -63,6 +63,19 @@ def test_threads_are_checked_and_clamped_to_the_cores(capsys, monkeypatch):
     assert "--threads" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("ctx", ["4294969344", "99999999999999999999", str(2**24 + 1)])
+def test_a_context_past_what_llama_cpp_holds_is_refused_not_wrapped(capsys, ctx):
+    """llama.cpp's n_ctx is 32 bits: 4,294,969,344 ran as a 2,048-token context, and a
+    larger one asked for terabytes (killed by the kernel). No model is trained past
+    millions of tokens: --ctx stops at 2^24."""
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["generate", "hi", "--ctx", ctx])
+    err = capsys.readouterr().err
+    assert "--ctx" in err and "16,777,216" in err, err
+    args = cli.build_parser().parse_args(["generate", "hi", "--ctx", str(2**24)])
+    assert options.load_settings_from_args(args).n_ctx == 2**24
+
+
 def test_k_0_outside_plain_mode_is_plain_decoding_and_the_stats_line_says_why():
     from edgespec.engine.choice import Policies
     from edgespec.engine.drafters import PromptLookup
