@@ -154,6 +154,25 @@ def test_model_errors_name_the_file_entry_and_field(tmp_path, model, field, word
     assert f"field '{field}'" in message and words in message
 
 
+def test_a_hostile_models_yaml_is_refused_at_once_with_a_short_message(tmp_path):
+    """YAML aliases nest a few lines into billions of items, which an error message that
+    printed the value whole expanded (32 s, then MemoryError); and a parts count in the
+    millions was listed whole before anything was checked (55 s, 590 MB)."""
+    import time
+
+    levels = ["      - &a0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"      - &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    bomb = "models:\n  my-model:\n    source: {kind: hub, repo: a/b, file: x.gguf}\n    roles:\n" + "\n".join(levels)
+    start = time.monotonic()
+    message = error_for(tmp_path, bomb)
+    assert "field 'roles'" in message and len(message) < 1000
+    parts = {"source": {"kind": "pypi_parts", "packages": "p{i}", "file": "d{i}", "count": 50_000_000, "pip": "p{i}",
+                        "filename": "x.gguf"}}
+    message = error_for(tmp_path, {"models": {"my-model": parts}})
+    assert "field 'source.count'" in message and "at most" in message
+    assert time.monotonic() - start < 10
+
+
 def test_a_pair_may_leave_out_mode_and_k_and_gets_the_defaults(tmp_path):
     from edgespec.modes import DEFAULT_MODE
 

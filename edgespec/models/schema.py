@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,20 @@ def _section(doc: dict, key: str, path: Path) -> dict:
     return section
 
 
+MAX_PARTS = 1000
+"""Most parts a model's file comes in (PyPI caps a package at some 100 MB: 100 GB in
+all); each part is listed when models.yaml is read."""
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother = 2, 4, 4, 4, 60, 60
+
+
+def _shown(value: Any) -> str:
+    """A value from models.yaml as an error message shows it: cut short, since YAML's
+    aliases nest a few lines into billions of items."""
+    return _SHOWN.repr(value)
+
+
 @dataclass(frozen=True)
 class _Where:
     path: Path
@@ -77,7 +92,7 @@ class _Where:
     name: str
 
     def error(self, field_name: str, problem: str) -> RegistryError:
-        return RegistryError(f"{self.path}: {self.kind} {self.name!r}: field '{field_name}' {problem}")
+        return RegistryError(f"{self.path}: {self.kind} {_shown(self.name)}: field '{field_name}' {problem}")
 
 
 _MODEL_FIELDS = {"title", "description", "params", "quant", "license", "context_length", "min_ram_gb", "vocab",
@@ -91,10 +106,10 @@ def _model_fields(raw: Any, where: _Where) -> dict:
         raise where.error("source", "is missing (where does the file come from?)")
     roles = raw.get("roles", [])
     if not isinstance(roles, list) or any(r not in ROLES for r in roles):
-        raise where.error("roles", f"must be a list of {list(ROLES)} (got {roles!r})")
+        raise where.error("roles", f"must be a list of {list(ROLES)} (got {_shown(roles)})")
     sha = _opt(raw, "sha256", str, where)
     if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha.lower())):
-        raise where.error("sha256", f"must be 64 hex digits (got {sha!r})")
+        raise where.error("sha256", f"must be 64 hex digits (got {_shown(sha)})")
     return dict(
         source=_source(raw["source"], where),
         title=_opt(raw, "title", str, where),
@@ -123,22 +138,22 @@ def _source(raw: Any, where: _Where) -> Source:
     def need(key: str, typ: type = str) -> Any:
         value = fields.get(key)
         if value is None:
-            raise sub.error(f"source.{key}", f"is missing (required for kind {kind!r})")
+            raise sub.error(f"source.{key}", f"is missing (required for kind {_shown(kind)})")
         if not isinstance(value, typ) or isinstance(value, bool):
-            raise sub.error(f"source.{key}", f"must be {typ.__name__} (got {value!r})")
+            raise sub.error(f"source.{key}", f"must be {typ.__name__} (got {_shown(value)})")
         return value
 
     def only(allowed: set[str]) -> None:
         extra = set(fields) - allowed
         if extra:
-            raise sub.error(f"source.{sorted(extra)[0]}", f"is not a field of kind {kind!r} (allowed: {sorted(allowed)})")
+            raise sub.error(f"source.{sorted(extra)[0]}", f"is not a field of kind {_shown(kind)} (allowed: {sorted(allowed)})")
 
     def path(key: str, value: str | None = None, *, folders: bool = False) -> str:
         """A required file name (or the given value of that field) that stays inside its folder."""
         value = need(key) if value is None else value
         problem = path_problem(value, folders=folders)
         if problem:
-            raise sub.error(f"source.{key}", f"{problem} (got {value!r})")
+            raise sub.error(f"source.{key}", f"{problem} (got {_shown(value)})")
         return value
 
     if kind == "hub":
@@ -146,13 +161,13 @@ def _source(raw: Any, where: _Where) -> Source:
         repo = need("repo")
         problem = repo_problem(repo)
         if problem:
-            raise sub.error("source.repo", f"{problem} (got {repo!r})")
+            raise sub.error("source.repo", f"{problem} (got {_shown(repo)})")
         return HubSource(repo=repo, file=path("file", folders=True), revision=str(fields.get("revision") or "main"))
     if kind == "pypi_parts":
         only({"packages", "file", "count", "pip", "extra", "filename"})
         count = need("count", int)
-        if count < 1:
-            raise sub.error("source.count", f"must be at least 1 (got {count})")
+        if not 1 <= count <= MAX_PARTS:
+            raise sub.error("source.count", f"must be at least 1 and at most {MAX_PARTS} (got {count})")
         source = PartsSource(packages=need("packages"), file=need("file"), count=count, pip=need("pip"),
                              filename=path("filename"), extra=fields.get("extra"))
         try:
@@ -170,24 +185,24 @@ def _source(raw: Any, where: _Where) -> Source:
         only({"model", "type", "filename"})
         type_name = need("type")
         if type_name not in REQUANTIZE_TYPES:
-            raise sub.error("source.type", f"must be one of {list(REQUANTIZE_TYPES)} (got {type_name!r})")
+            raise sub.error("source.type", f"must be one of {list(REQUANTIZE_TYPES)} (got {_shown(type_name)})")
         return RequantizeSource(model=need("model"), type=type_name, filename=path("filename"))
     raise sub.error("source.kind",
-                    f"must be one of 'hub', 'pypi_parts', 'package_file', 'requantize' (got {kind!r})")
+                    f"must be one of 'hub', 'pypi_parts', 'package_file', 'requantize' (got {_shown(kind)})")
 
 
 def _pair_fields(raw: Any, where: _Where) -> dict:
     raw = _mapping(raw, where, _PAIR_FIELDS)
     target = raw.get("target")
     if not isinstance(target, str):
-        raise where.error("target", f"must be a model name (got {target!r})")
+        raise where.error("target", f"must be a model name (got {_shown(target)})")
     draft = _opt(raw, "draft", str, where)
     mode = raw.get("mode", DEFAULT_MODE)
     if mode not in MODES:
-        raise where.error("mode", f"must be one of {list(MODES)} (got {mode!r})")
+        raise where.error("mode", f"must be one of {list(MODES)} (got {_shown(mode)})")
     k, limit = raw.get("k", LIMITS["k"].default), LIMITS["k"]
     if not isinstance(k, int) or isinstance(k, bool) or not limit.allows(k):
-        raise where.error("k", f"must be a whole number {limit.range()} (got {k!r})")
+        raise where.error("k", f"must be a whole number {limit.range()} (got {_shown(k)})")
     return dict(target=target, draft=draft, mode=mode, k=k, description=_opt(raw, "description", str, where) or "")
 
 
@@ -197,20 +212,20 @@ def check_pairs(pairs: dict[str, PairEntry], models: dict[str, ModelEntry], path
         source = model.source
         if isinstance(source, RequantizeSource) and (source.model not in models or source.model == model.name
                                                      or isinstance(models[source.model].source, RequantizeSource)):
-            raise RegistryError(f"{path}: model {model.name!r}: field 'source.model' must name another model "
-                                f"that is not itself made by requantizing (got {source.model!r})")
+            raise RegistryError(f"{path}: model {_shown(model.name)}: field 'source.model' must name another model "
+                                f"that is not itself made by requantizing (got {_shown(source.model)})")
     for pair in pairs.values():
         for role in ("target", "draft"):
             name = getattr(pair, role)
             if name is not None and name not in models:
                 close = difflib.get_close_matches(name, list(models), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise RegistryError(f"{path}: pair {pair.name!r}: field '{role}' names unknown model {name!r}{hint}")
+                raise RegistryError(f"{path}: pair {_shown(pair.name)}: field '{role}' names unknown model {_shown(name)}{hint}")
 
 
 def _mapping(raw: Any, where: _Where, allowed: set[str]) -> dict:
     if not isinstance(raw, dict):
-        raise RegistryError(f"{where.path}: {where.kind} {where.name!r} must be a mapping of fields")
+        raise RegistryError(f"{where.path}: {where.kind} {_shown(where.name)} must be a mapping of fields")
     extra = set(raw) - allowed
     if extra:
         bad = sorted(map(str, extra))[0]
@@ -226,7 +241,7 @@ def _opt(raw: dict, key: str, typ: type | tuple[type, ...], where: _Where) -> An
         return None
     if not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool):
         names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
-        raise where.error(key, f"must be {names} (got {value!r})")
+        raise where.error(key, f"must be {names} (got {_shown(value)})")
     return value
 
 
@@ -235,5 +250,5 @@ def _positive(raw: dict, key: str, where: _Where) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise where.error(key, f"must be a positive integer (got {value!r})")
+        raise where.error(key, f"must be a positive integer (got {_shown(value)})")
     return value
