@@ -158,3 +158,18 @@ def test_the_tensor_sizes_are_ggml_s():
 
     for type_id, sizes in _TYPE_SIZES.items():
         assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)] == sizes
+
+
+def test_arrays_nested_past_any_use_are_reported_as_damaged(tmp_path):
+    """A header value of 5,000 arrays each inside the next ended in a RecursionError
+    traceback (llama.cpp itself reads no array of arrays)."""
+    import struct
+
+    depth = 5000
+    value = struct.pack("<IQ", 9, 1) * depth + struct.pack("<IQ", 4, 0)  # array of array ... of an empty uint32 array
+    key = b"general.nested"
+    header = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<I", 9) + value
+    path = tmp_path / "deep.gguf"
+    path.write_bytes(header)
+    with pytest.raises(ModelFileError, match="nested"):
+        read_metadata(path)

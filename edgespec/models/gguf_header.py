@@ -145,6 +145,8 @@ def _read_header(path: str | Path, *, with_tokens: bool, tensor_sizes: dict[str,
     return {k: v for k, v in header.items() if not isinstance(v, _Skipped)}
 
 
+_MAX_ARRAY_DEPTH = 8
+"""Arrays inside arrays, at most (llama.cpp reads none; deeper ones would exhaust Python's stack)."""
 _MIN_TENSOR_INFO = 8 + 4 + 4 + 8
 """Bytes of the shortest tensor entry: name length, dimension count, type, offset."""
 _MAX_DIMS = 4
@@ -218,27 +220,29 @@ class _Reader:
             return self.scalar(_SCALARS[vtype])
         raise ValueError(f"unknown value type {vtype}")
 
-    def array(self, *, want: bool) -> list | _Skipped:
+    def array(self, *, want: bool, depth: int = 1) -> list | _Skipped:
         itype = self.scalar("<I")
         count = self.scalar("<Q")
         if count > 1 << 32:
             raise ValueError(f"implausible array length {count}")
+        if itype == _ARRAY and depth >= _MAX_ARRAY_DEPTH:
+            raise ValueError(f"arrays nested more than {_MAX_ARRAY_DEPTH} deep")
         if want:
-            return list(self._items(itype, count))
+            return list(self._items(itype, count, depth))
         if itype in _SCALARS:
             self.f.seek(struct.calcsize(_SCALARS[itype]) * count, 1)
         elif itype == _STRING:
             for _ in range(count):
                 self.f.seek(self.scalar("<Q"), 1)
         else:
-            for _ in self._items(itype, count):
+            for _ in self._items(itype, count, depth):
                 pass
         return _Skipped(count)
 
-    def _items(self, itype: int, count: int) -> Iterator[Any]:
+    def _items(self, itype: int, count: int, depth: int) -> Iterator[Any]:
         if itype == _ARRAY:
             for _ in range(count):
-                yield self.array(want=True)
+                yield self.array(want=True, depth=depth + 1)
         elif itype in _SCALARS:
             fmt = _SCALARS[itype]
             size = struct.calcsize(fmt)
