@@ -11,6 +11,7 @@ from edgespec.errors import EXIT_INTERRUPTED  # stdlib only: nothing heavy
 
 
 def main() -> int:
+    _open_closed_streams()
     try:
         from edgespec.cli import main as cli_main
 
@@ -26,6 +27,15 @@ def main() -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _open_closed_streams() -> None:
+    """A stream closed before the command started (`edgespec chats >&-`) is None in
+    Python, and every write to it an AttributeError: it reads and writes nothing
+    instead, as in a shell."""
+    for name, mode in (("stdin", "r"), ("stdout", "w"), ("stderr", "w")):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, mode, encoding="utf-8"))  # noqa: SIM115 (open for the process' life)
 
 
 if __name__ == "__main__":

@@ -57,3 +57,23 @@ def test_the_same_seed_gives_the_same_sampled_reply_in_auto_mode(capsys, smollm2
         runs.append(json.loads(out))
     assert runs[0]["tokens"] == runs[1]["tokens"]
     assert [(r["stats"]["mode"], r["stats"]["drafted"]) for r in runs] == [("plain", 0)] * 2
+
+
+@pytest.mark.parametrize("redirect, status, said", [
+    ("paths > /dev/full", 1, "No space left on device"),
+    ("paths >&-", 0, ""),  # stdout closed: nothing to say it on
+    ("generate --template chatml <&-", 1, "the prompt is empty"),  # stdin closed: an empty prompt
+])
+def test_a_closed_or_full_stream_ends_with_a_message_not_a_traceback(tmp_path, redirect, status, said):
+    """`edgespec chats > /dev/full` failed with an OSError traceback, and a closed stdout
+    or stdin (which Python leaves as None) with an AttributeError one."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    env = {**os.environ, "EDGESPEC_HOME": str(tmp_path / "home")}
+    done = subprocess.run(f"exec {shlex.quote(sys.executable)} -m edgespec {redirect}", shell=True,
+                          stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    assert done.returncode == status, done.stderr
+    assert "Traceback" not in done.stderr and said in done.stderr, done.stderr

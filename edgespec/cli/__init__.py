@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nedgespec: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as e:  # what is not wrapped in an EdgespecError: writing the output (a full disk, /dev/full)
+        quiet_stdout()
+        print(f"edgespec: error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
+        return EXIT_ERROR
 
 
 def build_parser() -> argparse.ArgumentParser:
