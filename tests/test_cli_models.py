@@ -166,3 +166,13 @@ def test_a_file_name_that_leaves_the_models_folder_is_refused(capsys, home, tmp_
     assert code != 0 and str(victim) not in out
     assert "models.yaml" in err and "model 'evil'" in err and "field 'source.filename'" in err
     assert victim.read_bytes() == CONTENT
+
+
+def test_rm_takes_names_and_says_a_file_of_ones_own_is_not_its_to_delete(capsys, home, tmp_path):
+    """rm deletes what edgespec downloaded, by name: given a path it said that "a path to
+    a .gguf file works too" (true of --target, not of rm), and deleted nothing."""
+    mine = tmp_path / "mine.gguf"
+    mine.write_bytes(CONTENT)
+    code, _, err = run(capsys, "rm", str(mine))
+    assert code == 1 and "works too" not in err and "by name" in err
+    assert mine.read_bytes() == CONTENT

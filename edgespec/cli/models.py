@@ -8,6 +8,7 @@ import sys
 
 from edgespec.cli.bars import ProgressBars
 from edgespec.cli.output import print_table
+from edgespec.errors import EdgespecError
 
 
 def add_parsers(sub) -> None:
@@ -96,11 +97,14 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 
 def _cmd_rm(args: argparse.Namespace) -> int:
-    from edgespec.models.fetch import remove
+    from edgespec.models.fetch import is_path_like, remove
     from edgespec.models.registry import load_registry
 
     registry = load_registry()
     for name in args.names:
+        if is_path_like(name):
+            raise EdgespecError(f"{name} is a path: rm deletes the models edgespec downloaded, by name "
+                                f"(`edgespec models` lists them); a file of your own is yours to delete")
         for entry in registry.members(name):
             removed = remove(entry)
             print(f"{entry.name}: removed {removed[0]}" if removed else f"{entry.name}: nothing to remove")
