@@ -173,6 +173,15 @@ def test_a_hostile_models_yaml_is_refused_at_once_with_a_short_message(tmp_path)
     assert time.monotonic() - start < 10
 
 
+def test_a_name_given_twice_in_models_yaml_is_refused_naming_its_lines(tmp_path):
+    """YAML keeps the last of two equal keys: a second model of the same name silently
+    replaced the first (and the two could share a file, which rm then deleted)."""
+    twice = ("models:\n  my-model:\n    source: {kind: hub, repo: a/b, file: x.gguf}\n"
+             "  my-model:\n    source: {kind: hub, repo: c/d, file: y.gguf}\n")
+    message = error_for(tmp_path, twice)
+    assert "user.yaml" in message and "'my-model'" in message and "twice" in message and "line 4" in message
+
+
 def test_a_pair_may_leave_out_mode_and_k_and_gets_the_defaults(tmp_path):
     from edgespec.modes import DEFAULT_MODE
 

@@ -136,9 +136,26 @@ def _read(path: Path) -> Any:
         raise RegistryError(f"{path}: not a text file (byte {e.start} is not UTF-8); "
                             f"models.yaml must be YAML text") from e
     try:
-        return yaml.safe_load(text) or {}
+        return yaml.load(text, Loader=_UniqueKeys) or {}  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         raise RegistryError(f"{path}: not valid YAML: {e}") from e
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: YAML keeps the
+    last, so a second model of one name would silently replace the first."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # (an unhashable key is refused by the loader itself)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice in one mapping", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _entries(doc: Any, path: Path) -> tuple[dict[str, ModelEntry], dict[str, PairEntry]]:
