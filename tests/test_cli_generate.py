@@ -35,7 +35,7 @@ def test_a_context_too_small_to_speculate_in_is_refused_with_the_minimum(capsys,
                                                                         mode, ctx):
     code, out, err = generate(capsys, "--target", str(synth_target), "--draft", str(synth_near_draft),
                               "--mode", mode, "--ctx", ctx)
-    assert code == 2 and "--ctx" in err and "at least 32" in err and "n_batch" not in err
+    assert code == 2 and "--ctx" in err and "from 32 to" in err and "n_batch" not in err
 
 
 def test_the_smallest_context_allowed_works_in_every_mode(capsys, synth_target, synth_near_draft):
