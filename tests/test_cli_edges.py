@@ -201,6 +201,87 @@ def test_chat_says_nothing_when_the_conversations_models_are_there(engine, capsy
     assert engine.args.target == str(here) and str(here) not in capsys.readouterr().err
 
 
+def test_chat_with_nothing_on_stdin_says_nothing_was_sent(engine, monkeypatch, capsys):
+    from edgespec.chat import ConversationStore
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n  \n"))
+    assert cli.main(["chat", "--new", "--template", "chatml"]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "nothing was sent" in err and "--once" in err and "None" not in err
+    with ConversationStore() as store:
+        assert store.list() == []
+
+
+def test_chat_says_a_stored_template_it_does_not_know_came_from_the_conversation(engine, capsys):
+    from edgespec.chat import ConversationStore
+
+    engine.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    with ConversationStore() as store:  # "custom": a Jinja source given with --template, which is not stored
+        cid = store.create(title="old", settings={"template": "custom"})
+    assert cli.main(["chat", "--conversation", str(cid), "--once", "hi"]) == 0
+    err = capsys.readouterr().err
+    assert f"conversation {cid}" in err and "'custom'" in err and "--template" in err
+
+
+# -- conversation ids: one that is not there, however written -----------------------------
+
+HUGE = "99999999999999999999999"
+
+
+@pytest.mark.parametrize("argv", [["export", HUGE], ["apply", "--conversation", HUGE],
+                                  ["chat", "--conversation", HUGE, "--once", "hi"],
+                                  ["apply", "--conversation", "0"], ["chat", "--conversation", "0", "--once", "hi"]],
+                         ids=["export-huge", "apply-huge", "chat-huge", "apply-0", "chat-0"])
+def test_a_conversation_id_that_is_not_there_is_named_not_the_latest_taken(no_load, capsys, argv):
+    store_with(["the latest"])
+    assert cli.main(argv) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert f"There is no conversation {argv[-1] if argv[0] == 'export' else argv[2]}" in err
+    assert "Traceback" not in err
+
+
+# -- imports: a file from elsewhere is checked, and never locks the list -------------------
+
+def export_file(tmp_path, text: str = "", **fields) -> str:
+    """A conversation export at tmp_path/t.json: `fields` over an empty one, or `text` as it is."""
+    from edgespec.chat.export import EXPORT_FORMAT
+
+    path = tmp_path / "t.json"
+    path.write_text(text or json.dumps({"format": EXPORT_FORMAT, "version": 1, "messages": [], **fields}))
+    return str(path)
+
+
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"])
+def test_import_refuses_a_time_out_of_range_and_the_list_still_works(home, tmp_path, capsys, when):
+    assert cli.main(["import", export_file(tmp_path, created=when)]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "created" in err and when in err and "out of range" not in err
+    assert cli.main(["chats"]) == 0
+
+
+def test_chats_and_export_show_a_time_out_of_range_stored_before(home, capsys):
+    import sqlite3
+
+    path = store_with(["old"])
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE conversations SET created = -62135647200.0, updated = 253402351199.0")
+    db.close()
+    assert cli.main(["chats"]) == 0
+    assert "9999-12-" in capsys.readouterr().out  # the latest time a date holds, in any time zone
+    assert cli.main(["export", "1"]) == 0
+    assert "# old" in capsys.readouterr().out
+
+
+def test_import_of_text_that_is_not_unicode_names_the_file(home, tmp_path, capsys):
+    path = export_file(tmp_path, '{"format": "edgespec.conversation", "version": 1, "messages": [], '
+                                 '"title": "\\ud800"}')
+    assert cli.main(["import", path]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert path in err and "not valid Unicode" in err and "codec" not in err
+    assert cli.main(["chats"]) == 0
+    assert "no conversations" in capsys.readouterr().err
+
+
 # -- should-fix: option ranges and words ---------------------------------------------------
 
 @pytest.mark.parametrize("value", ["-1", "0"])

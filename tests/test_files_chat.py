@@ -258,6 +258,51 @@ def test_apply_without_edits_is_a_clear_error(home, project, monkeypatch):
     assert cli.main(["apply", "--yes"]) == 1
 
 
+def test_an_imported_conversation_applies_in_the_current_folder_not_one_the_file_names(
+        home, project, tmp_path, monkeypatch, capsys):
+    victim = tmp_path / "victim"
+    (victim / "src").mkdir(parents=True)
+    (victim / "src" / "app.py").write_text(APP)
+    _load(monkeypatch, FakeEngine(reply=lambda p: _whole("src/app.py", RENAMED)))
+    monkeypatch.chdir(project)
+    assert cli.main(["chat", "--new", "--template", "chatml", "--file", "src/app.py", "--once", "Rename name"]) == 0
+    with ConversationStore() as store:
+        data = export_json(store, 1)
+    data["settings"]["root"] = str(victim)  # a hostile file: "write into the victim's folder"
+    (tmp_path / "t.json").write_text(json.dumps(data))
+    assert cli.main(["import", str(tmp_path / "t.json")]) == 0
+    capsys.readouterr()
+    assert cli.main(["apply", "--yes", "--conversation", "2"]) == 0
+    assert (victim / "src" / "app.py").read_text() == APP
+    assert (project / "src" / "app.py").read_text() == RENAMED
+    assert f"into {project}" in capsys.readouterr().err  # --yes says where it writes
+
+
+class Terminal:
+    """A stdin that is a terminal, answering `answer` to the one question asked."""
+
+    def __init__(self, answer: str):
+        self.answer = answer
+
+    def isatty(self) -> bool:
+        return True
+
+    def readline(self) -> str:
+        return self.answer
+
+
+def test_apply_asks_naming_the_folder_it_writes_into(home, project, monkeypatch, capsys):
+    _load(monkeypatch, FakeEngine(reply=lambda p: _whole("src/app.py", RENAMED)))
+    assert cli.main(["chat", "--new", "--template", "chatml", "--root", str(project), "--file", "src/app.py",
+                     "--once", "Rename name"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", Terminal("n\n"))
+    assert cli.main(["apply"]) == 0
+    err = capsys.readouterr().err
+    assert f"into {project}?" in err and "nothing applied" in err
+    assert (project / "src" / "app.py").read_text() == APP
+
+
 # -- one real round trip: the bundled coder renames in an attached file --------------------
 
 SMALL = '''def total(prices):

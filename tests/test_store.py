@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -203,6 +204,90 @@ def test_import_validates_everything_before_writing_anything(store, changes, mes
     with pytest.raises(StoreError, match=message):
         import_json(store, _export(**changes))
     assert len(store.list()) == 1
+
+
+@pytest.mark.parametrize("field", ["created", "updated"])
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00"])
+def test_import_refuses_a_time_a_date_cannot_hold_naming_the_field(store, field, when):
+    with pytest.raises(StoreError, match=f"{field}.*{re.escape(when)}"):
+        import_json(store, _export(**{field: when}))
+    assert store.list() == []
+
+
+@pytest.mark.parametrize("when", [-62135647200.0, 253402300799.0 + 14 * 3600, float("inf"), float("-inf")])
+def test_a_stored_time_a_date_cannot_hold_is_listed_and_exported_at_the_nearest_it_can(store, monkeypatch, when):
+    """Stored by an edgespec that let it in: the list must never be locked."""
+    cid = _conversation(store)
+    _sql(store.path, "UPDATE conversations SET created = ?, updated = ? WHERE id = ?", when, when, cid)
+    try:
+        for zone in ("Pacific/Kiritimati", "Etc/GMT+12"):  # UTC+14 today, -10:29 in year 1; UTC-12
+            monkeypatch.setenv("TZ", zone)
+            time.tzset()
+            info = store.list()[-1]
+            assert info.created.year in (1, 9999) and info.updated == store.info(cid).updated
+            data = export_json(store, cid)
+            assert data["created"][:4] in ("0001", "9999") and "# Trip" in export_markdown(store, cid)
+            store.delete(import_json(store, data))  # and what is exported imports again
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+@pytest.mark.parametrize("stats, message", [
+    ({"prompt_cached": 3, "prompt_cache": ["x"]}, "prompt_cache"),
+    ({"plan_kind": 5}, "plan_kind"),
+    ({"generated_tokens": -5}, "generated_tokens.*0 or more"),
+    ({"drafted": -1, "accepted": 3}, "drafted.*0 or more"),
+    ({"accepted_by": {"draft": -2}}, "accepted_by"),
+])
+def test_import_checks_every_field_of_a_replys_statistics(store, stats, message):
+    with pytest.raises(StoreError, match=f"Message 1 .*{message}"):
+        import_json(store, _export(m1_stats=stats))
+    assert store.list() == []
+
+
+def test_imported_statistics_left_null_read_as_their_defaults(store):
+    cid = import_json(store, _export(m1_stats={"generated_tokens": 2, "mode": None, "drafted": None, "k": None}))
+    assert "*2 tokens · plain*" in export_markdown(store, cid)
+
+
+@pytest.mark.parametrize("where, changes", [
+    ("title", {"title": "\ud800"}),
+    ("messages[1].content", {"m1_content": "a\udfffb"}),
+    ("settings.system_prompt", {"settings": {"system_prompt": "\ud800"}}),
+])
+def test_import_refuses_text_that_is_not_unicode_naming_where(store, where, changes):
+    with pytest.raises(StoreError, match=f"not valid Unicode.*{re.escape(where)}"):
+        import_json(store, _export(**changes))  # a lone surrogate, which JSON's \\ud800 escapes allow
+    assert store.list() == []
+
+
+def test_import_takes_no_project_folder_or_workers_from_the_file(store, tmp_path):
+    """A file from elsewhere must not choose where `edgespec apply` writes, nor which
+    hosts the app sends the model's work to (the app loads on a conversation's workers)."""
+    cid = import_json(store, _export(settings={"target": "/m/a.gguf", "root": str(tmp_path),
+                                               "rpc": "203.0.113.9:50052"}))
+    assert store.settings(cid) == {"target": "/m/a.gguf"}
+
+
+@pytest.mark.parametrize("template", ["chatml", "gguf", "custom", None])
+def test_import_keeps_a_template_edgespec_knows(store, template):
+    cid = import_json(store, _export(settings={"template": template}))
+    assert store.settings(cid).get("template") == template
+
+
+def test_import_refuses_a_template_edgespec_does_not_know(store):
+    with pytest.raises(StoreError, match="settings: template 'nonexistent-tpl'.*chatml"):
+        import_json(store, _export(settings={"template": "nonexistent-tpl"}))
+    assert store.list() == []
+
+
+@pytest.mark.parametrize("cid", [0, -1, 2**63, -(2**63) - 1, 10**22])
+def test_a_conversation_id_out_of_range_is_no_conversation(store, cid):
+    for read in (store.info, store.messages, store.settings):
+        with pytest.raises(StoreError, match=f"There is no conversation {cid}"):
+            read(cid)
+    assert store.title(cid) is None
 
 
 def test_conversations_with_settings_of_the_wrong_shape_still_export(store):

@@ -7,15 +7,17 @@ trips on its shape.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from edgespec.chat.attachments import ORIGINS, Attachment
-from edgespec.chat.store import ROLES, STATUSES, ConversationStore, Message, StoreError
+from edgespec.chat.store import EARLIEST, LATEST, ROLES, STATUSES, ConversationStore, Message, StoreError
+from edgespec.chat.template import BUILTIN_FORMATS
 from edgespec.chat.words import stats_line
 from edgespec.engine.events import Stats
 from edgespec.workspace.root import fence_for, language_for
@@ -92,13 +94,57 @@ def write_markdown(store: ConversationStore, conversation_id: int, directory: st
 
 def import_json(store: ConversationStore, data: dict) -> int:
     """Store an export_json() document as a new conversation; returns its id."""
+    where = invalid_text(data)
+    if where is not None:
+        raise StoreError(f"The export holds text that is not valid Unicode (a lone surrogate) in {where}; "
+                         "nothing was imported. Export it again, or correct that text.")
     messages = _validated_messages(data)
-    created = _timestamp(data.get("created"))
-    return store.create(title=str(data.get("title") or "Imported chat"), settings=data.get("settings") or {},
-                        messages=messages, created=created, updated=_timestamp(data.get("updated"), default=created))
+    created = _timestamp(data, "created")
+    return store.create(title=str(data.get("title") or "Imported chat"), settings=_imported_settings(data),
+                        messages=messages, created=created, updated=_timestamp(data, "updated", default=created))
 
 
-_NUMBER, _INT, _TEXT = "a number", "a whole number", "a text"
+MACHINE_SETTINGS = ("root", "rpc")
+"""Settings an import leaves out, as this machine's user's to choose: a file from elsewhere
+must not decide where `edgespec apply` writes or `edgespec chat` reads ("root"; without
+one they use --root or the current folder), nor which hosts the app sends the model's
+work to ("rpc": it loads on a conversation's workers)."""
+
+
+def _imported_settings(data: dict) -> dict:
+    """The document's settings, less MACHINE_SETTINGS."""
+    return {key: value for key, value in (data.get("settings") or {}).items() if key not in MACHINE_SETTINGS}
+
+
+def invalid_text(data) -> str | None:
+    """Where `data` (parsed JSON) holds a text that is not valid Unicode, such as
+    JSON's "\\ud800" (a lone surrogate, which UTF-8 and so the store cannot hold):
+    "messages[0].content", "title", ...; None when every text is valid."""
+    todo = collections.deque([("", data)])
+    while todo:  # not recursive: the JSON may be nested nearly as deep as Python's stack
+        where, value = todo.popleft()
+        if isinstance(value, str) and not _valid(value):
+            return where or "the document"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not _valid(key):
+                    return f"a name in {where or 'the document'}"
+                named = f"{where}.{key}" if key.isidentifier() else f"{where}[{key!r}]"  # escapes shown escaped
+                todo.append((named.lstrip("."), item))
+        elif isinstance(value, list):
+            todo.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+    return None
+
+
+def _valid(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_NUMBER, _INT, _COUNT, _TEXT = "a number", "a whole number", "a whole number, 0 or more", "a text"
 _COUNTS = "an object of whole numbers"
 SETTINGS_TYPES = {
     "target": _TEXT, "draft": _TEXT, "template": _TEXT, "system_prompt": _TEXT, "mode": _TEXT,
@@ -106,20 +152,26 @@ SETTINGS_TYPES = {
     "gpu_layers_target": _INT, "gpu_layers_draft": _INT, "threads": _INT, "rpc": _TEXT, "root": _TEXT,
     "n_ctx": _INT, "n_threads": _INT, "n_gpu_layers": _INT, "n_gpu_layers_draft": _INT, "flash_attn": _TEXT,
 }
-"""What a conversation's settings may hold (the session's and the app's); other keys are kept as they are."""
+"""What a conversation's settings may hold (the session's and the app's); other keys are kept as they are
+(MACHINE_SETTINGS are checked, then left out)."""
+TEMPLATE_NAMES = (*BUILTIN_FORMATS, "gguf", "custom")
+"""The template names a session stores: a built-in format's, "gguf" (the model's own)
+or "custom" (a Jinja source given with --template, not stored)."""
 PARAMS_TYPES = {
     "mode": _TEXT, "k": _INT, "temperature": _NUMBER, "top_k": _INT, "top_p": _NUMBER, "seed": _INT,
     "max_tokens": _INT, "p_min": _NUMBER, "p_draft": _NUMBER,
 }
 """The generation parameters stored in settings["params"]."""
 STATS_TYPES = {
-    "mode": _TEXT, "drafter": _TEXT, "reason": _TEXT, "stop_reason": _TEXT, "ttft_s": _NUMBER, "decode_s": _NUMBER,
-    "acceptance_rate": _NUMBER, "tokens_per_pass": _NUMBER, "tokens_per_s": _NUMBER,
-    **{name: _INT for name in ("prompt_tokens", "prompt_evaluated", "prompt_cached", "generated_tokens", "drafted",
-                               "accepted", "target_passes", "k", "dropped_messages")},
+    "mode": _TEXT, "drafter": _TEXT, "reason": _TEXT, "stop_reason": _TEXT, "prompt_cache": _TEXT, "plan_kind": _TEXT,
+    "ttft_s": _NUMBER, "decode_s": _NUMBER, "acceptance_rate": _NUMBER, "tokens_per_pass": _NUMBER,
+    "tokens_per_s": _NUMBER,
+    **{name: _COUNT for name in ("prompt_tokens", "prompt_evaluated", "prompt_cached", "generated_tokens", "drafted",
+                                 "accepted", "target_passes", "k", "dropped_messages")},
     "accepted_by": _COUNTS,
 }
-"""A reply's statistics (Stats.to_dict())."""
+"""A reply's statistics (Stats.to_dict()): every field Stats.from_dict() reads, so that
+showing them (chat/words.py) never trips on a list where a text belongs, or a negative count."""
 
 
 def _check_fields(values, types: dict[str, str], where: str) -> None:
@@ -129,7 +181,8 @@ def _check_fields(values, types: dict[str, str], where: str) -> None:
     for name, kind in types.items():
         value = values.get(name)
         ok = (value is None or (kind == _TEXT and isinstance(value, str))
-              or (kind == _INT and isinstance(value, int) and not isinstance(value, bool))
+              or (kind in (_INT, _COUNT) and isinstance(value, int) and not isinstance(value, bool)
+                  and (kind == _INT or value >= 0))
               or (kind == _NUMBER and isinstance(value, (int, float)) and not isinstance(value, bool)
                   and math.isfinite(value))
               or (kind == _COUNTS and isinstance(value, dict)
@@ -153,10 +206,7 @@ def _validated_messages(data) -> list[Message]:
     for key in ("title", "created", "updated"):
         if not isinstance(data.get(key), (str, type(None))):
             raise StoreError(f"The export's {key} must be a text, not {data[key]!r}.")
-    settings = data.get("settings") or {}
-    _check_fields(settings, SETTINGS_TYPES, "The export's settings")
-    if settings.get("params") is not None:
-        _check_fields(settings["params"], PARAMS_TYPES, "The export's settings: params")
+    _check_settings(data.get("settings") or {})
     raw = data.get("messages")
     if not isinstance(raw, list):
         raise StoreError("The export has no \"messages\" list.")
@@ -174,10 +224,28 @@ def _validated_messages(data) -> list[Message]:
         if origins is not None and not (isinstance(origins, list) and all(x in (0, 1) for x in origins)):
             raise StoreError(f"Message {i} of the export: from_draft must be a list of true/false, one per token.")
         messages.append(Message(m["role"], m["content"], status=status,
-                                stats=Stats.from_dict(stats) if stats is not None else None,
+                                stats=_stats(stats) if stats is not None else None,
                                 from_draft=[bool(x) for x in origins] if origins is not None else None,
                                 attachments=_validated_attachments(m.get("attachments"), i)))
     return messages
+
+
+def _check_settings(settings) -> None:
+    """Raise StoreError unless `settings` have their types, and name a template this edgespec
+    knows: `edgespec chat` uses it again, and an unknown one would fail there, far from its cause."""
+    _check_fields(settings, SETTINGS_TYPES, "The export's settings")
+    if settings.get("params") is not None:
+        _check_fields(settings["params"], PARAMS_TYPES, "The export's settings: params")
+    template = settings.get("template")
+    if template is not None and template not in TEMPLATE_NAMES:
+        raise StoreError(f"The export's settings: template {template!r} is not a chat format this edgespec knows "
+                         f"({', '.join(BUILTIN_FORMATS)}, or gguf for the model's own). Correct it, or remove it.")
+
+
+def _stats(values: dict) -> Stats:
+    """Checked statistics as Stats: a field left null reads as its default, as a missing one does
+    (a null count or mode would break the line that shows them)."""
+    return Stats.from_dict({name: value for name, value in values.items() if value is not None})
 
 
 def _validated_attachments(raw, i: int) -> list[Attachment]:
@@ -199,8 +267,24 @@ def _validated_attachments(raw, i: int) -> list[Attachment]:
     return attachments
 
 
-def _timestamp(value, *, default: float | None = None) -> float:
+def _timestamp(data: dict, field: str, *, default: float | None = None) -> float:
+    """The document's `field` time as a Unix time; one that is not an ISO time (or none) reads
+    as `default`, else now. A time outside EARLIEST..LATEST is refused: no date holds it in
+    every time zone, and listing the conversation would fail."""
+    value = data.get(field)
     try:
-        return datetime.fromisoformat(value).timestamp()
+        parsed = datetime.fromisoformat(value)
     except (TypeError, ValueError):
         return default if default is not None else time.time()
+    try:
+        when = parsed.timestamp()
+    except (OverflowError, OSError, ValueError):  # a local time (no offset) in year 1 or 9999
+        when = math.nan
+    if not EARLIEST <= when <= LATEST:
+        raise StoreError(f"The export's {field} time, {value}, is not between {_day(EARLIEST)} and {_day(LATEST)}, "
+                         f"the dates edgespec keeps. Correct it, or remove it to import with the time of import.")
+    return when
+
+
+def _day(when: float) -> str:
+    return datetime.fromtimestamp(when, timezone.utc).date().isoformat()

@@ -17,7 +17,7 @@ import time
 import unicodedata
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -222,6 +222,8 @@ class ConversationStore:
 
     def title(self, conversation_id: int) -> str | None:
         """The conversation's title; None when there is no such conversation."""
+        if not _storable(conversation_id):
+            return None
         with self._reading() as db:
             row = db.execute("SELECT title FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         return row[0] if row else None
@@ -351,7 +353,7 @@ class ConversationStore:
 
     def _require(self, db: sqlite3.Connection, conversation_id: int) -> tuple:
         row = db.execute("SELECT id, title, created, updated, settings FROM conversations WHERE id = ?",
-                         (conversation_id,)).fetchone()
+                         (conversation_id,)).fetchone() if _storable(conversation_id) else None
         if row is None:
             raise StoreError(f"There is no conversation {conversation_id}; `edgespec chats` lists them.")
         return row
@@ -397,12 +399,35 @@ def _store_error(path: Path, e: sqlite3.Error) -> StoreError:
     return StoreError(what)
 
 
+def _storable(conversation_id: int) -> bool:
+    """Whether `conversation_id` fits SQLite's INTEGER (64 bits): a larger one names no
+    conversation, and binding it would raise OverflowError, not "There is no conversation"."""
+    return -(2**63) <= conversation_id < 2**63
+
+
 _INFO_SQL = ("SELECT c.id, c.title, c.created, c.updated, "
              "(SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id) FROM conversations c")
 
 
+EARLIEST = datetime(1, 1, 3, tzinfo=timezone.utc).timestamp()
+LATEST = datetime(9999, 12, 29, tzinfo=timezone.utc).timestamp()
+"""The times (Unix) a conversation may have: what a datetime holds (years 1 to 9999),
+less three days each end, so that each is a local date in every time zone
+(0001-01-01T00:00:00+14:00 is in year 0, and datetime.fromtimestamp looks a day
+either side of the time, in zones that were 16 hours off UTC then)."""
+
+
+def local_time(when: float) -> datetime:
+    """`when` (Unix time) as a local datetime, a time no date can hold read as the
+    nearest one that can (EARLIEST, LATEST): a stored row must never lock a user out
+    of their list. Older edgespecs imported such times unchecked."""
+    if not isinstance(when, (int, float)) or when != when:  # NaN, or not a number at all: the oldest
+        when = EARLIEST
+    return datetime.fromtimestamp(min(max(when, EARLIEST), LATEST))
+
+
 def _info(row: tuple) -> ConversationInfo:
-    return ConversationInfo(row[0], row[1], datetime.fromtimestamp(row[2]), datetime.fromtimestamp(row[3]), row[4])
+    return ConversationInfo(row[0], row[1], local_time(row[2]), local_time(row[3]), row[4])
 
 
 def _dumps(value) -> str:

@@ -69,7 +69,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         raise EdgespecError("--new starts a conversation and --conversation continues one: pass one of them")
     params = params_from_args(args)
     store = open_store()
-    cid = None if args.new else (args.conversation or store.latest())
+    cid = None if args.new else (store.latest() if args.conversation is None else args.conversation)
     stored = store.settings(cid) if cid is not None else {}
     gone = [role for role in ("target", "draft") if stored.get(role) and not Path(stored[role]).exists()]
     if gone and not (args.pair or args.target):
@@ -80,7 +80,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         args.target = stored["target"]  # the models the conversation was held with
         if not args.draft and stored.get("draft") and Path(stored["draft"]).exists():
             args.draft = stored["draft"]
-    template = args.template or (stored.get("template") if stored.get("template") not in (None, "gguf") else None)
+    template = args.template or _stored_template(stored, cid)
     root = stored.get("root")
     workspace = workspace_from_args(args, stored_root=root if root and Path(root).is_dir() else None)
     with engine_from_args(args, progress=stderr_progress()) as engine:
@@ -92,8 +92,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         if args.private:
             session.keep_private(True)
         attach = list(args.file)
+        sent = False
         for text in [args.once] if args.once is not None else _stdin_lines():
-            last = None
+            sent, last = True, None
             for last in session.send(text, attach):
                 sys.stdout.write(last.text)
                 sys.stdout.flush()
@@ -110,8 +111,27 @@ def _cmd_chat(args: argparse.Namespace) -> int:
                 changed = []
             if changed:
                 note(f"the reply changes {', '.join(changed)}: `edgespec apply` shows the diff and writes it")
+    if not sent:
+        raise EdgespecError("stdin held no message, so nothing was sent: type messages one per line, or pass one "
+                            "with --once")
     print(f"[conversation {session.conversation_id}]", file=sys.stderr)
     return 0
+
+
+def _stored_template(stored: dict, cid: int | None) -> str | None:
+    """The built-in chat format conversation `cid` was held with, to use again; None for
+    the model's own ("gguf") and, with a note saying where it came from, for a name this
+    edgespec cannot use again ("custom": a Jinja source given with --template, which is
+    not stored; an unknown name imported by an older edgespec)."""
+    from edgespec.chat import BUILTIN_FORMATS
+
+    name = stored.get("template")
+    if name in BUILTIN_FORMATS or name in (None, "gguf"):
+        return name if name in BUILTIN_FORMATS else None
+    why = " (a template given as Jinja source is not stored)" if name == "custom" else ""
+    note(f"conversation {cid}'s settings name chat format {name!r}, which cannot be used again{why}; answering "
+         f"with the model's own (--template to choose one of {', '.join(BUILTIN_FORMATS)})")
+    return None
 
 
 def _stdin_lines():
@@ -165,7 +185,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from edgespec.chat import StoreError
-    from edgespec.chat.export import import_json
+    from edgespec.chat.export import import_json, invalid_text
 
     try:
         data = json.loads(Path(args.file).read_text(encoding="utf-8"))
@@ -173,6 +193,10 @@ def _cmd_import(args: argparse.Namespace) -> int:
         raise StoreError(f"cannot read {args.file}: {e}") from None
     except RecursionError:  # the parser recurses once per level of nesting
         raise StoreError(f"cannot read {args.file}: its JSON is nested too deeply to be an edgespec export") from None
+    where = invalid_text(data)
+    if where is not None:
+        raise StoreError(f"cannot import {args.file}: its {where} holds text that is not valid Unicode (a lone "
+                         "surrogate, such as \\ud800); nothing was imported. Correct that text, or export it again.")
     print(f"imported as conversation {import_json(open_store(), data)}")
     return 0
 

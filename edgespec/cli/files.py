@@ -48,7 +48,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     from edgespec.cli.options import open_store
 
     store = open_store()
-    cid = args.conversation or store.latest()
+    cid = store.latest() if args.conversation is None else args.conversation
     if cid is None:
         raise EdgespecError("there is no conversation yet: `edgespec chat --file PATH --once ...` starts one")
     messages = store.messages(cid)
@@ -79,7 +79,10 @@ def apply_edits(edits: Sequence, workspace, *, yes: bool, allow_new: bool = Fals
         edits = [p for p in edits if not p.edit.new]
         if not edits:
             raise EditError("the reply changes none of the attached files; nothing was applied")
-    if not yes and not _confirm(f"apply {len(edits)} change{'s' if len(edits) != 1 else ''}?"):
+    changes = f"{len(edits)} change{'s' if len(edits) != 1 else ''}"
+    if yes:  # the folder is named before anything is written, as the question names it
+        note(f"applying {changes} into {workspace.root} (--yes)")
+    elif not _confirm(f"apply {changes} into {workspace.root}?"):
         note("nothing applied")
         return []
     _, written = attachments.apply_edits(workspace, edits, allow_new=allow_new, backups=dirs().data / "undo")
