@@ -332,6 +332,21 @@ def test_apply_and_undo_restore_the_bytes_exactly(project, backups):
     assert [p.name for p in target.parent.iterdir()] == ["main.py"]
 
 
+def test_a_read_only_file_is_not_written_over(project, backups):
+    """A file whose mode lets no one write it was replaced all the same (a rename needs
+    only the folder's permission, and root may write anything): its owner meant it kept."""
+    ws = Workspace(project)
+    target = project / "src" / "main.py"
+    before = b"print('hi')\n"
+    target.write_bytes(before)
+    target.chmod(0o444)
+    edit = FileEdit("src/main.py", "print('bye')\n", "whole")
+    with pytest.raises(WriteError, match="read-only"):
+        apply_edit(ws, edit, base_sha256=sha(before), backups=backups)
+    assert target.read_bytes() == before and (target.stat().st_mode & 0o777) == 0o444
+    assert [p.name for p in target.parent.iterdir()] == ["main.py"]
+
+
 def test_a_new_file_needs_allow_new_and_undo_deletes_it(project, backups):
     ws = Workspace(project)
     edit = FileEdit("src/pkg/new.py", "x = 1\n", "whole", new=True)

@@ -132,6 +132,9 @@ def _write_atomic(target: Path, data: bytes, rel: str) -> None:
         info = None
     except OSError as error:
         raise WriteError(_write_failed(rel, error)) from None
+    if info is not None and not info.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        # a rename needs only the folder's permission (and root may write anything): the mode says keep it
+        raise WriteError(f"{rel} is read-only; make it writable to change it. Nothing was written.")
     temp = target.parent / f".{target.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
     created = False
     try:
