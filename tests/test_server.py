@@ -100,6 +100,7 @@ def test_health_is_503_while_the_model_loads_then_200():
     ({"role": "user"}, "messages.0.content", "needs content"),
     ({"role": "system", "content": None}, "messages.0.content", "needs content"),
     ({"role": "user", "content": [{"type": "text"}]}, "messages.0.content", "'text'"),
+    ({"role": "user", "content": []}, "messages.0.content", "needs content"),
 ])
 def test_a_message_without_its_text_is_a_400_that_says_so(message, param, words):
     """As OpenAI answers: only an assistant message may come without content."""

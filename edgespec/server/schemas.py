@@ -91,7 +91,7 @@ class ChatMessage(_Body):
     @classmethod
     def _has_content(cls, content, info):
         # As OpenAI's API: only an assistant message (one that called tools) may have none.
-        if content is None and info.data.get("role", "assistant") != "assistant":
+        if content in (None, []) and info.data.get("role", "assistant") != "assistant":
             raise ValueError(f"a {info.data['role']} message needs content (a text, or a list of text parts)")
         return content
 
