@@ -84,15 +84,29 @@ def _wait_for(stream, word: str, timeout: float = 120) -> list[str]:
     raise AssertionError(f"no {word!r} in {''.join(lines)!r}")
 
 
+def _ready_at(server: subprocess.Popen) -> tuple[str, int]:
+    """The host and port of a FAKE_SERVER child, once it says it is ready."""
+    address = _line(server.stdout).strip()
+    _wait_for(server.stdout, "ready")
+    host, port = address.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def _stopped_cleanly(server: subprocess.Popen, *unsaid: str) -> None:
+    """The child exited 0 having said "stopped", with no traceback and none of `unsaid` in its log."""
+    assert server.wait(timeout=30) == 0
+    out, err = server.communicate(timeout=30)
+    assert "stopped" in out
+    assert not [words for words in ("Traceback", *unsaid) if words in err], err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_server_stopped_mid_stream_ends_the_stream_with_an_error_and_done(sig):
     server = subprocess.Popen([sys.executable, "-c", FAKE_SERVER.format(root=str(ROOT))], cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
-        address = _line(server.stdout).strip()
-        _wait_for(server.stdout, "ready")
-        host, port = address.removeprefix("http://").rsplit(":", 1)
-        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        host, port = _ready_at(server)
+        connection = http.client.HTTPConnection(host, port, timeout=60)
         connection.request("POST", "/v1/completions", json.dumps({"prompt": "hi", "stream": True}),
                            {"Content-Type": "application/json"})
         response = connection.getresponse()
@@ -110,10 +124,7 @@ def test_a_server_stopped_mid_stream_ends_the_stream_with_an_error_and_done(sig)
         connection.close()
         assert events[-1] == "[DONE]", events[-3:]
         assert json.loads(events[-2])["error"]["code"] == "server_stopping"
-        assert server.wait(timeout=30) == 0
-        out, err = server.communicate(timeout=30)
-        assert "stopped" in out
-        assert "Traceback" not in err and "without completing response" not in err, err
+        _stopped_cleanly(server, "without completing response")
     finally:
         server.kill()
         server.wait()
@@ -128,10 +139,8 @@ def test_a_server_stopped_before_a_reply_is_whole_answers_it_with_a_503(sig):
     server = subprocess.Popen([sys.executable, "-c", FAKE_SERVER.format(root=str(ROOT))], cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
-        address = _line(server.stdout).strip()
-        _wait_for(server.stdout, "ready")
-        host, port = address.removeprefix("http://").rsplit(":", 1)
-        whole, queued = (http.client.HTTPConnection(host, int(port), timeout=60) for _ in range(2))
+        host, port = _ready_at(server)
+        whole, queued = (http.client.HTTPConnection(host, port, timeout=60) for _ in range(2))
         whole.request("POST", "/v1/completions", json.dumps({"prompt": "hi"}), {"Content-Type": "application/json"})
         time.sleep(0.5)
         queued.request("POST", "/v1/completions", json.dumps({"prompt": "hi", "stream": True}),
@@ -144,10 +153,7 @@ def test_a_server_stopped_before_a_reply_is_whole_answers_it_with_a_503(sig):
             assert (response.status, response.getheader("content-type")) == (503, "application/json"), body
             assert json.loads(body)["error"]["code"] == "server_stopping", body
             connection.close()
-        assert server.wait(timeout=30) == 0
-        out, err = server.communicate(timeout=30)
-        assert "stopped" in out
-        assert "Traceback" not in err and "Exception in ASGI" not in err, err
+        _stopped_cleanly(server, "Exception in ASGI")
     finally:
         server.kill()
         server.wait()
