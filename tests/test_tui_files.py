@@ -226,6 +226,31 @@ async def test_the_picker_attaches_and_a_chip_can_be_removed_before_sending(stor
         await wait_for(pilot, lambda: _chips(app) == [])
 
 
+@pytest.mark.parametrize("name", ["outside.txt", "loop.txt"])
+async def test_a_link_out_of_the_project_chosen_in_the_picker_is_refused_not_a_crash(store, project, tmp_path, name):
+    """The picker lists symlinks; Enter on one leading outside the project (or on a loop)
+    raised out of the picker and ended the app, losing the message being written."""
+    import os
+
+    (tmp_path / "secret.txt").write_text("secret\n")
+    os.symlink(tmp_path / "secret.txt", project / "outside.txt")
+    os.symlink(project / "loop.txt", project / "loop.txt")
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        prompt = await _focused_prompt(pilot)
+        prompt.insert("my message")
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: isinstance(app.screen, FilePickerScreen))
+        tree = app.screen.query_one(ProjectTree)
+        await wait_for(pilot, lambda: tree.root.children)
+        tree.select_node(next(n for n in tree.root.children if n.data.path.name == name))
+        await wait_for(pilot, lambda: app.notes)
+        assert "outside the project" in app.notes[-1] or "cannot be resolved" in app.notes[-1], app.notes
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, FilePickerScreen))
+        assert prompt.text == "my message" and _chips(app) == []
+
+
 async def test_pasting_a_path_attaches_the_file_and_other_text_is_pasted(store, project):
     from textual import events
 

@@ -10,6 +10,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DirectoryTree, Label
 
+from edgespec.errors import EdgespecError
 from edgespec.workspace.root import SKIPPED_NAMES, Workspace
 
 
@@ -38,5 +39,12 @@ class FilePickerScreen(ModalScreen[str | None]):
         self.query_one(ProjectTree).focus()
 
     def on_directory_tree_file_selected(self, event: DirectoryTree.FileSelected) -> None:
+        """Attach the file, unless its path leads out of the project (a symlink) or
+        nowhere (a loop): that is said, and another may be chosen."""
         event.stop()
-        self.dismiss(self.workspace.relative(event.path))
+        try:
+            path = self.workspace.relative(event.path)
+        except EdgespecError as e:
+            self.notify(str(e), title="Not attached", severity="error")
+            return
+        self.dismiss(path)
