@@ -264,6 +264,26 @@ async def test_pasting_a_path_attaches_the_file_and_other_text_is_pasted(store, 
         assert prompt.text == "src/none.py"
 
 
+async def test_a_pasted_path_to_a_link_out_of_the_project_says_why_it_is_not_attached(store, project, tmp_path):
+    """It was pasted as text, silently: the user believed the file attached."""
+    import os
+
+    from textual import events
+
+    (tmp_path / "secret.txt").write_text("secret\n")
+    os.symlink(tmp_path / "secret.txt", project / "outside.txt")
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        prompt = await _focused_prompt(pilot)
+        app.post_message(events.Paste("outside.txt"))
+        await wait_for(pilot, lambda: app.notes)
+        assert "outside the project" in app.notes[-1] and _chips(app) == []
+        assert prompt.text == "outside.txt"
+        app.post_message(events.Paste("no such file.txt"))  # a path to nothing is only text
+        await pilot.pause()
+        assert len(app.notes) == 1
+
+
 async def test_the_diff_appears_after_a_reply_and_apply_then_undo_restore_the_bytes(store, project):
     app = make_app(store, reply=REPLY, root=project)
     async with app.run_test() as pilot:

@@ -17,6 +17,7 @@ worker (holding the `decoding` lock it is given) and reports it as
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -538,11 +539,28 @@ class ChatScreen(Screen):
         return engine if self._reading_ahead and not self.generating else None
 
     def _attach_pasted(self, line: str) -> bool:
-        """A pasted line that names a file of the project folder attaches it (False: it is text)."""
+        """A pasted line that names a file of the project folder attaches it (False: it is
+        text). One that names a file that cannot be attached (a link out of the folder, a
+        loop) is pasted as text, and why it was not attached is said."""
         path = self._project_file(line)
         if path is not None:
             self._attach_file(path)
+        elif (why := self._refusal(line)) is not None:
+            self.notify(why, title="Not attached", severity="warning")
         return path is not None
+
+    def _refusal(self, text: str) -> str | None:
+        """Why `text`, a path to something that exists, cannot be attached (None: it can,
+        or it names nothing: then it is only text)."""
+        try:
+            if not os.path.lexists(self.context.workspace.root / text):  # (an absolute path replaces the root)
+                return None
+            self.context.workspace.resolve(text)
+        except EdgespecError as e:
+            return str(e)
+        except (OSError, ValueError):  # not a path at all (a NUL, a name too long)
+            return None
+        return None
 
     def _at_paths(self, text: str) -> list[str]:
         """The files that `@path` words of `text` name in the project folder."""
