@@ -297,6 +297,32 @@ async def test_the_diff_appears_after_a_reply_and_apply_then_undo_restore_the_by
         await wait_for(pilot, lambda: (project / "src" / "app.py").read_bytes() == APP.encode())
 
 
+async def test_a_message_being_written_when_the_reply_ends_keeps_its_keys_from_the_diff(store, project):
+    """The diff opened by itself when a reply ended and took the keys: the next message's
+    "a" applied the edits unreviewed (and was missing from the message). While a message
+    is being written the reply's edits are announced instead, for F7."""
+    import threading
+
+    hold = threading.Event()
+    app = make_app(store, reply=REPLY, root=project, hold=hold, hold_after=len(REPLY) - 3)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await send(pilot, "Rename name @src/app.py", key=False)
+        await wait_for(pilot, lambda: app.chat.generating and app.engines[0].generating)
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press(*"Now c")
+        hold.set()
+        await wait_for(pilot, lambda: not app.chat.generating)
+        await pilot.press(*"an you add a docstring")
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, DiffScreen) and prompt.text == "Now can you add a docstring"
+        assert (project / "src" / "app.py").read_bytes() == APP.encode()
+        assert any("F7" in note for note in app.notes), app.notes
+        await pilot.press("f7")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen))
+
+
 async def test_a_file_changed_on_disk_before_apply_is_refused(store, project):
     app = make_app(store, reply=REPLY, root=project)
     async with app.run_test() as pilot:

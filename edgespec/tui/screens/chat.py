@@ -620,7 +620,9 @@ class ChatScreen(Screen):
             self._attach_file(choice)
 
     def action_review_edits(self, quiet: bool = False) -> None:
-        """Show the last reply's changes to attached files as a diff, to apply them."""
+        """Show the last reply's changes to attached files as a diff, to apply them
+        (`quiet`: as a reply ends, saying nothing where there are none, and only
+        announcing them while a message is being written)."""
         try:
             edits = self.session.pending_edits() if self.session is not None else []
         except EdgespecError as e:  # a change that does not apply (a diff whose context is not in the file)
@@ -631,6 +633,11 @@ class ChatScreen(Screen):
                 self.notify("The last reply changes none of the attached files.")
             return
         if self.app.screen is not self:
+            return
+        if quiet and self.query_one(PromptInput).text.strip():
+            # A message is being written: opened now, the diff would take its keys ("a" applies).
+            self.notify(f"The reply changes {len(edits)} file{'s' if len(edits) != 1 else ''}: F7 shows the diff "
+                        "to apply.", title="Changes to review")
             return
 
         def done(apply: bool | None) -> None:
