@@ -942,3 +942,31 @@ async def test_the_status_line_fits_its_width(store, width):
         assert line.cell_len <= status.content_size.width == width - 2  # padding 0 1
         assert str(line).startswith("● ready qwen2.5")
         assert width < 80 or format_live(stats).split(" │ ")[0] in str(line)  # the mode stays while there is room
+
+
+async def test_settings_saved_while_a_reply_streams_take_effect_when_it_ends(store):
+    """Saved mid-reply, the settings were stored but the session kept its old ones (and
+    the models their hardware) until another conversation was opened."""
+    loads = []
+
+    def load(choice, settings, progress):
+        loads.append(settings.load)
+        return FakeEngine(reply=lambda prompt: "word " * 20, hold=hold, hold_after=10)
+
+    hold = threading.Event()
+    app = make_app(store, load=load)
+    async with app.run_test(size=(120, 50)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "hi", key=False)
+        await wait_for(pilot, lambda: app.chat.generating)
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, SettingsScreen)
+        app.screen.query_one("#max_tokens").value = "3"
+        app.screen.query_one("#n_ctx").value = "4096"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.chat.generating and len(loads) == 1  # the reply goes on as it began
+        hold.set()
+        await wait_for(pilot, lambda: not app.chat.generating)
+        await wait_for(pilot, lambda: len(loads) == 2 and app.model_state == "ready")
+        assert app.chat.session.params.max_tokens == 3 and loads[-1].n_ctx == 4096

@@ -114,6 +114,9 @@ class ChatScreen(Screen):
         """The words the last reading ahead read of the message (settled_words of it)."""
         self.applied: list = []
         """The edits written by the last apply (workspace.apply.Applied), for F9 to undo."""
+        self._settings_waiting = False
+        """Settings were saved while a reply was generated: the session and the models take
+        them when it ends (a reply goes on as it began)."""
 
     def check_action(self, action: str, parameters) -> bool | None:
         """Chat actions only act on this screen, not behind a dialog (the footer hides them there)."""
@@ -211,10 +214,11 @@ class ChatScreen(Screen):
 
     # -- settings ------------------------------------------------------------------------
     def use_settings(self, settings: ChatSettings) -> None:
-        """Make `settings` this conversation's: store them, and give them to its session
-        unless a reply is being generated."""
+        """Make `settings` this conversation's: store them, and give them to its session,
+        or, while a reply is being generated, once it has ended."""
         self.settings = settings
         self._save_settings()
+        self._settings_waiting = self.generating
         if self.session is not None and not self.generating:
             give_session(self.session, settings, self.context.store, self.context.pair_decoding())
 
@@ -401,6 +405,9 @@ class ChatScreen(Screen):
             self.plain_tps = stats.tokens_per_s
         self.generating = False
         self._follow_new_conversation()
+        if self._settings_waiting:  # saved during the reply: the session and the models take them now
+            self.use_settings(self.settings)
+            self.app.reload_for(self.settings)
         self._save_settings()
         self.query_one(ConversationList).refresh_list()
         if event.status == "done":
