@@ -270,6 +270,13 @@ def test_import_takes_no_project_folder_or_workers_from_the_file(store, tmp_path
     assert store.settings(cid) == {"target": "/m/a.gguf"}
 
 
+def test_an_export_carries_no_project_folder_or_workers(store, tmp_path):
+    """An import leaves them out, so an export would only tell whoever it is shared with
+    where this machine keeps the project and which hosts it uses."""
+    cid = store.create(title="t", settings={"target": "/m/a.gguf", "root": str(tmp_path), "rpc": "10.0.0.2:50052"})
+    assert export_json(store, cid)["settings"] == {"target": "/m/a.gguf"}
+
+
 @pytest.mark.parametrize("template", ["chatml", "gguf", "custom", None])
 def test_import_keeps_a_template_edgespec_knows(store, template):
     cid = import_json(store, _export(settings={"template": template}))

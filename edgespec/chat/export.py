@@ -38,7 +38,7 @@ def export_json(store: ConversationStore, conversation_id: int) -> dict:
         "title": info.title,
         "created": info.created.astimezone().isoformat(),
         "updated": info.updated.astimezone().isoformat(),
-        "settings": store.settings(conversation_id),
+        "settings": _without_machine(store.settings(conversation_id)),
         "messages": [
             {"role": m.role, "content": m.content, "status": m.status,
              "stats": m.stats.to_dict() if m.stats is not None else None,
@@ -100,20 +100,22 @@ def import_json(store: ConversationStore, data: dict) -> int:
                          "nothing was imported. Export it again, or correct that text.")
     messages = _validated_messages(data)
     created = _timestamp(data, "created")
-    return store.create(title=str(data.get("title") or "Imported chat"), settings=_imported_settings(data),
+    return store.create(title=str(data.get("title") or "Imported chat"), settings=_without_machine(data.get("settings") or {}),
                         messages=messages, created=created, updated=_timestamp(data, "updated", default=created))
 
 
 MACHINE_SETTINGS = ("root", "rpc")
-"""Settings an import leaves out, as this machine's user's to choose: a file from elsewhere
+"""Settings an import leaves out and an export does not write, as this machine's user's to
+choose: a file from elsewhere
 must not decide where `edgespec apply` writes or `edgespec chat` reads ("root"; without
 one they use --root or the current folder), nor which hosts the app sends the model's
 work to ("rpc": it loads on a conversation's workers)."""
 
 
-def _imported_settings(data: dict) -> dict:
-    """The document's settings, less MACHINE_SETTINGS."""
-    return {key: value for key, value in (data.get("settings") or {}).items() if key not in MACHINE_SETTINGS}
+def _without_machine(settings: dict) -> dict:
+    """`settings` less MACHINE_SETTINGS: an import takes none from a file, and an export
+    gives none away (where this machine keeps the project, which hosts it uses)."""
+    return {key: value for key, value in settings.items() if key not in MACHINE_SETTINGS}
 
 
 def invalid_text(data) -> str | None:
