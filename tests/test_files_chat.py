@@ -251,6 +251,24 @@ def test_chat_file_then_apply_writes_the_reply_and_refuses_a_stale_file(home, pr
         assert [a.origin for a in store.messages(1)[-1].attachments] == ["applied"]
 
 
+def test_applying_two_files_where_the_second_is_read_only_writes_neither(project, tmp_path):
+    """Applying a reply is all or nothing: the first file is not written when the second cannot be."""
+    from edgespec.chat.attachments import PendingEdit, apply_edits
+    from edgespec.errors import WriteError
+    from edgespec.workspace.edits import FileEdit
+    from edgespec.workspace.root import sha256_hex
+
+    (project / "lib").mkdir()
+    (project / "lib" / "b.py").write_text("b = 1\n")
+    (project / "lib" / "b.py").chmod(0o444)
+    edits = [PendingEdit(FileEdit(path, new, "whole"), sha256_hex((project / path).read_bytes()), old)
+             for path, old, new in (("src/app.py", APP, RENAMED), ("lib/b.py", "b = 1\n", "b = 2\n"))]
+    with pytest.raises(WriteError, match="lib/b.py is read-only"):
+        apply_edits(Workspace(project), edits, allow_new=False, backups=tmp_path / "undo")
+    assert (project / "src" / "app.py").read_text() == APP
+    assert (project / "lib" / "b.py").read_text() == "b = 1\n"
+
+
 def test_apply_without_edits_is_a_clear_error(home, project, monkeypatch):
     _load(monkeypatch, FakeEngine(reply=lambda p: "No change needed."))
     monkeypatch.chdir(project)

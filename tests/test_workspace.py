@@ -33,6 +33,7 @@ from edgespec.workspace import (
     unified_diff,
 )
 from edgespec.workspace import apply as apply_module
+from edgespec.workspace.apply import apply_all
 
 
 def sha(data: bytes) -> str:
@@ -413,6 +414,72 @@ def test_a_failed_write_leaves_the_file_and_no_temp(project, backups, monkeypatc
         apply_edit(ws, FileEdit("src/main.py", "print('bye')\n", "whole"), base_sha256=sha(before), backups=backups)
     assert target.read_bytes() == before
     assert [p.name for p in target.parent.iterdir()] == ["main.py"]
+
+
+def _two_files(project):
+    """src/a.py, then src/main.py: the edits of a reply that changes both, and their bytes before."""
+    (project / "src" / "a.py").write_text("a = 1\n")
+    before = {name: (project / "src" / name).read_bytes() for name in ("a.py", "main.py")}
+    edits = [(FileEdit("src/a.py", "a = 2\n", "whole"), sha(before["a.py"])),
+             (FileEdit("src/main.py", "print('bye')\n", "whole"), sha(before["main.py"]))]
+    return edits, before
+
+
+def test_a_read_only_second_file_writes_neither(project, backups):
+    """Everything that can be checked is checked for every file before any is written."""
+    edits, before = _two_files(project)
+    (project / "src" / "main.py").chmod(0o444)
+    with pytest.raises(WriteError, match="src/main.py is read-only.*Nothing was written"):
+        apply_all(Workspace(project), edits, backups=backups)
+    assert {name: (project / "src" / name).read_bytes() for name in before} == before
+    assert sorted(p.name for p in (project / "src").iterdir()) == ["a.py", "main.py"]
+
+
+def test_a_new_file_in_a_folder_that_cannot_be_made_writes_nothing(project, backups):
+    edits, before = _two_files(project)
+    (project / "src" / "pkg").write_text("a file where the folder would be\n")
+    edits.append((FileEdit("src/pkg/new.py", "x = 1\n", "whole", new=True), None))
+    with pytest.raises(FileAccessError, match="src/pkg/new.py"):
+        apply_all(Workspace(project), edits, allow_new=True, backups=backups)
+    assert {name: (project / "src" / name).read_bytes() for name in before} == before
+
+
+def test_a_second_write_that_fails_puts_the_first_back(project, backups, monkeypatch):
+    """A write that fails midway (a full disk) undoes the files this apply already wrote."""
+    edits, before = _two_files(project)
+    monkeypatch.setattr(os, "replace", _failing(os.replace, OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(WriteError) as caught:
+        apply_all(Workspace(project), edits, backups=backups)
+    message = str(caught.value)
+    assert "src/main.py could not be written (the disk is full" in message
+    assert "src/a.py was put back; nothing was changed" in message
+    assert {name: (project / "src" / name).read_bytes() for name in before} == before
+    assert sorted(p.name for p in (project / "src").iterdir()) == ["a.py", "main.py"]
+
+
+def test_a_file_that_cannot_be_put_back_is_named_with_its_saved_copy(project, backups, monkeypatch):
+    edits, before = _two_files(project)
+    real = os.replace
+    calls = {"a.py": 0}
+
+    def replace(source, target):
+        if ".main.py." in str(source):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if ".a.py." in str(source):
+            calls["a.py"] += 1
+            if calls["a.py"] > 1:  # the write goes through, putting it back does not
+                raise OSError(errno.EACCES, "Permission denied")
+        return real(source, target)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(WriteError) as caught:
+        apply_all(Workspace(project), edits, backups=backups)
+    message = str(caught.value)
+    assert "nothing was changed" not in message.lower() and "nothing was written" not in message.lower()
+    assert "src/a.py" in message and str(backups / sha(before["a.py"])) in message
+    assert (project / "src" / "a.py").read_text() == "a = 2\n"
+    assert (backups / sha(before["a.py"])).read_bytes() == before["a.py"]
+    assert (project / "src" / "main.py").read_bytes() == before["main.py"]
 
 
 def test_ctrl_c_mid_write_leaves_the_old_bytes_and_no_temp(project, backups, monkeypatch):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from edgespec.errors import ContextFullError, FileAccessError, StaleFileError
-from edgespec.workspace.apply import Applied, apply_edit, undo
+from edgespec.workspace.apply import Applied, apply_all, undo
 from edgespec.workspace.edits import EDIT_INSTRUCTIONS, FileEdit, parse_edits, unified_diff
 from edgespec.workspace.root import FileText, Workspace, fence_for, language_for
 
@@ -162,18 +162,16 @@ def pending_edits(reply: str, messages: Sequence) -> list[PendingEdit]:
 def apply_edits(workspace: Workspace, edits: Sequence[PendingEdit], *, allow_new: bool,
                 backups: Path) -> tuple[list[Applied], list[Attachment]]:
     """Write `edits`: what undo needs, and the Attachments (origin "applied") that
-    ChatSession.record_applied keeps with the reply. Every file is checked before
-    any is written, so a stale one leaves them all as they were."""
+    ChatSession.record_applied keeps with the reply. All or nothing (apply_all): every
+    file is checked before any is written, so a stale or read-only one leaves them all as
+    they were, and a write that fails midway puts back those written before it."""
     for pending in edits:
         if workspace.sha256_of(pending.path) != pending.base_sha256:
             raise StaleFileError(f"{pending.path} changed on disk since the reply was written; nothing was applied. "
                                  f"Send a message to show the model its current content.")
-    applied, written = [], []
-    for pending in edits:
-        done = apply_edit(workspace, pending.edit, base_sha256=pending.base_sha256, allow_new=allow_new,
-                          backups=backups)
-        applied.append(done)
-        written.append(Attachment(pending.path, pending.edit.new_text, done.after_sha256, origin="applied"))
+    applied = apply_all(workspace, [(p.edit, p.base_sha256) for p in edits], allow_new=allow_new, backups=backups)
+    written = [Attachment(p.path, p.edit.new_text, done.after_sha256, origin="applied")
+               for p, done in zip(edits, applied)]
     return applied, written
 
 

@@ -6,6 +6,10 @@ no temporary file behind. A write goes ahead only while the file still has the s
 reply was based on, and an undo only while it still has the one the write left. The
 previous bytes are kept in a backups folder (named by their sha256), so an undo can be
 rebuilt after a restart with Applied.from_backup.
+
+A reply that changes several files is applied all or nothing (apply_all): every file is
+checked before any is written, and a write that still fails midway puts back the files
+written before it, so the user is never left with half a change they did not see.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
-from edgespec.errors import EditError, FileAccessError, FileTooLargeError, StaleFileError, WriteError
+from edgespec.errors import EdgespecError, EditError, FileAccessError, FileTooLargeError, StaleFileError, WriteError
 from edgespec.workspace.edits import FileEdit
 from edgespec.workspace.root import MAX_FILE_BYTES, Workspace, read_regular, sha256_hex
 
@@ -56,6 +61,82 @@ def apply_edit(
     workspace: Workspace, edit: FileEdit, *, base_sha256: str | None, allow_new: bool = False, backups: Path
 ) -> Applied:
     """Write `edit` if the file still has `base_sha256` (None: it must not exist yet, and allow_new is required)."""
+    checked = _check(workspace, edit, base_sha256=base_sha256, allow_new=allow_new)
+    backup = _keep(backups, checked.current) if checked.current is not None else None
+    if checked.current is None:
+        _make_folders(checked.full.parent, checked.rel)
+    _write_atomic(checked.full, checked.data, checked.rel)
+    return Applied(path=checked.rel, before=checked.current, after_sha256=sha256_hex(checked.data), backup=backup)
+
+
+def apply_all(
+    workspace: Workspace, edits: Sequence[tuple[FileEdit, str | None]], *, allow_new: bool = False, backups: Path
+) -> list[Applied]:
+    """Write every (edit, base_sha256) of `edits`, or none of them.
+
+    Whatever can be known before writing (each file still as the reply saw it, writable,
+    within the limit, a folder for it that can be made) is checked for every file, and the
+    previous bytes are kept, before the first is written: the usual refusals write nothing.
+    A write that fails even so (a full disk) puts back the files written before it, newest
+    first, and its error says so; one that cannot be put back is named with its saved copy."""
+    seen: set[str] = set()
+    for edit, base_sha256 in edits:
+        checked = _check(workspace, edit, base_sha256=base_sha256, allow_new=allow_new)
+        if checked.rel in seen:
+            raise EditError(f"The reply changes {checked.rel} twice (under two names); nothing was written.")
+        seen.add(checked.rel)
+        if checked.current is not None:
+            _keep(backups, checked.current)
+    applied: list[Applied] = []
+    try:
+        for edit, base_sha256 in edits:
+            applied.append(apply_edit(workspace, edit, base_sha256=base_sha256, allow_new=allow_new, backups=backups))
+    except EdgespecError as error:
+        if not applied:
+            raise
+        raise type(error)(f"{error} {_put_back(workspace, applied)}") from None
+    except BaseException:  # Ctrl+C midway: the same, all or nothing
+        _put_back(workspace, applied)
+        raise
+    return applied
+
+
+def _put_back(workspace: Workspace, applied: Sequence[Applied]) -> str:
+    """Undo `applied`, newest first, going on past a file that cannot be; what became of each, for the error."""
+    restored, left = [], []
+    for done in reversed(applied):
+        try:
+            undo(workspace, done)
+        except EdgespecError as error:
+            if done.backup is None:
+                left.append(f"{done.path}, which this apply created, could not be deleted; delete it to undo the "
+                            f"change.")
+            elif isinstance(error, StaleFileError):
+                left.append(f"{done.path} changed again before it could be put back, so it was left as it is; its "
+                            f"bytes before this apply are kept in {done.backup}.")
+            else:
+                left.append(f"{done.path} could not be put back either and keeps the reply's version; its previous "
+                            f"bytes are kept in {done.backup}.")
+        else:
+            restored.append(done.path)
+    if not left:
+        return f"{', '.join(restored)} {'was' if len(restored) == 1 else 'were'} put back; nothing was changed."
+    back = f"{', '.join(restored)} {'was' if len(restored) == 1 else 'were'} put back. " if restored else ""
+    return back + " ".join(left)
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """An edit that passed every check made before writing: what the write needs."""
+
+    full: Path
+    rel: str
+    current: bytes | None
+    data: bytes
+
+
+def _check(workspace: Workspace, edit: FileEdit, *, base_sha256: str | None, allow_new: bool) -> _Checked:
+    """Refuse `edit` for whatever can be known before writing (see apply_edit); nothing is written."""
     full = workspace.resolve(edit.path)
     rel = full.relative_to(workspace.root).as_posix()
     current = _current(full, rel)
@@ -71,11 +152,32 @@ def apply_edit(
     data = edit.new_text.encode("utf-8")
     if len(data) > MAX_FILE_BYTES:
         raise FileTooLargeError(f"The reply's version of {rel} is over the {MAX_FILE_BYTES // 1024} KiB limit for files in a chat; it was not written.")
-    backup = _keep(backups, current) if current is not None else None
-    if current is None:
-        _make_folders(full.parent, rel)
-    _write_atomic(full, data, rel)
-    return Applied(path=rel, before=current, after_sha256=sha256_hex(data), backup=backup)
+    if current is not None:
+        try:
+            _refuse_read_only(os.stat(full), rel)
+        except FileNotFoundError:
+            raise StaleFileError(f"{rel} was deleted after the reply was written; the change was not applied.") from None
+        except OSError as error:
+            raise WriteError(_write_failed(rel, error)) from None
+    _check_folder(workspace, full.parent, rel)
+    return _Checked(full, rel, current, data)
+
+
+def _check_folder(workspace: Workspace, folder: Path, rel: str) -> None:
+    """Refuse a file whose folder (or, for a new file, the nearest one there is) cannot be written in.
+
+    A write makes a temporary file there and renames it, so the folder's permission is what
+    counts; access() also knows what the mode bits do not say for root (a read-only file
+    system, an immutable folder)."""
+    while not os.path.lexists(folder) and folder != workspace.root:
+        folder = folder.parent
+    name = folder.relative_to(workspace.root).as_posix() if folder != workspace.root else "the project folder"
+    if not folder.is_dir():
+        raise WriteError(f"The folder for {rel} cannot be created ({name} is not a folder); nothing was written.")
+    effective = {"effective_ids": True} if os.access in os.supports_effective_ids else {}
+    if not os.access(folder, os.W_OK | os.X_OK, **effective):
+        raise WriteError(f"{rel} cannot be written: {name} does not allow changes (its permissions, a read-only file "
+                         f"system or an immutable flag); make it writable. Nothing was written.")
 
 
 def undo(workspace: Workspace, applied: Applied) -> None:
@@ -132,9 +234,8 @@ def _write_atomic(target: Path, data: bytes, rel: str) -> None:
         info = None
     except OSError as error:
         raise WriteError(_write_failed(rel, error)) from None
-    if info is not None and not info.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
-        # a rename needs only the folder's permission (and root may write anything): the mode says keep it
-        raise WriteError(f"{rel} is read-only; make it writable to change it. Nothing was written.")
+    if info is not None:
+        _refuse_read_only(info, rel)
     temp = target.parent / f".{target.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
     created = False
     try:
@@ -157,6 +258,13 @@ def _write_atomic(target: Path, data: bytes, rel: str) -> None:
             except OSError:
                 pass
     _sync_folder(target.parent)
+
+
+def _refuse_read_only(info: os.stat_result, rel: str) -> None:
+    """A file whose mode lets no one write it is kept: a rename needs only the folder's
+    permission (and root may write anything), so the mode alone says what its owner meant."""
+    if not info.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        raise WriteError(f"{rel} is read-only; make it writable to change it. Nothing was written.")
 
 
 def _keep_owner(fd: int, info: os.stat_result) -> None:
