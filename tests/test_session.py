@@ -475,3 +475,66 @@ def test_the_first_turn_of_a_new_conversation_holds_it_from_the_moment_it_exists
     writer.join(5)
     assert waited == [True] and reply == "second answer"
     assert "assistant\nfirst answer<|im_end|>" in second_engine.detokenize(second_engine.prompts[-1])
+
+
+# -- turns on the project's files ----------------------------------------------------------
+
+APP = "def greet(name):\n    print('hi', name)\n"
+MINE = APP + "# my own change\n"
+RENAMED = "def greet(person):\n    print('hi', person)\n"
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = tmp_path / "project"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_text(APP)
+    return root
+
+
+def _renaming_chat(store, project) -> ChatSession:
+    """A conversation about src/app.py whose replies rewrite it whole."""
+    from edgespec.workspace.root import Workspace
+
+    engine = FakeEngine(reply=lambda p: f"Here it is.\n\nsrc/app.py\n```python\n{RENAMED}```\n")
+    chat = ChatSession(engine, store=store, template="chatml", workspace=Workspace(project))
+    _run(chat.send("Rename name", ["src/app.py"]))
+    return chat
+
+
+@pytest.mark.parametrize("again", ["edit", "regenerate"])
+def test_an_edit_or_regeneration_sends_a_file_changed_on_disk_again_and_its_reply_applies(store, project, again):
+    chat = _renaming_chat(store, project)
+    (project / "src" / "app.py").write_text(MINE)
+    _run(chat.edit(-2, "Rename it please") if again == "edit" else chat.regenerate())
+    assert MINE in chat.engine.detokenize(chat.engine.prompts[-1])
+    asked = chat.messages[-2]
+    assert [(a.origin, a.content) for a in asked.attachments] == [("attached", APP), ("changed", MINE)]
+    assert store.messages(chat.conversation_id)[-2].attachments == asked.attachments
+    [edit] = chat.pending_edits()
+    assert edit.base_sha256 == chat.workspace.sha256_of("src/app.py")  # what is on disk: it applies
+
+
+def test_a_turn_refused_before_it_begins_stores_nothing_and_has_no_reply(store, project):
+    from edgespec.errors import FileAccessError
+
+    chat = _renaming_chat(store, project)
+    assert chat.reply is chat.messages[-1]
+    (project / "src" / "app.py").unlink()
+    with pytest.raises(FileAccessError):
+        next(chat.send("Look again", ["src/app.py"]))
+    assert chat.reply is None  # the reply still last is the previous turn's
+    assert [m.role for m in store.messages(chat.conversation_id)] == ["user", "assistant"]
+
+
+def test_an_applied_reply_has_nothing_left_to_apply_until_it_is_undone(store, project, tmp_path):
+    from edgespec.chat import attachments
+
+    chat = _renaming_chat(store, project)
+    applied, written = attachments.apply_edits(chat.workspace, chat.pending_edits(), allow_new=False,
+                                               backups=tmp_path / "undo")
+    chat.record_applied(written)
+    assert chat.pending_edits() == []
+    attachments.undo_edits(chat.workspace, applied)
+    [edit] = chat.pending_edits()
+    assert edit.base_sha256 == chat.workspace.sha256_of("src/app.py")

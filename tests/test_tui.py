@@ -604,6 +604,24 @@ async def test_generation_error_is_reported(store):
         assert boxes(app)[1].status in ("interrupted", "error")
 
 
+async def test_a_message_too_long_for_the_context_comes_back_to_the_prompt(store):
+    """A message that does not fit is refused before anything is stored: a notice, the
+    conversation as it was (no box of it, no copy of the last reply), and the text back."""
+    app = make_app(store, reply="short reply")
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Hello")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        long = "x " * 5000
+        await send(pilot, long)
+        await wait_for(pilot, lambda: not app.chat.generating and any("does not fit" in n for n in app.notes))
+        await pilot.pause()
+        assert [(b.role, b.content) for b in boxes(app)] == [("user", "Hello"), ("assistant", "short reply")]
+        assert app.query_one(PromptInput).text.strip() == long.strip()
+        stored = store.messages(app.chat.conversation_id)
+        assert [m.content for m in stored if m.role != "system"] == ["Hello", "short reply"]
+
+
 async def test_help_and_command_palette_list_the_actions(store):
     app = make_app(store)
     async with app.run_test(size=(110, 40)) as pilot:

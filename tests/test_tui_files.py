@@ -363,3 +363,73 @@ async def test_a_reply_whose_diff_does_not_apply_is_said_and_the_file_kept(store
         await wait_for(pilot, lambda: app.notes)  # said, not raised: the app goes on
         assert not isinstance(app.screen, DiffScreen) and app.is_running
         assert (project / "src" / "app.py").read_bytes() == APP.encode()
+
+
+async def test_a_message_whose_file_is_gone_comes_back_to_the_prompt_and_the_replies_stay(store, project):
+    """A send refused before anything is stored (a chip's file deleted meanwhile) is a
+    notice; the view shows what is stored, no box of the refused message and no copy
+    of the last reply; the text and the chips are back to fix and send again; and
+    Ctrl+R regenerates the reply on screen."""
+    from textual import events
+
+    from tests.fakes import FakeEngine
+
+    app = make_app(store, root=project, load=lambda choice, settings, progress: FakeEngine())
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await send(pilot, "Hello")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        app.post_message(events.Paste("notes.txt"))
+        await wait_for(pilot, lambda: _chips(app) == ["notes.txt"])
+        (project / "notes.txt").unlink()
+        await send(pilot, "Summarise it")
+        await wait_for(pilot, lambda: not app.chat.generating and any("notes.txt" in n for n in app.notes))
+        await pilot.pause()
+        assert [(b.role, b.content) for b in boxes(app)] == [("user", "Hello"), ("assistant", "reply 1")]
+        assert app.query_one(PromptInput).text == "Summarise it" and _chips(app) == ["notes.txt"]
+        cid = app.chat.conversation_id
+        assert [m.content for m in store.messages(cid) if m.role != "system"] == ["Hello", "reply 1"]
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not app.chat.generating and boxes(app)[-1].content == "reply 2")
+        assert [m.content for m in store.messages(cid) if m.role != "system"] == ["Hello", "reply 2"]
+
+
+async def test_edit_and_resend_sends_a_file_changed_on_disk_and_shows_the_files(store, project):
+    from textual.widgets import TextArea
+
+    from edgespec.tui.screens.dialogs import TextPromptScreen
+
+    app = make_app(store, reply=REPLY, root=project)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await send(pilot, "Rename name @src/app.py")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen))
+        await pilot.press("escape")
+        (project / "src" / "app.py").write_text(APP + "# mine\n")
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen))
+        app.screen.query_one(TextArea).load_text("Rename name, please")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen) and app.screen.query(".diff-body"))
+        assert not app.screen.problems  # the reply saw the file as it is: it applies
+        assert APP + "# mine\n" in app.engines[0].detokenize(app.engines[0].prompts[-1])
+        assert [(b.content, b.attachments) for b in boxes(app) if b.role == "user"] == [
+            ("Rename name, please", ["src/app.py"])]
+
+
+async def test_after_an_apply_the_reply_has_nothing_left_to_apply_until_it_is_undone(store, project):
+    app = make_app(store, reply=REPLY, root=project)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await send(pilot, "Rename name @src/app.py")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen) and app.screen.query(".diff-body"))
+        await pilot.press("a")
+        await wait_for(pilot, lambda: (project / "src" / "app.py").read_bytes() == RENAMED.encode())
+        await pilot.press("f7")
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, DiffScreen)  # not the user's own edit called a change on disk
+        await pilot.press("f9")
+        await wait_for(pilot, lambda: (project / "src" / "app.py").read_bytes() == APP.encode())
+        await pilot.press("f7")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen) and app.screen.query(".diff-body"))
+        assert not app.screen.problems

@@ -84,6 +84,11 @@ class ChatSession:
         self.system_prompt = system_prompt
         self.messages: list[Message] = []
         self.conversation_id: int | None = None
+        self.reply: Message | None = None
+        """The reply of the last turn asked for (send, regenerate, edit), once that turn
+        began it; None when it was refused before (a file that cannot be attached, a
+        message that does not fit): nothing of it was stored, and the reply that ends
+        the conversation is an earlier turn's, which a screen must not show as this one's."""
         self._dropped: int | None = 0
         """Turns the last prompt left out; None when unknown (a conversation just loaded)."""
         self._held = ExitStack()
@@ -104,6 +109,7 @@ class ChatSession:
             self.system_prompt = system_prompt
         self.messages = [Message("system", self.system_prompt)] if self.system_prompt else []
         self.conversation_id = None
+        self.reply = None
         self._dropped = 0
         self._remembered = []
 
@@ -113,6 +119,7 @@ class ChatSession:
             raise ValueError("load() needs a ConversationStore")
         self.messages = self.store.messages(conversation_id)
         self.conversation_id = conversation_id
+        self.reply = None
         self._dropped = None
         self._remembered = []
         self.private = bool(self.store.settings(conversation_id).get("private"))  # ChatSettings.private, as stored
@@ -132,6 +139,7 @@ class ChatSession:
         them are attached again. Raises a FileAccessError for a file that cannot be
         attached, FilesDoNotFitError when the files leave no room, before anything
         is stored or read."""
+        self.reply = None
         attached = self._attach(files)
         with self._turn():
             candidate = [*self.messages, Message("user", text, attachments=self._with_changed(attached))]
@@ -167,10 +175,19 @@ class ChatSession:
 
     def pending_edits(self) -> list[PendingEdit]:
         """The changes the last reply makes to the conversation's files (none when the
-        conversation does not end with a reply)."""
+        conversation does not end with a reply), but those the user applied already
+        (record_applied) while the file still holds what was written: that file no
+        longer matches the version the reply was based on, and is the user's own
+        change, not one made behind the conversation's back. Undone, the edit is
+        pending again."""
         if not self.messages or self.messages[-1].role != "assistant":
             return []
-        return attachments.pending_edits(self.messages[-1].content, self.messages[:-1])
+        reply = self.messages[-1]
+        edits = attachments.pending_edits(reply.content, self.messages[:-1])
+        applied = {a.path: a.sha256 for a in reply.attachments if a.origin == "applied"}
+        if not applied or self.workspace is None:
+            return edits
+        return [e for e in edits if e.path not in applied or self.workspace.sha256_of(e.path) != applied[e.path]]
 
     def record_applied(self, written: Sequence[Attachment]) -> None:
         """Remember that the files in `written` now hold what the last reply made of
@@ -182,12 +199,31 @@ class ChatSession:
         if self.store is not None and reply.id is not None:
             self.store.attach(reply.id, applied)
 
-    def _with_changed(self, attached: list[Attachment]) -> list[Attachment]:
-        """`attached`, and the conversation's files that changed on disk since it saw them."""
+    def _with_changed(self, attached: list[Attachment], messages: Sequence[Message] | None = None) -> list[Attachment]:
+        """`attached` (files just read), and the files of `messages` (the conversation's)
+        that changed on disk since it saw them."""
         if self.workspace is None:
             return attached
         ours = {a.path for a in attached}
-        return attached + [a for a in files_changed(self.workspace, self.messages) if a.path not in ours]
+        changed = files_changed(self.workspace, self.messages if messages is None else messages)
+        return attached + [a for a in changed if a.path not in ours]
+
+    def _asked_again(self, messages: list[Message]) -> tuple[list[Message], list[Attachment]]:
+        """`messages` (ending with the user message a regeneration or an edit answers
+        again), that message carrying the files that changed on disk since the
+        conversation saw them, as send() attaches them to a new message: the reply is
+        to what the files hold now (a reply to a stale copy could not be applied); and
+        those files (to store with it once the turn fits)."""
+        changed = self._with_changed([], messages)
+        if not changed:
+            return messages, []
+        asked = dataclasses.replace(messages[-1], attachments=[*messages[-1].attachments, *changed])
+        return [*messages[:-1], asked], changed
+
+    def _store_changed(self, message: Message, changed: list[Attachment]) -> None:
+        """Keep `changed` (see _asked_again) with stored `message`, as a new message keeps them."""
+        if changed and self.store is not None and message.id is not None:
+            self.store.attach(message.id, changed)
 
     def _attach(self, paths: Sequence[str]) -> list[Attachment]:
         if not paths:
@@ -206,18 +242,24 @@ class ChatSession:
         return attached
 
     def regenerate(self) -> Iterator[Chunk]:
-        """Drop the last assistant reply (if any) and reply to the last user message again."""
+        """Drop the last assistant reply (if any) and reply to the last user message again
+        (with the files that changed on disk since, as send() does)."""
+        self.reply = None
         with self._turn():
             keep = self.messages[:-1] if self.messages and self.messages[-1].role == "assistant" else self.messages
             if not keep or keep[-1].role != "user":
                 raise ValueError("regenerate() needs a conversation that ends with a user message")
+            keep, changed = self._asked_again(list(keep))
             fitted = self._fit(keep, self._dropped)
             self._forget(self.messages[len(keep):])
-            self.messages = list(keep)
+            self._store_changed(keep[-1], changed)
+            self.messages = keep
             yield from self._reply(fitted)
 
     def edit(self, index: int, text: str) -> Iterator[Chunk]:
-        """Replace user message `index`, drop every message after it, and reply."""
+        """Replace user message `index`, drop every message after it, and reply (with the
+        files that changed on disk since, as send() does)."""
+        self.reply = None
         with self._turn():
             yield from self._edit(index, text)
 
@@ -241,13 +283,14 @@ class ChatSession:
         if old.role != "user":
             raise ValueError(f"message {index} is a {old.role} message; only user messages can be edited")
         index %= len(self.messages)
-        edited = dataclasses.replace(old, content=text)
-        candidate = [*self.messages[:index], edited]
+        candidate, changed = self._asked_again([*self.messages[:index], dataclasses.replace(old, content=text)])
+        edited = candidate[-1]
         keep = index - self._n_system(candidate)
         fitted = self._fit(candidate, None if self._dropped is None else min(self._dropped, keep))
         self._forget(self.messages[index + 1:])
         if self.store is not None and edited.id is not None:
             self.store.update(edited)
+        self._store_changed(edited, changed)
         self.messages = candidate
         yield from self._reply(fitted)
 
@@ -308,7 +351,7 @@ class ChatSession:
     def _reply(self, fitted: _Fitted) -> Iterator[Chunk]:
         """Stream the reply to `fitted`, keeping the store up to date as it grows."""
         prompt, self._dropped = fitted.prompt, fitted.dropped
-        reply = Message("assistant", "", status="interrupted", from_draft=[])
+        reply = self.reply = Message("assistant", "", status="interrupted", from_draft=[])
         self.messages.append(reply)
         self._persist()
         params = prompt.params(self.params)

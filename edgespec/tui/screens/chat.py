@@ -114,6 +114,8 @@ class ChatScreen(Screen):
         """The words the last reading ahead read of the message (settled_words of it)."""
         self.applied: list = []
         """The edits written by the last apply (workspace.apply.Applied), for F9 to undo."""
+        self._sent_chips: list[Chip] = []
+        """The chips of the message sent last, given back should it be refused (_refused)."""
         self._settings_waiting = False
         """Settings were saved while a reply was generated: the session and the models take
         them when it ends (a reply goes on as it began)."""
@@ -369,12 +371,28 @@ class ChatScreen(Screen):
         bar = self.query_one(AttachmentBar)
         files = [*bar.paths, *(p for p in self._at_paths(text) if p not in bar.paths)]
         self.query_one(PromptInput).remember(text)
+        self._sent_chips = list(bar.chips)
         await bar.clear_chips()
         async with self._view:
             if not self._ready_to_generate():  # the conversation opened meanwhile may not be usable
                 return
             self._start_reply()
             await self.log_view.send(self.session, text, files)
+
+    @on(Conversation.Refused)
+    async def _refused(self, event: Conversation.Refused) -> None:
+        """A message refused before anything of it was stored (a file gone, too long for
+        the context) goes back to the prompt, with its chips, for the user to fix and send
+        again; words typed meanwhile are kept after it."""
+        prompt = self.query_one(PromptInput)
+        prompt.load_text(f"{event.text}\n{prompt.text}" if prompt.text else event.text)
+        prompt.move_cursor(prompt.document.end)
+        bar = self.query_one(AttachmentBar)
+        for chip in self._sent_chips:
+            if chip.path in event.files:
+                await bar.add(chip)
+        self._sent_chips = []
+        prompt.focus()
 
     @on(ReplyWaits)
     def _reply_waits(self, event: ReplyWaits) -> None:
@@ -407,7 +425,7 @@ class ChatScreen(Screen):
         self._follow_new_conversation()
         if self._settings_waiting:  # saved during the reply: the session and the models take them now
             self.use_settings(self.settings)
-            self.app.reload_for(self.settings)
+            self.context.reload_for(self.settings)
         self._save_settings()
         self.query_one(ConversationList).refresh_list()
         if event.status == "done":

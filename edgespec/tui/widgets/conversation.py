@@ -6,6 +6,11 @@ holding the `decoding` lock it was given while it uses the engine, and adds its
 chunks to a `ReplyBuffer` that a `RedrawTimer` drains (edgespec/tui/stream.py).
 The worker touches no widget; its end comes back as a message, and the widget
 tells its screen how the reply went with `ReplyProgressed` and `ReplyEnded`.
+
+A turn the session refuses before it begins (a file that cannot be attached, a
+message that does not fit) stores nothing: the widget says why, shows what is
+stored again (no box of the refused message, and what a regeneration or a resend
+had taken off the screen), and hands a refused message back with `Refused`.
 """
 
 from __future__ import annotations
@@ -41,9 +46,19 @@ class Conversation(VerticalScroll):
         """A reply is finished, stopped or failed, and shown as such."""
 
         status: str
+        """The reply's ("done", "stopped", "interrupted", "error"), or "refused": the turn
+        was refused before it began, nothing was stored, and the widget said why."""
         stats: Stats | None
         error: str | None
-        """Why decoding failed (None: it did not)."""
+        """Why decoding failed (None: it did not, or never began)."""
+
+    @dataclass
+    class Refused(Message):
+        """A message was refused before anything of it was stored: its text and files
+        (paths), for the screen to give back to the user to fix and send again."""
+
+        text: str
+        files: list[str]
 
     @dataclass
     class _Decoded(Message, bubble=False):
@@ -54,6 +69,8 @@ class Conversation(VerticalScroll):
         error: str | None
         pending: ReplyBuffer
         redraws: RedrawTimer
+        refused: Callable[[str], None]
+        """Says that the turn was refused before it began, and why."""
 
     show_origin: reactive[bool] = reactive(False)
     """Whether replies show their tokens coloured by origin (draft vs target)."""
@@ -80,9 +97,10 @@ class Conversation(VerticalScroll):
             if m.role == "system":
                 continue
             runs = stored_spans(self.engine, m.content, m.from_draft) if m.role == "assistant" else None
+            # a path once: an edited or regenerated message carries a file and its version changed since
+            paths = dict.fromkeys(a.path for a in m.attachments if a.origin != "applied")
             yield MessageBox(m.role, m.content, status=m.status, stats=m.stats, runs=runs,
-                             show_origin=self.show_origin, attachments=[a.path for a in m.attachments
-                                                                        if a.origin != "applied"])
+                             show_origin=self.show_origin, attachments=list(paths))
 
     @property
     def boxes(self) -> list[MessageBox]:
@@ -122,7 +140,12 @@ class Conversation(VerticalScroll):
     async def send(self, session, text: str, files: list[str] | None = None) -> None:
         """Show `text` as the user's, attaching `files` (paths in the session's project folder), and reply to it."""
         await self.mount(MessageBox("user", text, attachments=files))
-        await self._reply(session, lambda: session.send(text, files or ()))
+
+        def refused(error: str) -> None:
+            self.notify(error, title="Not sent", severity="error", timeout=10)
+            self.post_message(self.Refused(text, list(files or ())))
+
+        await self._reply(session, lambda: session.send(text, files or ()), refused)
 
     async def regenerate(self, session) -> bool:
         """Generate the last reply again (False: the last message is not a reply)."""
@@ -130,7 +153,8 @@ class Conversation(VerticalScroll):
         if not boxes or boxes[-1].role != "assistant":
             return False
         await boxes[-1].remove()
-        await self._reply(session, lambda: session.regenerate())
+        await self._reply(session, lambda: session.regenerate(),
+                          lambda error: self.notify(error, title="Not regenerated", severity="error", timeout=10))
         return True
 
     def session_index(self, session, box: MessageBox) -> int:
@@ -139,12 +163,14 @@ class Conversation(VerticalScroll):
         return [i for i, m in enumerate(session.messages) if m.role == "user"][ordinal]
 
     async def resend(self, session, box: MessageBox, index: int, text: str) -> None:
-        """Replace the user's message `box` (at `index` in the session) and all after it by `text`, and reply."""
+        """Replace the user's message `box` (at `index` in the session) and all after it by
+        `text`, and reply; the message keeps its files."""
         boxes = self.boxes
         for later in boxes[boxes.index(box):]:
             await later.remove()
-        await self.mount(MessageBox("user", text))
-        await self._reply(session, lambda: session.edit(index, text))
+        await self.mount(MessageBox("user", text, attachments=box.attachments))
+        await self._reply(session, lambda: session.edit(index, text),
+                          lambda error: self.notify(error, title="Not resent", severity="error", timeout=10))
 
     def stop(self) -> None:
         """Stop the reply now, also mid-batch of a long prompt (Engine.interrupt); the reply is kept."""
@@ -152,7 +178,9 @@ class Conversation(VerticalScroll):
         if self.engine is not None:
             self.engine.interrupt()
 
-    async def _reply(self, session, make_chunks: Callable[[], Iterator]) -> None:
+    async def _reply(self, session, make_chunks: Callable[[], Iterator], refused: Callable[[str], None]) -> None:
+        """Stream the reply that `make_chunks` (a session's turn) generates into a new box;
+        `refused` says why, should the session refuse the turn before it begins."""
         box = MessageBox("assistant", show_origin=self.show_origin)
         await self.mount(box)
         box.begin()
@@ -160,11 +188,11 @@ class Conversation(VerticalScroll):
         self._stop.clear()
         pending = ReplyBuffer()
         redraws = RedrawTimer(self, lambda: self._show_pending(box, pending), self.render_share)
-        self._reply_worker(session, make_chunks, box, pending, redraws)
+        self._reply_worker(session, make_chunks, box, pending, redraws, refused)
 
     @work(thread=True, exclusive=True, group="reply")
     def _reply_worker(self, session, make_chunks: Callable[[], Iterator], box: MessageBox,
-                      pending: ReplyBuffer, redraws: RedrawTimer) -> None:
+                      pending: ReplyBuffer, redraws: RedrawTimer, refused: Callable[[str], None]) -> None:
         error = None
         chunks = None
         engine = session.engine
@@ -190,7 +218,7 @@ class Conversation(VerticalScroll):
                 error = error or str(e)
             finally:
                 self.decoding.release()
-            self.post_message(self._Decoded(session, box, error, pending, redraws))
+            self.post_message(self._Decoded(session, box, error, pending, redraws, refused))
 
     async def _show_pending(self, box: MessageBox, pending: ReplyBuffer) -> None:
         text, runs, stats = pending.take()
@@ -201,13 +229,21 @@ class Conversation(VerticalScroll):
 
     @on(_Decoded)
     async def _decoded(self, event: _Decoded) -> None:
+        """Show the reply as the session stored it: its text, status and statistics are
+        those of `session.reply`, this turn's; a turn refused before it began (none) stored
+        nothing, and the view shows the stored conversation again, not the reply of an
+        earlier turn in this turn's box (which Ctrl+R would then regenerate)."""
         box, error = event.box, event.error
         event.redraws.stop()
+        reply = event.session.reply
+        if reply is None and error:
+            event.refused(error)
+            await self.show(event.session.messages)
+            self.post_message(self.ReplyEnded("refused", None, None))
+            return
         await self._show_pending(box, event.pending)
-        messages = event.session.messages
-        last = messages[-1] if messages else None
-        if last is not None and last.role == "assistant":
-            content, status, stats = last.content, last.status, last.stats
+        if reply is not None:
+            content, status, stats = reply.content, reply.status, reply.stats
         else:
             content, status, stats = box.content, "error" if error else "stopped", None
         if error:
