@@ -249,6 +249,10 @@ def test_chat_file_then_apply_writes_the_reply_and_refuses_a_stale_file(home, pr
     assert (project / "src" / "app.py").read_text() == RENAMED
     with ConversationStore() as store:
         assert [a.origin for a in store.messages(1)[-1].attachments] == ["applied"]
+    capsys.readouterr()
+    assert cli.main(["apply", "--yes"]) == 1  # again: applied already, not "changed on disk"
+    assert "applied already" in capsys.readouterr().err
+    assert (project / "src" / "app.py").read_text() == RENAMED
 
 
 def test_applying_two_files_where_the_second_is_read_only_writes_neither(project, tmp_path):

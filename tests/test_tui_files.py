@@ -426,8 +426,9 @@ async def test_after_an_apply_the_reply_has_nothing_left_to_apply_until_it_is_un
         await pilot.press("a")
         await wait_for(pilot, lambda: (project / "src" / "app.py").read_bytes() == RENAMED.encode())
         await pilot.press("f7")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: app.notes)
         assert not isinstance(app.screen, DiffScreen)  # not the user's own edit called a change on disk
+        assert "applied" in app.notes[-1] and "F9" in app.notes[-1], app.notes
         await pilot.press("f9")
         await wait_for(pilot, lambda: (project / "src" / "app.py").read_bytes() == APP.encode())
         await pilot.press("f7")

@@ -159,6 +159,18 @@ def pending_edits(reply: str, messages: Sequence) -> list[PendingEdit]:
             for e in edits]
 
 
+def not_applied(edits: Sequence[PendingEdit], reply_attachments: Sequence[Attachment],
+                workspace: Workspace | None) -> list[PendingEdit]:
+    """`edits` but those the user applied already (the reply's "applied" attachments,
+    ChatSession.record_applied) while the file still holds what was written: that file no
+    longer matches the version the reply was based on, and is the user's own change, not
+    one made behind the conversation's back. Undone, an edit is pending again."""
+    applied = {a.path: a.sha256 for a in reply_attachments if a.origin == "applied"}
+    if not applied or workspace is None:
+        return list(edits)
+    return [e for e in edits if e.path not in applied or workspace.sha256_of(e.path) != applied[e.path]]
+
+
 def apply_edits(workspace: Workspace, edits: Sequence[PendingEdit], *, allow_new: bool,
                 backups: Path) -> tuple[list[Applied], list[Attachment]]:
     """Write `edits`: what undo needs, and the Attachments (origin "applied") that

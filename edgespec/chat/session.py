@@ -175,19 +175,19 @@ class ChatSession:
 
     def pending_edits(self) -> list[PendingEdit]:
         """The changes the last reply makes to the conversation's files (none when the
-        conversation does not end with a reply), but those the user applied already
-        (record_applied) while the file still holds what was written: that file no
-        longer matches the version the reply was based on, and is the user's own
-        change, not one made behind the conversation's back. Undone, the edit is
-        pending again."""
+        conversation does not end with a reply), but those applied already
+        (attachments.not_applied)."""
         if not self.messages or self.messages[-1].role != "assistant":
             return []
         reply = self.messages[-1]
         edits = attachments.pending_edits(reply.content, self.messages[:-1])
-        applied = {a.path: a.sha256 for a in reply.attachments if a.origin == "applied"}
-        if not applied or self.workspace is None:
-            return edits
-        return [e for e in edits if e.path not in applied or self.workspace.sha256_of(e.path) != applied[e.path]]
+        return attachments.not_applied(edits, reply.attachments, self.workspace)
+
+    def applied_already(self) -> bool:
+        """Whether the last reply's changes were applied (record_applied) and none is left to apply."""
+        reply = self.messages[-1] if self.messages else None
+        return (reply is not None and reply.role == "assistant" and not self.pending_edits()
+                and any(a.origin == "applied" for a in reply.attachments))
 
     def record_applied(self, written: Sequence[Attachment]) -> None:
         """Remember that the files in `written` now hold what the last reply made of

@@ -44,7 +44,7 @@ def add_parsers(sub) -> None:
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
-    from edgespec.chat.attachments import pending_edits
+    from edgespec.chat.attachments import not_applied, pending_edits
     from edgespec.cli.options import open_store
 
     store = open_store()
@@ -56,6 +56,9 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     if not edits:
         raise EdgespecError(f"the last reply of conversation {cid} changes none of its files")
     workspace = workspace_from_args(args, stored_root=store.settings(cid).get("root"))
+    edits = not_applied(edits, messages[-1].attachments, workspace)
+    if not edits:
+        raise EdgespecError(f"the last reply of conversation {cid} is applied already: its files hold its changes")
     written = apply_edits(edits, workspace, yes=args.yes, allow_new=args.new)
     if written:
         store.attach(messages[-1].id, written)

@@ -655,7 +655,9 @@ class ChatScreen(Screen):
             return
         if not edits:
             if not quiet:
-                self.notify("The last reply changes none of the attached files.")
+                self.notify("The last reply's changes are applied (F9 undoes them)."
+                            if self.session is not None and self.session.applied_already()
+                            else "The last reply changes none of the attached files.")
             return
         if self.app.screen is not self:
             return
