@@ -284,6 +284,26 @@ async def test_a_pasted_path_to_a_link_out_of_the_project_says_why_it_is_not_att
         assert len(app.notes) == 1
 
 
+async def test_a_message_whose_at_path_leads_out_of_the_project_is_not_sent(store, project, tmp_path):
+    """`@link` to a file outside the project was sent without the file, silently: the
+    model answered about a file it never saw."""
+    import os
+
+    (tmp_path / "secret.txt").write_text("secret\n")
+    os.symlink(tmp_path / "secret.txt", project / "outside.txt")
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        prompt = await _focused_prompt(pilot)
+        prompt.insert("what is in @outside.txt")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.notes)
+        assert "outside the project" in app.notes[-1] and boxes(app) == []
+        assert prompt.text == "what is in @outside.txt"
+        prompt.clear()
+        await send(pilot, "mail me @ noon, or @someone")  # an @ that names nothing is only text
+        await wait_for(pilot, lambda: len(boxes(app)) == 2 and not app.chat.generating)
+
+
 async def test_the_diff_appears_after_a_reply_and_apply_then_undo_restore_the_bytes(store, project):
     app = make_app(store, reply=REPLY, root=project)
     async with app.run_test() as pilot:

@@ -368,6 +368,11 @@ class ChatScreen(Screen):
         if not self._ready_to_generate():
             return
         text = event.text
+        refused = next((why for word in text.split() if word.startswith("@") and len(word) > 1
+                        and (why := self._refusal(word[1:])) is not None), None)
+        if refused is not None:  # sent without it, the model would answer about a file it never saw
+            self.notify(f"{refused} Take the @ away to send the path as text.", title="Not sent", severity="error")
+            return
         bar = self.query_one(AttachmentBar)
         files = [*bar.paths, *(p for p in self._at_paths(text) if p not in bar.paths)]
         self.query_one(PromptInput).remember(text)
