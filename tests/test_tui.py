@@ -524,6 +524,7 @@ async def test_download_progress_cancel_and_finish(store):
         await wait_for(pilot, lambda: screen.pulling is None, timeout=5)
         assert library.installed["tiny-draft"]
         assert "installed" in str(screen.query_one("#download-status").render())
+        assert screen.selected().name == "tiny-draft"  # the row pulled stays chosen ("u" used row 0's)
         await pilot.press("up", "up", "u")  # the pair, now installed: switch to it
         await wait_for(pilot, lambda: app.choice.pair == "tiny-pair" and app.model_state == "ready")
 

@@ -95,8 +95,10 @@ class ModelsScreen(Screen[ModelChoice | None]):
         table.focus()
 
     def reload(self) -> None:
-        """Re-read the library (after a pull, installed marks change)."""
+        """Re-read the library (after a pull, installed marks change), the same row kept
+        chosen: "Use" after a pull must load the model pulled, not the first row's."""
         table = self.query_one(DataTable)
+        chosen = self.selected()
         table.clear()
         try:
             self.rows = self.library.rows()
@@ -110,6 +112,9 @@ class ModelsScreen(Screen[ModelChoice | None]):
             name = Text(row.name, style="bold" if row.name == current else "")
             table.add_row(mark, name, row.title or row.name, row.kind, human_bytes(row.size), row.source,
                           row.description, key=row.name)
+        names = [row.name for row in self.rows]
+        if chosen is not None and chosen.name in names:
+            table.move_cursor(row=names.index(chosen.name))
 
     def selected(self) -> LibraryRow | None:
         table = self.query_one(DataTable)
