@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
@@ -18,9 +19,13 @@ _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>
 @dataclass
 class FakeHub:
     files: dict[tuple[str, str], bytes] = field(default_factory=dict)
-    """(repo, filename) -> content."""
+    """(repo, filename) -> content at the default revision (main)."""
+    other_revisions: dict[tuple[str, str, str], bytes] = field(default_factory=dict)
+    """(repo, revision, filename) -> content at another revision (a tag, a branch, a commit)."""
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     """(method, path, Range header) of every request served."""
+    if_ranges: list[str | None] = field(default_factory=list)
+    """The If-Range header of every GET (a resume that names the file it continues)."""
     chunk: int = 64 << 10
     delay: float = 0.0
     """Seconds to sleep after each chunk of a GET body (to make downloads take time)."""
@@ -34,9 +39,14 @@ class FakeHub:
     """Answer every GET with the whole file (200), as a server without Range support does."""
     garbled: bool = False
     """Answer every GET with something that is not HTTP (a broken proxy)."""
+    portal: bytes | None = None
+    """Answer every GET with 200 and this HTML page (a captive portal that wants a sign-in)."""
 
-    def add(self, repo: str, filename: str, content: bytes) -> str:
-        self.files[(repo, filename)] = content
+    def add(self, repo: str, filename: str, content: bytes, revision: str = "main") -> str:
+        if revision == "main":
+            self.files[(repo, filename)] = content
+        else:
+            self.other_revisions[(repo, revision, filename)] = content
         return hashlib.sha256(content).hexdigest()
 
     def start(self) -> str:
@@ -56,9 +66,17 @@ class FakeHub:
                 hub.requests.append((self.command, self.path, self.headers.get("Range")))
                 if self.command == "GET":
                     hub.authorizations.append(self.headers.get("Authorization"))
+                    hub.if_ranges.append(self.headers.get("If-Range"))
                     if hub.garbled:
                         self.wfile.write(b"NOT HTTP AT ALL\r\n\r\n")
                         self.close_connection = True
+                        return
+                    if hub.portal is not None:
+                        self.send_response(200)
+                        self.send_header("Content-Type", "text/html")
+                        self.send_header("Content-Length", str(len(hub.portal)))
+                        self.end_headers()
+                        self.wfile.write(hub.portal)
                         return
                 m = _RESOLVE.match(self.path.split("?")[0])
                 if m and m["repo"] in hub.gated:
@@ -67,7 +85,10 @@ class FakeHub:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                content = hub.files.get((m["repo"], m["file"])) if m else None
+                content = None
+                if m:
+                    content = (hub.files.get((m["repo"], m["file"])) if m["rev"] == "main"
+                               else hub.other_revisions.get((m["repo"], unquote(m["rev"]), m["file"])))
                 if content is None:
                     self.send_response(404)
                     self.send_header("X-Error-Code", "EntryNotFound")
@@ -77,6 +98,10 @@ class FakeHub:
                     return
                 start = 0
                 rng = self.headers.get("Range")
+                etag = f'"{hashlib.sha256(content).hexdigest()}"'
+                if_range = self.headers.get("If-Range")
+                if if_range is not None and if_range != etag:  # the file changed: all of it, afresh
+                    rng = None
                 if body and rng and not hub.ignore_range:
                     start = int(re.match(r"bytes=(\d+)-", rng).group(1))
                     self.send_response(206)
@@ -84,7 +109,7 @@ class FakeHub:
                 else:
                     self.send_response(200)
                 self.send_header("X-Repo-Commit", COMMIT)
-                self.send_header("ETag", f'"{hashlib.sha256(content).hexdigest()}"')
+                self.send_header("ETag", etag)
                 self.send_header("Accept-Ranges", "bytes")
                 self.send_header("Content-Length", str(len(content) - start))
                 self.end_headers()

@@ -392,3 +392,203 @@ def test_a_hub_name_cannot_download_outside_the_models_folder(hub, home, tmp_pat
     with pytest.raises(RegistryError):
         resolve_model(f"hf:{REPO}/../../x.gguf")
     assert files_named(tmp_path, "x.gguf") == [] and files_named(tmp_path, "x.gguf.part") == []
+
+
+# --- cancels, other processes, revisions, answers that are not the file ------------------------
+
+class Cancelled(Exception):
+    """What the app's Cancel raises from the progress callback (an Exception, not KeyboardInterrupt)."""
+
+
+def test_a_cancel_while_verifying_keeps_the_finished_download(hub, home):
+    """Cancelling the hashing of a complete .part is no verdict on its bytes: the next call only checks it."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    entry = hub_entry()
+
+    def cancel_in_verify(p: Progress) -> None:
+        if p.stage == "verify":
+            raise Cancelled("download cancelled")
+
+    with pytest.raises(Cancelled):
+        fetch(entry, progress=cancel_in_verify)
+    assert part_file(home).read_bytes() == CONTENT and installed_path(entry) is None
+    n = len(hub.gets())
+    assert fetch(entry).read_bytes() == CONTENT
+    assert hub.gets()[n:] == []
+
+
+def test_each_revision_has_its_own_file(hub, home):
+    """hf:...@v2 after @v1 is v2's file, and main keeps the path it always had."""
+    v1, v2 = b"GGUF" + b"1" * 50_000, b"GGUF" + b"2" * 50_000
+    hub.add(REPO, "m.gguf", CONTENT)
+    hub.add(REPO, "m.gguf", v1, revision="v1")
+    hub.add(REPO, "m.gguf", v2, revision="refs/pr/2")
+    main = resolve_model(f"hf:{REPO}/m.gguf", registry=registry())
+    first = resolve_model(f"hf:{REPO}/m.gguf@v1", registry=registry())
+    second = resolve_model(f"hf:{REPO}/m.gguf@refs/pr/2", registry=registry())
+    assert (main.read_bytes(), first.read_bytes(), second.read_bytes()) == (CONTENT, v1, v2)
+    assert main == home / "models" / "someone--Tiny-GGUF" / "m.gguf"
+    assert len({main, first, second}) == 3 and all(p.parent.parent == home / "models" for p in (first, second))
+    assert remove(registry().model(f"hf:{REPO}/m.gguf@v1")) == [first]
+    assert main.exists() and second.exists()
+
+
+def test_an_interrupted_revision_is_not_resumed_as_another(hub, home):
+    v1, v2 = b"GGUF" + b"1" * 500_000, b"GGUF" + b"2" * 500_000
+    hub.add(REPO, "m.gguf", v1, revision="v1")
+    hub.add(REPO, "m.gguf", v2, revision="v2")
+    hub.chunk, hub.delay = 32 << 10, 0.01
+
+    def interrupt(p: Progress) -> None:
+        if 0 < p.done < len(v1):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        resolve_model(f"hf:{REPO}/m.gguf@v1", progress=interrupt, registry=registry())
+    hub.delay = 0
+    assert resolve_model(f"hf:{REPO}/m.gguf@v2", registry=registry()).read_bytes() == v2
+    assert resolve_model(f"hf:{REPO}/m.gguf@v1", registry=registry()).read_bytes() == v1
+
+
+def test_a_second_pull_while_the_first_verifies_is_refused_and_the_first_succeeds(hub, home):
+    """The .part stays locked until it has its final name: another pull cannot take it from under the check."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    entry = hub_entry()
+    other: list[Exception] = []
+
+    def second_pull(p: Progress) -> None:
+        if p.stage == "verify" and not other:
+            with pytest.raises(DownloadError, match="being downloaded by another process.*wait for it") as e:
+                fetch(entry)
+            other.append(e.value)
+
+    assert fetch(entry, progress=second_pull).read_bytes() == CONTENT
+    assert other and not part_file(home).exists()
+
+
+def test_rm_refuses_while_a_download_runs(hub, home):
+    """Deleting the .part under a running download would leave it writing into a file nobody sees."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.chunk, hub.delay = 32 << 10, 0.002
+    entry = hub_entry()
+    refused: list[Exception] = []
+
+    def rm(p: Progress) -> None:
+        if p.stage == "download" and 0 < p.done < len(CONTENT) and not refused:
+            with pytest.raises(DownloadError, match=r"being downloaded by another process.*edgespec rm tiny-q4"
+                               ) as e:
+                remove(entry)
+            refused.append(e.value)
+
+    assert fetch(entry, progress=rm).read_bytes() == CONTENT
+    assert refused and installed_path(entry) is not None
+
+
+def test_a_resume_answered_with_something_else_keeps_the_partial_download(hub, home):
+    """A captive portal answers the Range request with 200 and its page: visibly not the file
+    (its length is not the entry's size), so the .part is left as it was."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.portal = b"<!DOCTYPE html><html><body>Please sign in to the Wi-Fi</body></html>"
+    part_file(home).parent.mkdir(parents=True)
+    part_file(home).write_bytes(CONTENT[:2_000_000])
+    with pytest.raises(DownloadError, match=r"answered with 68 bytes \(text/html\).*not the file.*"
+                                            r"partial download is kept.*sign in") as e:
+        fetch(hub_entry())
+    assert "models.yaml may be outdated" not in str(e.value).split("sign in")[0]
+    assert part_file(home).read_bytes() == CONTENT[:2_000_000]
+    hub.portal = None
+    assert fetch(hub_entry()).read_bytes() == CONTENT
+    assert [r for _, _, r in hub.gets()][-1] == "bytes=2000000-"
+
+
+def test_a_file_changed_on_the_hub_is_downloaded_afresh_not_spliced(hub, home):
+    """A resume names the file it continues (If-Range: the first answer's ETag): a file uploaded anew
+    in between comes whole (200), so no entry without a checksum keeps half of each."""
+    old, new = b"GGUF" + b"o" * 400_000, b"GGUF" + b"n" * 400_000
+    entry = ModelEntry(name="m", source=HubSource(repo=REPO, file="m.gguf"), approx_size=len(old))
+    hub.add(REPO, "m.gguf", old)
+    hub.chunk, hub.delay = 32 << 10, 0.01
+
+    def interrupt(p: Progress) -> None:
+        if 0 < p.done < len(old):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fetch(entry, progress=interrupt)
+    hub.add(REPO, "m.gguf", new)
+    hub.delay = 0
+    assert fetch(entry).read_bytes() == new
+    assert hub.if_ranges == [None, f'"{hashlib.sha256(old).hexdigest()}"']
+    assert [p.name for p in (home / "models").rglob("*") if p.is_file()] == ["m.gguf"]  # no sidecar left
+
+
+def test_an_unchanged_file_resumes_and_rm_leaves_nothing(hub, home):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.chunk, hub.delay = 32 << 10, 0.002
+    entry = hub_entry()
+
+    def interrupt(p: Progress) -> None:
+        if 0 < p.done < len(CONTENT):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fetch(entry, progress=interrupt)
+    assert remove(entry) == [part_file(home)]
+    assert [p for p in (home / "models").rglob("*") if p.is_file()] == []
+    with pytest.raises(KeyboardInterrupt):
+        fetch(entry, progress=interrupt)
+    hub.delay = 0
+    assert fetch(entry).read_bytes() == CONTENT
+    assert hub.gets()[-1][2].startswith("bytes=") and hub.if_ranges[-1] == f'"{hashlib.sha256(CONTENT).hexdigest()}"'
+
+
+def test_a_cancel_is_seen_while_the_hub_stalls(hub, monkeypatch):
+    """Nothing comes for a while: the progress callback is still asked, so the app's Cancel needs no timeout."""
+    import time
+
+    monkeypatch.setattr("edgespec.models.download.POLL", 0.05)
+    hub.add(REPO, "tiny-q4.gguf", CONTENT[:300_000])
+    hub.chunk, hub.delay = 64 << 10, 2.0  # a chunk, then a stall
+    asked: list[float] = []
+
+    def cancel_after_first_bytes(p: Progress) -> None:
+        if p.done:
+            asked.append(time.monotonic())
+            if asked[-1] - asked[0] > 0.2:
+                raise Cancelled("download cancelled")
+
+    with pytest.raises(Cancelled):
+        fetch(hub_entry(size=300_000, sha256=hashlib.sha256(CONTENT[:300_000]).hexdigest()),
+              progress=cancel_after_first_bytes)
+    assert asked[-1] - asked[0] < 1.0
+
+
+def test_a_cancel_is_seen_between_retries(hub, monkeypatch):
+    import time
+
+    monkeypatch.setattr("edgespec.models.download.POLL", 0.05)
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.garbled = True  # every try fails at once; the waits between them grow to seconds
+    calls: list[Progress] = []
+
+    def cancel_when_asked_again(p: Progress) -> None:
+        calls.append(p)
+        if len(calls) > 1:
+            raise Cancelled("download cancelled")
+
+    t0 = time.monotonic()
+    with pytest.raises(Cancelled):
+        fetch(hub_entry(), progress=cancel_when_asked_again)
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_a_web_page_answering_a_resume_keeps_the_partial_download_of_an_entry_without_a_size(hub, home):
+    """The shipped hub entries give no exact size to compare with, but a page (text/html) is never the file."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.portal = b"<!DOCTYPE html><html><body>Please sign in to the Wi-Fi</body></html>"
+    entry = ModelEntry(name="tiny-q4", source=HubSource(repo=REPO, file="tiny-q4.gguf"), approx_size=len(CONTENT))
+    part_file(home).parent.mkdir(parents=True)
+    part_file(home).write_bytes(CONTENT[:2_000_000])
+    with pytest.raises(DownloadError, match=r"answered with a web page \(text/html\).*partial download is kept"):
+        fetch(entry)
+    assert part_file(home).read_bytes() == CONTENT[:2_000_000]

@@ -21,7 +21,10 @@ def add_parsers(sub) -> None:
 
     p = sub.add_parser("pull", help="download (or assemble) a model or both models of a pair",
                        description="Get a model's file, or a pair's two files, with progress. "
-                                   "Downloads resume; files are checked against their size and sha256.")
+                                   "Downloads resume. A file is checked against the size and sha256 "
+                                   "that models.yaml gives for it, where it gives them; the shipped hub "
+                                   "entries give neither, so for them (as for hf: names) a download is "
+                                   "checked to be GGUF.")
     p.add_argument("names", nargs="+", metavar="NAME",
                    help="a model or pair name (see `edgespec models`), or hf:OWNER/REPO/FILE.gguf")
     p.set_defaults(handler=_cmd_pull)

@@ -3,16 +3,32 @@
     download(url, Path("models/x.gguf"), size=4_683_073_536, progress=bar, check=verify)
 
 The bytes go to `x.gguf.part` next to the destination. Whatever stops a transfer
-(a dropped connection, Ctrl+C, a crash) leaves that file behind, and the next
-call asks the server only for the missing bytes (an HTTP Range request); a
-server that ignores Range answers 200 and the file is started over. `check`
-sees the complete .part (and it is deleted if `check` raises) before it is
-renamed to the destination, so a file under the final name is always whole.
+(a dropped connection, Ctrl+C, the app's Cancel, a crash) leaves that file
+behind, and the next call asks the server only for the missing bytes (an HTTP
+Range request). The resume names the file it continues (If-Range with the first
+answer's ETag, kept in `x.gguf.part.etag` beside the .part): a file that changed
+on the server in between is sent whole (200) and started over, never spliced
+onto the old bytes, and so is the file from a server that ignores Range. An
+answer to a resume that is visibly not the file (another length than `size`, a
+web page: a captive portal's) raises NotTheFile and leaves the .part as it was.
 
-HTTP errors (urllib.error.HTTPError) and network errors that outlast the
-retries (OSErrors such as URLError and TimeoutError, and http.client's
-HTTPException for a garbled answer) are raised as they are; the caller turns
-them into messages.
+`check` sees the complete .part before it is renamed to the destination, so a
+file under the final name is always whole. A check says the file is wrong by
+raising an EdgespecError (verify_file's DownloadError, check_magic's
+ModelFileError): then the .part is deleted. Anything else that stops it (Ctrl+C,
+the app's Cancel raised from a progress callback, a read error) keeps the .part,
+whose bytes are as good as they were: the next call only checks it again.
+
+The .part is locked (POSIX) from the first byte until it has its final name: a
+second download of the same file, or remove_part() (`edgespec rm`), is refused
+meanwhile rather than taking the file from under the check or the transfer.
+
+The network waits (connecting, reading, the pauses between tries) run in a
+helper thread while this one asks the progress callback every POLL seconds, so
+a cancel raised from it is seen while the server stalls. HTTP errors
+(urllib.error.HTTPError) and network errors that outlast the retries (OSErrors
+such as URLError and TimeoutError, and http.client's HTTPException for a garbled
+answer) are raised as they are; the caller turns them into messages.
 
 Why not huggingface_hub's hf_hub_download: it downloads to a temporary file
 that it deletes whenever the transfer stops (Ctrl+C, a dropped connection), so
@@ -23,20 +39,33 @@ from __future__ import annotations
 
 import http.client
 import os
+import queue
+import threading
 import time
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import IO, Callable, Mapping
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit
 from urllib.request import HTTPRedirectHandler, Request, build_opener
 
+from edgespec.errors import EdgespecError
 from edgespec.models.progress import Meter, ProgressCallback
 
-__all__ = ["download", "part_path"]
+__all__ = ["NotTheFile", "download", "part_path", "remove_part"]
 
 CHUNK = 1 << 20
+"""The most bytes one read asks for (it returns what has come, however little)."""
 RETRIES = 5
 """Attempts in a row that may fail without a single new byte before giving up."""
+POLL = 1.0
+"""Seconds between calls of the progress callback while nothing comes (a stalled server, a pause
+between tries): the callback may stop the download (the app's Cancel raises from it)."""
+
+
+class NotTheFile(Exception):
+    """The server answered a resume with something that is visibly not the file (another length
+    than the file's, a web page): a captive portal's sign-in page, a proxy's error page. The
+    .part is left as it was."""
 
 
 def download(url: str, dest: Path, *, headers: Mapping[str, str] | None = None, size: int | None = None,
@@ -44,52 +73,34 @@ def download(url: str, dest: Path, *, headers: Mapping[str, str] | None = None, 
              timeout: float = 30.0) -> Path:
     """Download `url` to `dest` through `dest.part`, resuming a partial file; returns `dest`.
 
-    `size` (when known) is the expected length: a longer .part is started over.
+    `size` (when known) is the expected length: a longer .part is started over, and an answer
+    of another length to a resume raises NotTheFile. `timeout` is how long the server may stay
+    silent (connecting, or between two bytes) before a try counts as failed.
     """
     part = part_path(dest)
     part.parent.mkdir(parents=True, exist_ok=True)
-    with part.open("ab") as f:
-        _lock(f, part)
+    f, locked = _open_locked(part, "ab")
+    with f:
         meter = Meter(progress, dest.name, size, initial=f.tell())
-        failures = 0
-        while True:
-            have = f.tell()
-            if size is not None and have >= size:  # complete already (cut off while checked), or not this file
-                if have == size:
-                    break
-                _restart(f, meter)
-                continue
-            error: Exception | None = None
-            try:
-                total = _transfer(f, url, dict(headers or {}), meter, timeout)
-                if total is not None and f.tell() < total:
-                    error = ConnectionError(f"the server closed the connection after {f.tell()} of {total} bytes")
-            except HTTPError as e:
-                if e.code == 416 and have:  # nothing to send from `have` on: the .part is not this file
-                    _restart(f, meter)
-                    continue
-                raise
-            except (URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
-                error = e
-            if error is None:
-                break
-            if f.tell() != have:  # some bytes came: ask for the rest straight away
-                failures = 0
-                continue
-            failures += 1
-            if failures >= RETRIES:
-                raise error
-            time.sleep(min(8.0, 0.25 * 2 ** (failures - 1)))
+        worker = _Worker(meter)
+        try:
+            _fill(f, url, dict(headers or {}), size, _etag_path(dest), meter, worker, timeout)
+        finally:
+            worker.close()
         meter.close()
         f.flush()
         os.fsync(f.fileno())
-    if check is not None:
-        try:
-            check(part)
-        except Exception:  # a bad file: start from scratch next time (Ctrl+C while checking keeps it)
-            part.unlink(missing_ok=True)
-            raise
-    os.replace(part, dest)
+        if not locked:
+            f.close()  # no lock to keep (Windows), where a file still open cannot be renamed or deleted
+        if check is not None:
+            try:
+                check(part)
+            except EdgespecError:  # the file is wrong: start from scratch next time
+                part.unlink(missing_ok=True)
+                _etag_path(dest).unlink(missing_ok=True)
+                raise
+        os.replace(part, dest)  # still under the lock: nobody appends to or deletes the .part meanwhile
+        _etag_path(dest).unlink(missing_ok=True)
     return dest
 
 
@@ -98,23 +109,101 @@ def part_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".part")
 
 
-def _transfer(f, url: str, headers: dict[str, str], meter: Meter, timeout: float) -> int | None:
+def remove_part(dest: Path) -> Path | None:
+    """Delete the partial download of `dest` (and its ETag); returns the .part deleted, if any.
+
+    Raises BlockingIOError while a download writes it: deleting it under a running download
+    would leave that download writing into a file nobody can see, which it could not resume.
+    """
+    try:
+        f, _ = _open_locked(part_path(dest), "rb")
+    except FileNotFoundError:
+        _etag_path(dest).unlink(missing_ok=True)
+        return None
+    with f:
+        part_path(dest).unlink()
+        _etag_path(dest).unlink(missing_ok=True)
+    return part_path(dest)
+
+
+def _fill(f, url: str, headers: dict[str, str], size: int | None, etag: Path, meter: Meter,
+          worker: _Worker, timeout: float) -> None:
+    """Append to `f` until it holds the whole file, retrying what fails without new bytes."""
+    failures = 0
+    while True:
+        have = f.tell()
+        if size is not None and have >= size:  # complete already (cut off while checked), or not this file
+            if have == size:
+                return
+            _restart(f, meter, etag)
+            continue
+        error: Exception | None = None
+        try:
+            total = _transfer(f, url, dict(headers), size, etag, meter, worker, timeout)
+            if total is not None and f.tell() < total:
+                error = ConnectionError(f"the server closed the connection after {f.tell()} of {total} bytes")
+        except HTTPError as e:
+            if e.code == 416 and have:  # nothing to send from `have` on: the .part is not this file
+                _restart(f, meter, etag)
+                continue
+            raise
+        except (URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
+            error = e
+        if error is None:
+            return
+        if f.tell() != have:  # some bytes came: ask for the rest straight away
+            failures = 0
+            continue
+        failures += 1
+        if failures >= RETRIES:
+            raise error
+        _wait(min(8.0, 0.25 * 2 ** (failures - 1)), meter)
+
+
+def _transfer(f, url: str, headers: dict[str, str], size: int | None, etag: Path, meter: Meter,
+              worker: _Worker, timeout: float) -> int | None:
     """Append the rest of `url` to `f` (from byte f.tell()); returns the file's full length if known."""
     start = f.tell()
     if start:
         headers["Range"] = f"bytes={start}-"
-    with _opener.open(Request(url, headers=headers), timeout=timeout) as response:
-        if start and response.status != 206:  # Range ignored: the body is the whole file
-            _restart(f, meter)
+        validator = _read_etag(etag)
+        if validator:
+            headers["If-Range"] = validator  # the file changed since: the server sends all of it (200)
+    response = worker.call(_opener.open, Request(url, headers=headers), timeout=timeout)
+    try:
+        if start and response.status != 206:  # Range ignored, or another file: the body is a whole file
+            _check_whole(response, size, start)
+            _restart(f, meter, etag)
             start = 0
+        if not start:
+            _write_etag(etag, response)
         total = _full_length(response, start)
         if total is not None and meter.total is None:
             meter.total = total
-        while chunk := response.read(CHUNK):
+        read = getattr(response, "read1", response.read)  # what has come: progress on a slow link too
+        while chunk := worker.call(read, CHUNK):
             f.write(chunk)
             meter.update(len(chunk))
+    finally:
+        worker.later(response.close)  # after a read still waiting for the server, if any
     f.flush()
     return total
+
+
+def _check_whole(response, size: int | None, start: int) -> None:
+    """Raise NotTheFile if a 200 answer to a resume is visibly not the file: its length is not
+    the file's, or it is a web page (a model file is never text/html; this also guards a file
+    whose size is not known). Anything else is taken for the whole file, changed or not."""
+    length = response.headers.get("Content-Length")
+    kind = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+    if size is not None and length is not None and length.isdigit() and int(length) != size:
+        what = f"{length} bytes{f' ({kind})' if kind else ''} where the file has {size}"
+    elif kind == "text/html":
+        what = f"a web page ({kind})"
+    else:
+        return
+    raise NotTheFile(f"asked for the rest of the file from byte {start}, the server answered with {what}: "
+                     f"that is not the file")
 
 
 def _full_length(response, start: int) -> int | None:
@@ -125,22 +214,117 @@ def _full_length(response, start: int) -> int | None:
     return start + int(length) if length is not None else None
 
 
-def _restart(f, meter: Meter) -> None:
+def _restart(f, meter: Meter, etag: Path) -> None:
     f.seek(0)
     f.truncate()
+    etag.unlink(missing_ok=True)
     meter.set(0)
 
 
-def _lock(f, part: Path) -> None:
-    """Refuse to append to a .part another process is writing (POSIX; elsewhere no lock)."""
+def _etag_path(dest: Path) -> Path:
+    """Where the ETag of the file that `dest`'s .part holds the start of is kept."""
+    return dest.with_name(dest.name + ".part.etag")
+
+
+def _write_etag(etag: Path, response) -> None:
+    """Keep what identifies the file now started (a strong ETag, else Last-Modified) for If-Range."""
+    value = response.headers.get("ETag")
+    if not value or value.startswith("W/"):  # a weak ETag cannot be used in If-Range
+        value = response.headers.get("Last-Modified")
+    if value:
+        etag.write_text(value + "\n")
+    else:
+        etag.unlink(missing_ok=True)
+
+
+def _read_etag(etag: Path) -> str | None:
+    try:
+        return etag.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _wait(seconds: float, meter: Meter) -> None:
+    """Sleep, asking the progress callback every POLL seconds (it may cancel)."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, POLL))
+        meter.poke()
+
+
+class _Worker:
+    """Runs the blocking network calls of one download in a daemon thread, while the calling
+    thread waits for each and asks the progress callback every POLL seconds meanwhile: a cancel
+    raised from it ends the download at once, however long the server stays silent. (A call
+    left waiting ends on its own socket timeout, in the background.)"""
+
+    def __init__(self, meter: Meter):
+        self.meter = meter
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="edgespec-download", daemon=True).start()
+
+    def call(self, fn, *args, **kwargs):
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        self._tasks.put((fn, args, kwargs, done))
+        while True:
+            try:
+                ok, value = done.get(timeout=POLL)
+            except queue.Empty:
+                self.meter.poke()
+                continue
+            if ok:
+                return value
+            raise value
+
+    def later(self, fn, *args) -> None:
+        """Run `fn` after what the thread is doing, without waiting for it."""
+        self._tasks.put((fn, args, {}, None))
+
+    def close(self) -> None:
+        self._tasks.put(None)
+
+    def _run(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            fn, args, kwargs, done = task
+            try:
+                result = (True, fn(*args, **kwargs))
+            except BaseException as e:  # handed to the waiting thread, which raises it
+                result = (False, e)
+            if done is not None:
+                done.put(result)
+
+
+def _open_locked(part: Path, mode: str) -> tuple[IO[bytes], bool]:
+    """`part` opened and locked; whether it is locked (no locks outside POSIX).
+
+    Raises BlockingIOError if another process (or another download here) holds the lock. The
+    file locked is checked to be the one still named `part`: one renamed to its final name or
+    deleted between the open and the lock is let go, and `part` opened again."""
+    while True:
+        f = part.open(mode)
+        try:
+            locked = _lock(f, part)
+            if not locked or os.path.samestat(os.fstat(f.fileno()), os.stat(part)):
+                return f, locked
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            f.close()
+            raise
+        f.close()
+
+
+def _lock(f, part: Path) -> bool:
+    """Refuse a .part another process is writing (POSIX; elsewhere no lock: returns False)."""
     try:
         import fcntl
     except ImportError:
-        return
+        return False
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise BlockingIOError(f"{part} is being downloaded by another process") from None
+    return True
 
 
 class _DropAuthOnOtherHosts(HTTPRedirectHandler):

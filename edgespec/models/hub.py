@@ -2,8 +2,10 @@
 
 Hub files already in huggingface_hub's cache are used as they are; others are
 downloaded by edgespec.models.download into the models directory, through a
-.part file that an interrupted download (Ctrl+C included) leaves behind and the
-next call resumes (HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE are honoured).
+.part file that an interrupted download (Ctrl+C or the app's Cancel included)
+leaves behind and the next call resumes (HF_TOKEN, HF_ENDPOINT and
+HF_HUB_OFFLINE are honoured). Each revision other than main has a folder of its
+own there, so files of two revisions are never taken or resumed for each other.
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 from urllib.error import HTTPError
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from edgespec.config import dirs
 from edgespec.errors import DownloadError
 from edgespec.models.bundled import DEFAULT_PAIR
 from edgespec.models.checksum import forget_verified, record_verified, verify_file
+from edgespec.models.download import NotTheFile, part_path, remove_part
 from edgespec.models.download import download as download_file
-from edgespec.models.download import part_path
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import ProgressCallback, human_bytes
 from edgespec.models.source import REMOTE, Fetch, ModelEntry, Source, check_inside_models, delete_in_models
@@ -58,13 +60,17 @@ class HubSource(Source):
 
     def remove(self, entry: ModelEntry) -> list[Path]:
         """The file (a link into huggingface_hub's cache: the link and its blob) and
-        an unfinished download's .part file."""
+        an unfinished download's .part file. Refused while a download writes that .part:
+        deleting it would leave the download writing into a file nobody can see."""
         path = self.installed_path(entry)
         removed = []
-        part = part_path(_hub_dest(self))
-        if part.exists():
-            check_inside_models(part, entry)
-            part.unlink()
+        check_inside_models(part_path(_hub_dest(self)), entry)
+        try:
+            part = remove_part(_hub_dest(self))
+        except BlockingIOError as e:
+            raise DownloadError(f"{e}: stop that download (or wait for it to finish), then run "
+                                f"`edgespec rm {entry.name}` again.") from e
+        if part is not None:
             removed.append(part)
         if path is None:
             return removed
@@ -112,6 +118,13 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
         raise _http_error(entry, source, e) from e
     except BlockingIOError as e:
         raise DownloadError(f"{e}: wait for it to finish (or stop it), then run the same command again.") from e
+    except NotTheFile as e:
+        outdated = (f" If the hub itself answers so, the file changed there and the entry {entry.name!r} in "
+                    f"models.yaml may be outdated." if entry.size is not None else "")
+        raise DownloadError(
+            f"resuming {source.file} from {source.repo}: {e} (a Wi-Fi network's sign-in page, or a proxy's "
+            f"answer?). The partial download is kept: sign in to the network if it asks, then run the same "
+            f"command again.{outdated} To start over instead, delete it with `edgespec rm {entry.name}`.") from e
     except (OSError, http.client.HTTPException) as e:
         # What download() raises past its retries (no connection, a timeout, a garbled answer), or a full disk.
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
@@ -172,8 +185,15 @@ def _hub_cached(source: HubSource) -> Path | None:
 
 
 def _hub_dest(source: HubSource) -> Path:
-    """Where edgespec downloads a hub file itself: <models dir>/<owner>--<name>/<file>."""
-    return dirs().models / source.repo.replace("/", "--") / source.file
+    """Where edgespec downloads a hub file itself: <models dir>/<owner>--<name>/<file> at the
+    default revision (main), <owner>--<name>@<revision>/<file> at another one, so that each
+    revision's file (and its .part) is its own: @v2 never gets @v1's file, nor resumes its
+    download. The revision is percent-encoded into one plain folder name (refs/pr/1, '..' and
+    the like stay inside); repository names cannot hold '@', so no repo's folder is taken."""
+    folder = source.repo.replace("/", "--")
+    if source.revision != "main":
+        folder += "@" + quote(source.revision, safe="")
+    return dirs().models / folder / source.file
 
 
 def _hub_downloaded(source: HubSource) -> Path | None:

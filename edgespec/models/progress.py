@@ -66,6 +66,14 @@ class Meter:
     def close(self) -> None:
         self._report(force=True)
 
+    def poke(self) -> None:
+        """Report the same numbers again while nothing comes (a stalled server, a pause between
+        tries), so that the callback can stop the work: the app's Cancel raises from it. Not once
+        the work is finished, whose last report closes a progress bar."""
+        if not (self.total is not None and self.done >= self.total):
+            self._last_done = None
+            self._report(force=True)
+
     def _report(self, force: bool = False) -> None:
         if self.callback is None or self.done == self._last_done:
             return
