@@ -989,3 +989,31 @@ async def test_settings_saved_while_a_reply_streams_take_effect_when_it_ends(sto
         await wait_for(pilot, lambda: not app.chat.generating)
         await wait_for(pilot, lambda: len(loads) == 2 and app.model_state == "ready")
         assert app.chat.session.params.max_tokens == 3 and loads[-1].n_ctx == 4096
+
+
+async def test_titles_and_paths_are_shown_as_written_not_read_as_markup(store):
+    """A chat title holding square brackets (a question about `list[int]`, or `[/]`) was
+    read as Textual markup: shown changed, or the sidebar raised MarkupError and the app
+    ended, at every launch since the title was stored. A path from a reply (`[slug].tsx`)
+    in a dialog's question, the same."""
+    from textual.widgets import Label, OptionList
+
+    from edgespec.tui.screens.dialogs import ConfirmScreen
+
+    titles = ["what is list[int] vs List[int]?", "[/] and close[/red]", "[link=http://x]l[/link]"]
+    for title in titles:
+        store.create(title=title)
+    app = make_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        options = app.query_one("#conversations", OptionList)
+        shown = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+        assert sorted(shown) == sorted(titles)
+        await app.chat.open_conversation(1)
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        assert titles[0] in str(app.screen.query_one(".title", Label).render())
+        await pilot.press("escape")
+        app.push_screen(ConfirmScreen("Create src/[slug].tsx? [/]"))
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.query(Label))
+        assert "src/[slug].tsx? [/]" in str(app.screen.query(Label).first().render())

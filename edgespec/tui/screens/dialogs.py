@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
@@ -22,7 +23,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self):
         with Vertical(classes="dialog-box"):
-            yield Label(self.question)
+            yield Label(Text(self.question))  # words, not markup: a question may name a path like [slug].tsx
             with Horizontal(classes="buttons"):
                 yield Button(self.yes, variant="error", id="yes")
                 yield Button("Cancel", id="no")

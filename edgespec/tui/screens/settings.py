@@ -56,7 +56,7 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
     def compose(self):
         with VerticalScroll(classes="dialog-box settings"):
             scope = f"“{self.conversation_title}”" if self.conversation_title else "new chats"
-            yield Label(f"Settings for {scope}", classes="title")
+            yield Label(Text(f"Settings for {scope}"), classes="title")  # a title is words, not markup
             yield Label("System prompt")
             yield TextArea(self.settings.system_prompt, id="system_prompt", soft_wrap=True)
             with Grid(classes="fields"):

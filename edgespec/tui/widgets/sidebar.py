@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.text import Text
 from textual.containers import Vertical
 from textual.dom import DOMNode
 from textual.message import Message
@@ -47,7 +48,8 @@ class ConversationList(Vertical):
         options = self.query_one("#conversations", OptionList)
         options.clear_options()
         for info in self.store.list(search=search):
-            options.add_option(Option(clean_title(info.title) or "Untitled", id=str(info.id)))
+            # Text, not a str: a str prompt is read as markup, and a title is the user's words (list[int], [/])
+            options.add_option(Option(Text(clean_title(info.title) or "Untitled"), id=str(info.id)))
         self.highlight(self.current)
 
     def highlight(self, conversation_id: int | None) -> None:
