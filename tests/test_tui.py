@@ -162,6 +162,48 @@ async def test_a_store_failing_mid_chat_is_shown_not_a_crash(tmp_path):
         assert app.is_running
 
 
+class UnreadableStore(ConversationStore):
+    """A store whose reads of the list and of titles fail once `broken` is set (a disk I/O
+    error, a database locked for too long)."""
+
+    broken = False
+
+    def list(self, *args, **kwargs):
+        self._check()
+        return super().list(*args, **kwargs)
+
+    def title(self, conversation_id):
+        self._check()
+        return super().title(conversation_id)
+
+    def _check(self):
+        if self.broken:
+            raise StoreError(f"cannot read {self.path}: disk I/O error")
+
+
+async def test_a_store_that_cannot_be_read_is_shown_not_a_crash(tmp_path):
+    """Failed writes were said; failed reads (the list at a reply's end and at each search
+    keystroke, the title for renaming and for the settings) ended the app."""
+    store = UnreadableStore(tmp_path / "chats.db")
+    app = make_app(store)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Hi")
+        await wait_for(pilot, lambda: not app.chat.generating)
+        store.broken = True
+        await send(pilot, "Again")
+        await wait_for(pilot, lambda: not app.chat.generating)
+        await pilot.press("f2")
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.is_running
+        assert any("disk I/O error" in n for n in app.notes)
+
+
 async def test_escape_stops_the_reply_and_keeps_it(store):
     app = make_app(store, reply="word " * 400, delay_s=0.02)  # long enough to be stopped whatever the redraw rate
     async with app.run_test() as pilot:

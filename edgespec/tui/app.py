@@ -51,6 +51,7 @@ from edgespec.tui.chat_settings import ChatSettings, load_defaults, save_default
 from edgespec.tui.chat_context import ChatContext, Models
 from edgespec.tui.stream import redraw_share
 from edgespec.tui.widgets.long_text import LongTextArea
+from edgespec.tui.widgets.sidebar import store_failed
 from edgespec.tui.widgets.status import context_label, hardware_label
 from edgespec.workspace.root import Workspace
 
@@ -291,7 +292,11 @@ class EdgespecApp(App):
     def action_settings(self) -> None:
         """Edit the settings of this conversation (or of new chats)."""
         cid = self._chat.conversation_id
-        title = self.store.title(cid) if cid is not None else None
+        try:
+            title = self.store.title(cid) if cid is not None else None
+        except StoreError as e:  # the settings are the screen's: only the title is missing
+            store_failed(self, e)
+            title = None
         self.push_screen(SettingsScreen(self._chat.settings, conversation_title=title), self._settings_saved)
 
     def _settings_saved(self, result: SettingsResult | None) -> None:

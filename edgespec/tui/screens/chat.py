@@ -303,6 +303,11 @@ class ChatScreen(Screen):
             self.notify("Nothing to rename yet: send a message first.")
             return
         cid, store = self.conversation_id, self.context.store
+        try:
+            title = store.title(cid) or ""
+        except StoreError as e:
+            store_failed(self, e)
+            return
 
         def done(title: str | None) -> None:
             if title:
@@ -312,7 +317,7 @@ class ChatScreen(Screen):
                     store_failed(self, e)
                 self.query_one(ConversationList).refresh_list()
 
-        self.app.push_screen(TextPromptScreen("Rename chat", store.title(cid) or "", ok="Rename"), done)
+        self.app.push_screen(TextPromptScreen("Rename chat", title, ok="Rename"), done)
 
     def action_delete(self) -> None:
         """Delete the current conversation and all its messages (asks first)."""

@@ -46,8 +46,13 @@ class ConversationList(Vertical):
         """Re-read the conversations (matching the search text) from the store."""
         search = self.query_one("#search", Input).value.strip() or None
         options = self.query_one("#conversations", OptionList)
+        try:
+            conversations = self.store.list(search=search)
+        except StoreError as e:  # the list stays as it was: the chat goes on
+            store_failed(self, e)
+            return
         options.clear_options()
-        for info in self.store.list(search=search):
+        for info in conversations:
             # Text, not a str: a str prompt is read as markup, and a title is the user's words (list[int], [/])
             options.add_option(Option(Text(clean_title(info.title) or "Untitled"), id=str(info.id)))
         self.highlight(self.current)
