@@ -103,3 +103,29 @@ def test_ctrl_c_while_a_model_loads_ends_the_load_with_keyboard_interrupt(synth_
     assert told == [told[0]]  # the load stopped at its first report
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     LlamaModel(synth_target).close()  # and the next load is not stopped
+
+
+def test_loads_told_to_stop_end_and_later_loads_do_not(synth_target, monkeypatch):
+    """An app quitting while a model loads (stop_loading) ends that load at its next
+    report instead of waiting for it (the process stayed until the load was done); a
+    load begun afterwards runs to its end."""
+    from edgespec.engine.runtime import stop_loading
+    from edgespec.errors import ModelLoadError
+    from edgespec.llama import backend
+    from edgespec.llama.model import LlamaModel
+
+    told = []
+    ask = backend.loading_progress
+
+    def quit_at_once(fraction: float) -> bool:
+        if not told:
+            stop_loading()
+        told.append(fraction)
+        return ask(fraction)
+
+    monkeypatch.setattr(backend, "loading_progress", quit_at_once)
+    with pytest.raises(ModelLoadError, match="stopped"):
+        LlamaModel(synth_target)
+    assert len(told) == 1
+    monkeypatch.setattr(backend, "loading_progress", ask)
+    LlamaModel(synth_target).close()

@@ -1059,3 +1059,30 @@ async def test_titles_and_paths_are_shown_as_written_not_read_as_markup(store):
         app.push_screen(ConfirmScreen("Create src/[slug].tsx? [/]"))
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.query(Label))
         assert "src/[slug].tsx? [/]" in str(app.screen.query(Label).first().render())
+
+
+async def test_quitting_while_the_models_load_tells_the_load_to_stop(store):
+    """The screen closed at once, but the process stayed until the load was done (seconds
+    to minutes for large models): the load is now told to stop at its next report."""
+    from edgespec.errors import ModelLoadError
+    from edgespec.llama import backend
+
+    began, stopped = threading.Event(), threading.Event()
+
+    def load(choice, settings, progress):
+        import edgespec.engine.runtime  # noqa: F401  (as a real load imports the engine)
+
+        backend.load_began()
+        began.set()
+        for _ in range(400):  # reporting its progress as llama.cpp's loader does
+            if not backend.loading_progress(0.5):
+                stopped.set()
+                raise ModelLoadError("loading was stopped")
+            time.sleep(0.05)
+        return FakeEngine()
+
+    app = make_app(store, load=load)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, began.is_set)
+        await pilot.press("ctrl+q")
+    assert stopped.wait(timeout=5)

@@ -32,6 +32,7 @@ from edgespec.engine.slots import SequencePool, default_slots
 from edgespec.engine.snapshots import SnapshotCache, cache_key, file_identity
 from edgespec.errors import InvalidTokenError, ModelLoadError
 from edgespec.llama import system_info
+from edgespec.llama.backend import stop_loads
 from edgespec.llama.context import DecodeAborted, LlamaContext
 from edgespec.llama.model import LlamaModel
 from edgespec.models.compat import VocabInfo, ensure_compatible
@@ -209,6 +210,12 @@ class _Loaded:
         self.pool.close()
         self.ctx.close()
         self.model.close()
+
+
+def stop_loading() -> None:
+    """From any thread: a model load running now (Engine.load) ends with ModelLoadError at
+    llama.cpp's next progress report, instead of running to its end (an app quitting)."""
+    stop_loads()
 
 
 def _check_tokens(tokens: Sequence[int], n_vocab: int) -> None:

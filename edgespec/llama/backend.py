@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections import deque
 from typing import Callable, Iterator
 
@@ -79,10 +80,34 @@ def sigint_noted() -> Iterator[Callable[[], bool]]:
         _sigint_noted = False
 
 
+_load_began = 0.0
+"""When the load running now began (time.monotonic; loads run one at a time)."""
+_loads_stopped = -1.0
+"""When the loads running then were told to stop (stop_loads)."""
+
+
+def load_began() -> None:
+    """A model load begins now (the loading thread calls it, under the load lock)."""
+    global _load_began
+    _load_began = time.monotonic()
+
+
+def stop_loads() -> None:
+    """From any thread: the model load running now ends at its next progress report (an
+    app quitting need not wait for it); loads begun later are not stopped."""
+    global _loads_stopped
+    _loads_stopped = time.monotonic()
+
+
+def load_stopped() -> bool:
+    """Whether the load running now was told to stop (stop_loads)."""
+    return _loads_stopped >= _load_began
+
+
 def loading_progress(fraction: float) -> bool:
     """Whether llama.cpp goes on loading a model (`fraction` of it done): not once
-    Ctrl+C was noted (sigint_noted)."""
-    return not _sigint_noted
+    Ctrl+C was noted (sigint_noted), nor once told to stop (stop_loads)."""
+    return not (_sigint_noted or load_stopped())
 
 
 @llama_cpp.llama_progress_callback

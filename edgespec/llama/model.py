@@ -11,7 +11,8 @@ import llama_cpp
 
 from edgespec.errors import ModelFileError, ModelLoadError
 from edgespec.llama import rpc
-from edgespec.llama.backend import backend_init, load_progress_callback, recent_errors, sigint_noted, take_layer_devices
+from edgespec.llama.backend import (backend_init, load_began, load_progress_callback, load_stopped, recent_errors,
+                                    sigint_noted, take_layer_devices)
 from edgespec.net import Split
 
 GGUF_MAGIC = b"GGUF"
@@ -75,6 +76,7 @@ class LlamaModel:
             keep = self._set_devices(params, split)  # noqa: F841 (the arrays must outlive the load)
         params.progress_callback = load_progress_callback
         with _load_lock, sigint_noted() as interrupted:
+            load_began()
             take_layer_devices()
             self._model = self.call(llama_cpp.llama_model_load_from_file, str(self.path).encode(), params)
             self.layer_devices = take_layer_devices()
@@ -90,6 +92,9 @@ class LlamaModel:
         if not self._model:
             if self.guard:
                 self.guard.close()
+            if load_stopped():
+                recent_errors()
+                raise ModelLoadError(f"loading {self.path} was stopped")
             why = recent_errors() or "llama.cpp gave no reason"
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {why}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)

@@ -24,6 +24,8 @@ loading reports each model file assembled, made or verified as a
 
 from __future__ import annotations
 
+import sys
+
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -349,6 +351,9 @@ class EdgespecApp(App):
                                 lambda action=action, node=node: self.run_action(action, node))
 
     def on_unmount(self) -> None:
+        runtime = sys.modules.get("edgespec.engine.runtime")  # imported by any load (not at start: it is heavy)
+        if runtime is not None:
+            runtime.stop_loading()  # a load running now ends at its next report: quitting does not wait for it
         self._chat.stop_reply()
         engine = self.models.engine
         if engine is not None and self.context.decoding.acquire(timeout=QUIT_WAIT_S):
