@@ -1086,3 +1086,28 @@ async def test_quitting_while_the_models_load_tells_the_load_to_stop(store):
         await wait_for(pilot, began.is_set)
         await pilot.press("ctrl+q")
     assert stopped.wait(timeout=5)
+
+
+async def test_a_chat_deleted_by_another_edgespec_is_left_for_a_new_one(tmp_path):
+    """Deleted in another process while open here, a chat refused every later message
+    with "There is no conversation 1; `edgespec chats` lists them", and rename and delete
+    with it: the screen stayed on a chat that was gone. Now the next message says so and
+    goes, with its text, to a new chat."""
+    path = tmp_path / "chats.db"
+    with ConversationStore(path) as store:
+        cid = store.create(title="Shared")
+        store.append(cid, Message("user", "one"))
+        store.append(cid, Message("assistant", "uno"))
+        app = make_app(store, reply="ok")
+        async with app.run_test(size=(110, 36)) as pilot:
+            await wait_for(pilot, lambda: app.model_state == "ready")
+            await app.chat.open_conversation(cid)
+            with ConversationStore(path) as other:
+                other.delete(cid)
+            await send(pilot, "two")
+            await wait_for(pilot, lambda: any("deleted" in n for n in app.notes))
+            assert app.chat.conversation_id is None and boxes(app) == []
+            assert app.query_one(PromptInput).text == "two"
+            await send(pilot, "two")
+            await wait_for(pilot, lambda: len(boxes(app)) == 2 and not app.chat.generating)
+            assert [m.content for m in store.messages(app.chat.conversation_id) if m.role != "system"] == ["two", "ok"]

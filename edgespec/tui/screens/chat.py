@@ -393,7 +393,13 @@ class ChatScreen(Screen):
     async def _refused(self, event: Conversation.Refused) -> None:
         """A message refused before anything of it was stored (a file gone, too long for
         the context) goes back to the prompt, with its chips, for the user to fix and send
-        again; words typed meanwhile are kept after it."""
+        again; words typed meanwhile are kept after it. Refused because the chat is gone
+        (deleted by another edgespec, or by `edgespec` on the command line), it is left for
+        a new chat: staying, every message would be refused."""
+        if self.conversation_id is not None and self._deleted(self.conversation_id):
+            await self.open_conversation(None)
+            self.notify("This chat was deleted (by another edgespec, or on the command line): your message "
+                        "is back, to send in a new chat.", title="Chat deleted", severity="warning", timeout=10)
         prompt = self.query_one(PromptInput)
         prompt.load_text(f"{event.text}\n{prompt.text}" if prompt.text else event.text)
         prompt.move_cursor(prompt.document.end)
@@ -403,6 +409,13 @@ class ChatScreen(Screen):
                 await bar.add(chip)
         self._sent_chips = []
         prompt.focus()
+
+    def _deleted(self, conversation_id: int) -> bool:
+        """Whether the store no longer holds the conversation (False where it cannot tell)."""
+        try:
+            return self.context.store.title(conversation_id) is None
+        except StoreError:
+            return False
 
     @on(ReplyWaits)
     def _reply_waits(self, event: ReplyWaits) -> None:
