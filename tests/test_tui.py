@@ -1111,3 +1111,24 @@ async def test_a_chat_deleted_by_another_edgespec_is_left_for_a_new_one(tmp_path
             await send(pilot, "two")
             await wait_for(pilot, lambda: len(boxes(app)) == 2 and not app.chat.generating)
             assert [m.content for m in store.messages(app.chat.conversation_id) if m.role != "system"] == ["two", "ok"]
+
+
+async def test_a_new_chat_can_be_renamed_before_its_reply_and_delete_says_why_it_waits(store):
+    """A new chat is stored with its first message, but rename said "Nothing to rename
+    yet" until the reply's first token; and delete did nothing, silently, during a reply."""
+    from edgespec.tui.screens.dialogs import TextPromptScreen
+
+    hold = threading.Event()
+    app = make_app(store, reply="word " * 20, hold=hold, hold_after=0)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "hello", key=False)
+        await wait_for(pilot, lambda: app.chat.session.conversation_id is not None)
+        await pilot.press("f8")
+        await wait_for(pilot, lambda: app.notes)
+        assert "Stop the reply" in app.notes[-1]
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen))
+        await pilot.press("escape")
+        hold.set()
+        await wait_for(pilot, lambda: not app.chat.generating)

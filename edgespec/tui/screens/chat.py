@@ -299,6 +299,7 @@ class ChatScreen(Screen):
 
     def action_rename(self) -> None:
         """Rename the current conversation."""
+        self._follow_new_conversation()  # stored with its first message, before the reply's first token
         if self.conversation_id is None:
             self.notify("Nothing to rename yet: send a message first.")
             return
@@ -321,7 +322,12 @@ class ChatScreen(Screen):
 
     def action_delete(self) -> None:
         """Delete the current conversation and all its messages (asks first)."""
-        if self.conversation_id is None or self.generating:
+        if self.generating:
+            self.notify("Stop the reply first (Esc), then delete the chat.", severity="warning")
+            return
+        self._follow_new_conversation()
+        if self.conversation_id is None:
+            self.notify("Nothing to delete: this chat is not stored yet.")
             return
         cid = self.conversation_id
 
