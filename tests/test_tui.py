@@ -1132,3 +1132,15 @@ async def test_a_new_chat_can_be_renamed_before_its_reply_and_delete_says_why_it
         await pilot.press("escape")
         hold.set()
         await wait_for(pilot, lambda: not app.chat.generating)
+
+
+async def test_actions_on_an_empty_chat_say_why_they_do_nothing(store):
+    """Edit & resend and Copy reply did nothing, silently, on an empty chat (from the
+    command palette too), where the other actions say why."""
+    app = make_app(store)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        app.chat.action_edit()
+        app.chat.action_copy_reply()
+        await pilot.pause()
+        assert app.notes[-2:] == ["No message to edit yet.", "No reply to copy yet."]

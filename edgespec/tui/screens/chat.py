@@ -484,7 +484,10 @@ class ChatScreen(Screen):
     def action_edit(self) -> None:
         """Edit a user message (the focused one, else the last) and resend it."""
         box = self.log_view.target_box("user", self.focused)
-        if box is None or not self._ready_to_generate():
+        if box is None:
+            self.notify("No message to edit yet.")
+            return
+        if not self._ready_to_generate():
             return
         index = self.log_view.session_index(self.session, box)
 

@@ -116,9 +116,11 @@ class Conversation(VerticalScroll):
     def copy_reply(self, focused: Widget | None) -> None:
         """Copy the reply `focused` (else the last) to the clipboard."""
         box = self.target_box("assistant", focused)
-        if box is not None:
-            self.app.copy_to_clipboard(box.content)
-            self.notify("Reply copied.")
+        if box is None:
+            self.notify("No reply to copy yet.")
+            return
+        self.app.copy_to_clipboard(box.content)
+        self.notify("Reply copied.")
 
     def copy_code(self, focused: Widget | None) -> None:
         """Copy the last code block of the reply `focused` (else the last) to the clipboard."""
