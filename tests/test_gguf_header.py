@@ -173,3 +173,13 @@ def test_arrays_nested_past_any_use_are_reported_as_damaged(tmp_path):
     path.write_bytes(header)
     with pytest.raises(ModelFileError, match="nested"):
         read_metadata(path)
+
+
+def test_a_file_cut_inside_a_skipped_array_says_where_it_ends(tmp_path):
+    """An array skipped with a seek (the tokens, when only metadata is read) may seek past
+    the end: the message gave that position (5,000,009 for a file of 5,000,000 bytes)."""
+    full = write_header(tmp_path / "full.gguf", tokens=tuple(f"t{i}" for i in range(2000))).read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(full[: len(full) // 2])
+    with pytest.raises(ModelFileError, match=rf"file ends at byte {len(full) // 2}\b"):
+        read_metadata(cut)

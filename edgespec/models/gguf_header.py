@@ -10,6 +10,7 @@ Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (versions 2 an
 from __future__ import annotations
 
 import math
+import os
 import struct
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
@@ -200,8 +201,9 @@ class _Reader:
 
     def read(self, n: int) -> bytes:
         data = self.f.read(n)
-        if len(data) != n:
-            raise EOFError(f"file ends at byte {self.f.tell()}, inside the header")
+        if len(data) != n:  # (a skipped array may have sought past the end: the end is the file's size)
+            raise EOFError(f"file ends at byte {min(self.f.tell(), os.fstat(self.f.fileno()).st_size)}, "
+                           f"inside the header")
         return data
 
     def scalar(self, fmt: str) -> Any:
