@@ -158,6 +158,27 @@ def test_a_template_that_grows_too_large_is_stopped_before_it_allocates(source):
     assert "evil.gguf" in str(error)
 
 
+@pytest.mark.parametrize("source", [
+    "{{ ''.join(['x' * 4000000] * 100) }}",
+    "{{ (['x' * 4000000] * 100) | join }}",
+    "{{ ('x' * 4000) | replace('x', 'y' * 100000) }}",
+    "{{ ('a\n' * 4000) | indent('y' * 100000, true) }}",
+])
+def test_a_join_replace_or_indent_too_large_is_stopped_before_it_is_built(source):
+    """Their results were sized after they were built: 1.6 GB from a template whose budget
+    is 8 MB (an empty separator's join was sized at nothing), and 16 GB one step further."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        error = _render_in_time(source)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert isinstance(error, TemplateError), type(error)
+    assert peak < 64 << 20, f"{peak:,} bytes at the peak"
+
+
 def test_bounds_leave_real_templates_on_long_conversations_alone():
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " * 20} for i in range(4000)]
     text = _render_in_time(QWEN_LIKE, messages)

@@ -24,6 +24,8 @@ from typing import Mapping, Sequence
 import jinja2
 import jinja2.ext
 from jinja2 import nodes
+from jinja2.nodes import EvalContext
+from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
@@ -356,8 +358,32 @@ def _check_call(obj, args) -> None:
         count = self.count(old) if old else len(self) + 1
         _check_size(len(self) + count * max(len(new) - len(old), 0))
     elif isinstance(self, str) and name == "join" and args:
-        items = args[0] if isinstance(args[0], (list, tuple, str)) else ()
-        _check_size(len(self) * len(items))
+        _check_size(_joined_size(self, args[0]))
+
+
+def _joined_size(separator, items) -> int:
+    """The length of `separator` joining `items` (texts; others count as short), reckoned
+    before it is built: an empty separator joins long items as surely as a long one joins many."""
+    if not isinstance(items, (list, tuple, str)):
+        return 0
+    texts = sum(len(x) if isinstance(x, str) else 8 for x in items)
+    return texts + len(str(separator)) * max(len(items) - 1, 0)
+
+
+def _check_filter(name: str, args, kwargs) -> None:
+    """Size checks, before the call, for the filters whose result can be far larger than
+    their arguments (join, replace, indent); args as the filter gets them."""
+    values = [a for a in args if not isinstance(a, (EvalContext, Context))]  # a filter may be given its context
+    if name == "do_join" and values:
+        _check_size(_joined_size(kwargs.get("d", values[1] if len(values) > 1 else ""), values[0]))
+    elif name == "do_replace" and len(values) >= 3 and isinstance(values[0], str):
+        text, old, new = values[0], str(values[1]), str(values[2])
+        count = text.count(old) if old else len(text) + 1
+        _check_size(len(text) + count * max(len(new) - len(old), 0))
+    elif name == "do_indent" and values and isinstance(values[0], str):
+        width = kwargs.get("width", values[1] if len(values) > 1 else 4)
+        prefix = len(width) if isinstance(width, str) else abs(width) if isinstance(width, int) else 0
+        _check_size(len(values[0]) + prefix * (values[0].count("\n") + 1))
 
 
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
@@ -404,6 +430,7 @@ def _bounded_filter(f):
     def bounded(*args, **kwargs):
         _step()
         _check_args(args[1:], kwargs)  # args[0]: the value filtered (or the context)
+        _check_filter(f.__name__, args, kwargs)
         return _sized(f(*args, **kwargs))
     return bounded
 
