@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import sys
 import time
 
@@ -396,4 +397,72 @@ def test_the_server_answers_a_lost_worker_with_503_and_loads_again_once_it_is_ba
         assert http("GET", served.url + "/health", key=None)[0] == 200
     finally:
         served.stop()
+        stop(proc)
+
+
+def _stalling_proxy(target: Endpoint, after_bytes: int) -> tuple[Endpoint, threading.Event]:
+    """A loopback proxy to `target` that stops passing the client's bytes on after
+    `after_bytes` (a worker hung mid-upload: stopped, or its machine stuck), keeping the
+    connection open; set the event returned to end it."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    done = threading.Event()
+
+    def pump(source, sink, limit):
+        sent = 0
+        try:
+            while not done.is_set():
+                data = source.recv(65536)
+                if not data:
+                    return
+                sent += len(data)
+                if limit and sent > limit:
+                    done.wait(120)
+                    return
+                sink.sendall(data)
+        except OSError:
+            pass
+
+    def serve():
+        while not done.is_set():
+            try:
+                client, _ = server.accept()
+            except socket.timeout:
+                continue
+            upstream = socket.create_connection((target.host, target.port))
+            threading.Thread(target=pump, args=(client, upstream, after_bytes), daemon=True).start()
+            threading.Thread(target=pump, args=(upstream, client, 0), daemon=True).start()
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return Endpoint("127.0.0.1", server.getsockname()[1]), done
+
+
+@needs_rpc
+def test_ctrl_c_ends_a_load_whose_worker_stopped_answering(qwen_pair):  # noqa: F811
+    """A load over RPC runs on the guard's thread while this one waits in Python: Ctrl+C
+    is raised there, not noted for llama.cpp's progress report (as a local load's is, so
+    that its callbacks do not drop it), which a worker that stopped answering mid-upload
+    may never let come. (Reported hanging; here the report came and the load stopped.)"""
+    import signal
+
+    _, _, model = qwen_pair  # tensors of tens of MB: the upload blocks inside one, not between two
+    proc, endpoint = start_worker()
+    proxy, done = _stalling_proxy(endpoint, after_bytes=50 << 20)
+    cli = None
+    try:
+        cli = subprocess.Popen([sys.executable, "-m", "edgespec", "generate", "--raw", PROMPT, "--target",
+                                str(model), "--rpc", str(proxy), "--max-tokens", "4", "--ctx", "512",
+                                "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        time.sleep(6)  # connected, and the upload of the weights stalled
+        assert cli.poll() is None, cli.communicate()[1]
+        cli.send_signal(signal.SIGINT)
+        _, err = cli.communicate(timeout=20)
+        assert cli.returncode == 130, err
+        assert b"Traceback" not in err
+    finally:
+        done.set()
+        if cli is not None and cli.poll() is None:
+            cli.kill()
         stop(proc)

@@ -53,15 +53,17 @@ _sigint_noted = False
 
 
 @contextlib.contextmanager
-def sigint_noted() -> Iterator[Callable[[], bool]]:
+def sigint_noted(*, here: bool = True) -> Iterator[Callable[[], bool]]:
     """Ctrl+C (SIGINT) noted instead of raised, for a long llama.cpp call that calls
     back into Python (loading a model: its log, its progress): raised inside a
     callback, ctypes prints KeyboardInterrupt and drops it, and the call and the
     command go on. Yields whether one came; meanwhile loading_progress tells a load to
     stop. Only where SIGINT raises KeyboardInterrupt (the main thread, Python's own
-    handler); elsewhere it never comes."""
+    handler), and where the call runs on this thread (`here`): one run on another
+    (an RPC guard's) leaves this one waiting in Python, where Ctrl+C is raised as
+    usual, and its progress may never come while a worker does not answer."""
     global _sigint_noted
-    if (threading.current_thread() is not threading.main_thread()
+    if (not here or threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield lambda: False
         return

@@ -61,7 +61,7 @@ class LlamaContext:
         params.type_k = params.type_v = self.KV_TYPES[kv_type]
         if flash_attn is not None:
             params.flash_attn_type = 1 if flash_attn else 0
-        with sigint_noted() as interrupted:  # allocating the caches logs through a callback
+        with sigint_noted(here=model.guard is None) as interrupted:  # allocating the caches logs through a callback
             self._ctx = model.call(llama_cpp.llama_init_from_model, model.ptr, params)
         if interrupted():
             if self._ctx:

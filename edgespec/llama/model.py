@@ -75,7 +75,7 @@ class LlamaModel:
         if split is not None:
             keep = self._set_devices(params, split)  # noqa: F841 (the arrays must outlive the load)
         params.progress_callback = load_progress_callback
-        with _load_lock, sigint_noted() as interrupted:
+        with _load_lock, sigint_noted(here=self.guard is None) as interrupted:
             load_began()
             take_layer_devices()
             self._model = self.call(llama_cpp.llama_model_load_from_file, str(self.path).encode(), params)
