@@ -321,7 +321,8 @@ def test_after_a_lost_worker_the_next_request_loads_the_model_again():
 
     def load():
         if engines and not worker_up.is_set():
-            raise WorkerUnreachableError("cannot reach the RPC worker at 127.0.0.1:50052")
+            raise WorkerUnreachableError("cannot reach the RPC worker at 127.0.0.1:50052 (Connection refused). "
+                                         "Start one there, or check the address.")
         engines.append(LosingEngine())
         return engines[-1]
 
@@ -338,6 +339,7 @@ def test_after_a_lost_worker_the_next_request_loads_the_model_again():
         assert status == 503 and body["error"]["code"] == "worker_lost"
         status, body = http("POST", served.url + "/v1/completions", complete)  # the worker is still away
         assert status == 503 and "cannot reach the RPC worker" in body["error"]["message"]
+        assert body["error"]["code"] == "worker_lost" and not body["error"]["message"].endswith("..")
         worker_up.set()
         status, body = http("POST", served.url + "/v1/completions", complete)
         assert status == 200 and body["choices"][0]["text"] == "reply"

@@ -54,8 +54,9 @@ def api_error(exc: BaseException, *, prompt_param: str = "messages") -> ApiError
     if isinstance(exc, WorkerLostError):
         return ApiError(503, f"{exc.fact}. Start it again: the next request loads the model again.",
                         type="server_error", code="worker_lost")
-    if isinstance(exc, WorkerUnreachableError):  # loading the model again after a lost worker
-        return ApiError(503, f"{exc}.", type="server_error")
+    if isinstance(exc, WorkerUnreachableError):  # loading the model again after a lost worker: still away
+        return ApiError(503, str(exc) if str(exc).endswith(".") else f"{exc}.", type="server_error",
+                        code="worker_lost")
     if isinstance(exc, EdgespecError):
         return ApiError(500, str(exc), type="server_error")
     log.error("request failed", exc_info=exc)
