@@ -516,6 +516,28 @@ def test_chat_settings_validate_and_fill_from_defaults(tmp_path):
         load_defaults(path)
 
 
+@pytest.mark.parametrize("text", [
+    "flash_attn: [1, 2]\n",
+    "flash_attn: {a: 1}\n",
+    "system_prompt: " + "[" * 5000 + "]" * 5000 + "\n",
+    "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n"
+                                                   for p, c in zip("abcdefgh", "bcdefghi")) + "system_prompt: *i\n",
+    "k: true\n",
+])
+def test_a_settings_file_of_the_wrong_shape_is_refused_at_once_naming_it(tmp_path, text):
+    """The app ignores a bad settings.yaml with a warning (a ValueError naming it); these
+    raised TypeError or RecursionError and ended the app, hung on aliases nesting a
+    billion items, or read `k: true` as k 1."""
+    import time
+
+    path = tmp_path / "settings.yaml"
+    path.write_text(text)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="settings.yaml") as refused:
+        load_defaults(path)
+    assert time.monotonic() - start < 5 and len(str(refused.value)) < 500
+
+
 def test_exact_kernels_are_a_setting_that_reloads_the_models():
     assert ChatSettings().load.exact is False  # speed first: llama.cpp's own kernels
     exact = ChatSettings.from_dict({"exact": True})

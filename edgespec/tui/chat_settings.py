@@ -7,6 +7,7 @@ A conversation stores its settings as a plain dict (`ConversationStore.save_sett
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -118,7 +119,8 @@ def _load_from_dict(data: dict, base: LoadSettings) -> LoadSettings:
     if data.get("exact") is not None:
         values["exact"] = _typed("exact", data["exact"], bool)
     if data.get("flash_attn") is not None:
-        _check(data["flash_attn"] in FLASH_ATTN, f"flash attention must be one of {', '.join(FLASH_ATTN)}")
+        _check(isinstance(data["flash_attn"], str) and data["flash_attn"] in FLASH_ATTN,
+               f"flash attention must be one of {', '.join(FLASH_ATTN)}")
         values["flash_attn"] = FLASH_ATTN[data["flash_attn"]]
     if data.get("rpc") is not None:
         text = str(data["rpc"]).strip()
@@ -126,16 +128,25 @@ def _load_from_dict(data: dict, base: LoadSettings) -> LoadSettings:
     return replace(base, **values)
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother = 2, 4, 4, 60, 60
+"""How a bad value is shown in a message: cut short (a file's value may be nested without end)."""
+
+
 def _typed(name: str, value, kind: type):
     """`value` as `kind`; ValueError naming the setting where it is not one."""
     try:
-        if kind is bool and not isinstance(value, bool):
-            raise TypeError  # bool("no") is True
+        if (kind is bool) != isinstance(value, bool):
+            raise TypeError  # bool("no") is True, int(True) is 1
+        if kind is str and not isinstance(value, str):
+            raise TypeError  # str() of a list or mapping (YAML's aliases may nest billions of items)
+        if not isinstance(value, (str, int, float)):
+            raise TypeError
         if kind is int and isinstance(value, float) and not value.is_integer():
             raise ValueError
         return kind(value)
     except (TypeError, ValueError, OverflowError):  # OverflowError: int(.inf)
-        raise ValueError(f"{name.replace('_', ' ')}: {value!r} is not a valid {kind.__name__}") from None
+        raise ValueError(f"{name.replace('_', ' ')}: {_SHOWN.repr(value)} is not a valid {kind.__name__}") from None
 
 
 def store_settings(store, conversation_id: int, settings: ChatSettings) -> None:
@@ -189,6 +200,9 @@ def load_defaults(path: str | Path | None = None) -> ChatSettings:
         if not isinstance(data, dict):
             raise ValueError("expected a mapping of setting: value")
         return ChatSettings.from_dict(data)
+    except RecursionError:  # YAML nested deeper than Python's stack
+        raise ValueError(f"{path}: it is nested too deeply to be settings (fix or delete the file to use the "
+                         f"built-in defaults)") from None
     except (yaml.YAMLError, ValueError, OSError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else e
         raise ValueError(f"{path}: {reason} (fix or delete the file to use the built-in defaults)") from None
