@@ -307,3 +307,11 @@ def test_chat_waits_for_another_reply_in_the_conversation_and_then_answers(engin
     assert len(notes) == 1 and waiting.is_set()
     with ConversationStore() as store:
         assert [m.content for m in store.messages(1) if m.role == "user"] == ["first", "second"]
+
+
+def test_generate_names_the_model_whose_chat_template_is_broken(capsys, monkeypatch):
+    """`chat` named the file; `generate` said "the chat template of the model"."""
+    load_with(monkeypatch, lambda args, progress=None: FakeEngine(chat_template="{% for %}"))
+    assert cli.main(["generate", "hi"]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "fake.gguf" in err and "the model" not in err, err

@@ -167,11 +167,12 @@ def _label(index: int, message: Mapping) -> str:
 
 
 def encode_prompt(engine: ChatEngine, prompt: str, *, raw: bool = False, system: str | None = None,
-                  template: str | None = None) -> Prompt:
+                  template: str | None = None, model: str = "the model") -> Prompt:
     """A one-message chat: `prompt` as the user's message (after a `system` message
     if given), rendered with `engine`'s template or the built-in format `template`
-    names; with `raw`, the prompt itself (no stop strings, no regions)."""
+    names (`model`: its file, as errors name it); with `raw`, the prompt itself (no
+    stop strings, no regions)."""
     if raw:
         return Prompt(prompt, engine.tokenize(prompt, add_bos=True, special=False))
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return PromptEncoder(engine, template=template).encode(messages)
+    return PromptEncoder(engine, template=template, model=model).encode(messages)

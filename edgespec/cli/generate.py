@@ -7,6 +7,7 @@ import dataclasses
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 from edgespec.bench import BASELINE, DEFAULT_MODES
 from edgespec.cli.bars import stderr_progress
@@ -60,10 +61,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     params = params_from_args(args)
     with engine_from_args(args, progress=stderr_progress()) as engine:
         n_ctx = engine.n_ctx
+        model = Path(engine.describe().target.path).name  # as a template's errors name it
         if messages is not None:
-            encoded = PromptEncoder(engine, template=args.template).encode(files.model_messages(messages))
+            encoded = PromptEncoder(engine, template=args.template, model=model).encode(files.model_messages(messages))
         else:
-            encoded = encode_prompt(engine, prompt, raw=args.raw, system=args.system, template=args.template)
+            encoded = encode_prompt(engine, prompt, raw=args.raw, system=args.system, template=args.template,
+                                    model=model)
         params.stop += encoded.stop
         text, ids, flags, last = [], [], [], None
         chunks = engine.generate(encoded.tokens, params, regions=encoded.regions)
