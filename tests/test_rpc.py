@@ -466,3 +466,33 @@ def test_ctrl_c_ends_a_load_whose_worker_stopped_answering(qwen_pair):  # noqa: 
         if cli is not None and cli.poll() is None:
             cli.kill()
         stop(proc)
+
+
+@needs_rpc
+def test_one_ctrl_c_ends_a_reply_whose_worker_stopped_answering(smollm2):
+    """A worker stopped (SIGSTOP: not gone, not answering) mid-reply: the first Ctrl+C left
+    the decode waiting on the guard's thread, and the cleanup that followed queued its own
+    calls behind it, deaf to the next Ctrl+C; three were needed. One now ends the command,
+    the worker named as no longer answering."""
+    import signal
+
+    proc, endpoint = start_worker()
+    cli = None
+    try:
+        cli = subprocess.Popen([sys.executable, "-m", "edgespec", "generate", "--raw", PROMPT, "--target",
+                                str(smollm2), "--rpc", str(endpoint), "--mode", "plain", "--max-tokens", "400",
+                                "--ctx", "512", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        cli.stdout.read(20)  # the reply has begun
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(1.0)
+        cli.send_signal(signal.SIGINT)
+        _, err = cli.communicate(timeout=30)
+        assert cli.returncode in (1, 130), err
+        assert b"Traceback" not in err
+    finally:
+        if cli is not None and cli.poll() is None:
+            cli.kill()
+        proc.send_signal(signal.SIGCONT)
+        stop(proc)

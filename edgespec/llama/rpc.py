@@ -360,6 +360,11 @@ class _Runner:
         self._jobs.put(None)
 
 
+STUCK_WAIT_S = 2.0
+"""How long a call waits for one that Ctrl+C interrupted to return before the worker is
+taken for lost: a healthy decode ends within it, a stopped or stuck worker never does."""
+
+
 class Guard:
     """Runs the llama.cpp calls of one model that has layers on workers, so that
     a lost worker raises WorkerLostError (naming it) instead of ending the process."""
@@ -371,6 +376,8 @@ class Guard:
         self._unwatched = set(self.endpoints)
         """Workers whose connection has no keepalive yet (ggml-rpc connects on first use)."""
         self._watch_tries = 16
+        self._interrupted: threading.Event | None = None
+        """The call that Ctrl+C left running on the guard's thread (its `done`), until it returns."""
         _install_abort_callback()
         self._runner = _Runner()
 
@@ -379,6 +386,11 @@ class Guard:
         lost meanwhile (or was before), TimeoutError after `timeout` seconds."""
         if self.lost:
             raise WorkerLostError(self.lost)
+        if self._interrupted is not None:  # queued behind a call that may never return, this one would wait too
+            if not self._interrupted.wait(STUCK_WAIT_S):
+                self._lose(f"the call Ctrl+C interrupted did not return within {STUCK_WAIT_S:g} s: the worker is "
+                           f"stopped or stuck", gone={})
+            self._interrupted = None
         done = threading.Event()
         box: dict = {}
 
@@ -396,12 +408,16 @@ class Guard:
         # A lost worker shows on the connection in use: a killed one resets it (ggml-rpc's read fails and
         # aborts), a vanished machine fails its keepalive. A second connection could not tell: a worker
         # serves one client at a time, so it would never answer one while busy with ours.
-        while not done.wait(0.05):
-            if timeout is not None and time.monotonic() - start > timeout:
-                self._runner = _Runner()  # the old thread stays stuck in the call
-                raise TimeoutError
-            if _aborts != aborts:
-                self._lose(_last_abort)
+        try:
+            while not done.wait(0.05):
+                if timeout is not None and time.monotonic() - start > timeout:
+                    self._runner = _Runner()  # the old thread stays stuck in the call
+                    raise TimeoutError
+                if _aborts != aborts:
+                    self._lose(_last_abort)
+        except KeyboardInterrupt:  # the call goes on on the guard's thread; the next ones must not queue behind it
+            self._interrupted = done
+            raise
         if self._unwatched and self._watch_tries > 0:  # a few calls, not every decode, if one is never found
             self._watch_tries -= 1
             self._unwatched -= keep_alive(self._unwatched)
