@@ -117,7 +117,6 @@ def _read_stdin() -> str:
 def models_line(info) -> str:
     """Where each model runs, for the top of a benchmark: the layers a GPU (or a worker)
     holds, as llama.cpp placed them, not as many as were asked for (a CPU build holds none)."""
-    from pathlib import Path
 
     def offloaded(m) -> int:
         if m.layers:
@@ -155,8 +154,6 @@ def _add_bench(sub) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from edgespec import bench
     from edgespec.chat.prompt import encode_prompt
     from edgespec.engine.sampling import check_params
