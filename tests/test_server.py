@@ -772,3 +772,19 @@ def test_coming_back_to_a_conversation_reads_only_its_new_message(smollm2, slots
         assert timings["prompt_n"] + timings["cache_n"] == again.usage.prompt_tokens
     finally:
         server.stop()
+
+
+def test_a_stop_notice_after_the_server_stopped_is_nothing():
+    """A signal that comes once the server's loop has closed (a late second Ctrl+C) must not
+    raise from the signal handler."""
+    import asyncio
+
+    from edgespec.server.api import StopNotice
+
+    notice = StopNotice()
+
+    async def start():
+        notice.start()
+
+    asyncio.run(start())  # the loop closes when run() returns
+    notice.set()

@@ -67,7 +67,10 @@ class StopNotice:
 
     def set(self) -> None:
         if self._loop is not None and self._event is not None:
-            self._loop.call_soon_threadsafe(self._event.set)
+            try:
+                self._loop.call_soon_threadsafe(self._event.set)
+            except RuntimeError:  # the loop has closed (a signal after the server stopped): nothing waits
+                pass
 
     async def wait(self) -> None:
         assert self._event is not None, "StopNotice.start() was not called"
