@@ -25,7 +25,6 @@ loading reports each model file assembled, made or verified as a
 from __future__ import annotations
 
 import sys
-
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path

@@ -379,13 +379,13 @@ class ChatScreen(Screen):
         if not self._ready_to_generate():
             return
         text = event.text
-        refused = next((why for word in text.split() if word.startswith("@") and len(word) > 1
-                        and (why := self._refusal(word[1:])) is not None), None)
+        named = self._at_files(text)
+        refused = next((why for _, why in named if why is not None), None)
         if refused is not None:  # sent without it, the model would answer about a file it never saw
             self.notify(f"{refused} Take the @ away to send the path as text.", title="Not sent", severity="error")
             return
         bar = self.query_one(AttachmentBar)
-        files = [*bar.paths, *(p for p in self._at_paths(text) if p not in bar.paths)]
+        files = [*bar.paths, *(p for p, _ in named if p is not None and p not in bar.paths)]
         self.query_one(PromptInput).remember(text)
         self._sent_chips = list(bar.chips)
         await bar.clear_chips()
@@ -537,7 +537,8 @@ class ChatScreen(Screen):
             return
         text = self.query_one(PromptInput).text
         bar = self.query_one(AttachmentBar)
-        files = [*bar.paths, *(p for p in self._at_paths(text) if p not in bar.paths)]  # as _send attaches them
+        named = (p for p, _ in self._at_files(text) if p is not None)
+        files = [*bar.paths, *(p for p in named if p not in bar.paths)]  # as _send attaches them
         self._read_words = settled_words(text)
         self._read_ahead_worker(session, files, text)
 
@@ -599,39 +600,33 @@ class ChatScreen(Screen):
         """A pasted line that names a file of the project folder attaches it (False: it is
         text). One that names a file that cannot be attached (a link out of the folder, a
         loop) is pasted as text, and why it was not attached is said."""
-        path = self._project_file(line)
+        path, why = self._project_file(line)
         if path is not None:
             self._attach_file(path)
-        elif (why := self._refusal(line)) is not None:
+        elif why is not None:
             self.notify(why, title="Not attached", severity="warning")
         return path is not None
 
-    def _refusal(self, text: str) -> str | None:
-        """Why `text`, a path to something that exists, cannot be attached (None: it can,
-        or it names nothing: then it is only text)."""
-        try:
-            if not os.path.lexists(self.context.workspace.root / text):  # (an absolute path replaces the root)
-                return None
-            self.context.workspace.resolve(text)
-        except EdgespecError as e:
-            return str(e)
-        except (OSError, ValueError):  # not a path at all (a NUL, a name too long)
-            return None
-        return None
+    def _at_files(self, text: str) -> list[tuple[str | None, str | None]]:
+        """What the `@path` words of `text` name (_project_file)."""
+        return [self._project_file(word[1:]) for word in text.split() if word.startswith("@") and len(word) > 1]
 
-    def _at_paths(self, text: str) -> list[str]:
-        """The files that `@path` words of `text` name in the project folder."""
-        found = (self._project_file(word[1:]) for word in text.split() if word.startswith("@") and len(word) > 1)
-        return [path for path in found if path is not None]
-
-    def _project_file(self, text: str) -> str | None:
-        """`text` as the path of a file in the project folder, relative to it (None: it names none)."""
+    def _project_file(self, text: str) -> tuple[str | None, str | None]:
+        """`text` as the path of a file in the project folder, relative to it; or, where it
+        names something that cannot be attached (a link out of the folder, a loop), why.
+        (None, None): it names nothing there, and is only text."""
         workspace = self.context.workspace
         try:
             full = workspace.resolve(text)
-            return workspace.relative(full) if full.is_file() else None
-        except (EdgespecError, OSError, ValueError):
-            return None
+            return (workspace.relative(full) if full.is_file() else None), None
+        except EdgespecError as e:
+            try:
+                there = os.path.lexists(workspace.root / text)  # (an absolute path replaces the root)
+            except ValueError:  # a NUL: not a path at all
+                there = False
+            return None, str(e) if there else None
+        except (OSError, ValueError):
+            return None, None
 
     @on(AttachmentBar.Removed)
     async def _chip_removed(self, event: AttachmentBar.Removed) -> None:
