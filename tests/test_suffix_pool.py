@@ -545,7 +545,7 @@ def test_a_pool_keeps_only_token_ids_of_its_vocabulary(tmp_path, caplog):
     loose.add("request:bad", [1, 2, 3, 150, 4])
     loose.add("chat:1", [1, 2, 3, 99, 4])
     assert loose.save()
-    pool = Pool.open(tmp_path, VOCAB, n_tokens=100)
+    pool = Pool.open(tmp_path, VOCAB, vocab_size=100)
     assert pool.index.documents() == ["chat:1"]
     assert any("token ids" in r.getMessage() for r in _pool_warnings(caplog))
     with pytest.raises(ValueError, match="vocabulary"):

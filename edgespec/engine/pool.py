@@ -74,9 +74,9 @@ class _Stored:
     tombstones: dict[str, float] = field(default_factory=dict)
     """Deleted document -> when."""
 
-    def drop_outside(self, n_tokens: int) -> list[str]:
-        """Drop the documents holding a token id from `n_tokens` on; their names."""
-        outside = [name for name, _, tokens in self.documents if tokens.size and int(tokens.max()) >= n_tokens]
+    def drop_outside(self, vocab_size: int) -> list[str]:
+        """Drop the documents holding a token id from `vocab_size` on; their names."""
+        outside = [name for name, _, tokens in self.documents if tokens.size and int(tokens.max()) >= vocab_size]
         self.documents = [d for d in self.documents if d[0] not in outside]
         return outside
 
@@ -85,12 +85,9 @@ class Pool:
     """Earlier text for one tokenizer, matched through `index`, kept in `path`.
     One thread at a time uses a Pool (the engine's); processes share its file."""
 
-    def __init__(self, path: Path, vocab: str, index: SuffixIndex, tombstones: dict[str, float],
-                 n_tokens: int | None = None):
+    def __init__(self, path: Path, vocab: str, index: SuffixIndex, tombstones: dict[str, float]):
         self.path = path
         self.vocab_id = vocab
-        self.n_tokens = n_tokens
-        """The vocabulary's size: every id kept lies below it (None: unchecked but for MAX_TOKEN)."""
         self.index = index
         self._tombstones = tombstones
         self._changed = False
@@ -98,10 +95,10 @@ class Pool:
 
     @classmethod
     def open(cls, folder: Path, vocab: str, *, budget_bytes: int | None = None,
-             n_tokens: int | None = None) -> Pool:
-        """The pool for vocabulary `vocab` (vocab_id()) of `n_tokens` tokens kept in `folder`,
+             vocab_size: int | None = None) -> Pool:
+        """The pool for vocabulary `vocab` (vocab_id()) of `vocab_size` tokens kept in `folder`,
         holding at most `budget_bytes` (None: no limit); empty where there is no usable
-        file yet. A document holding an id from `n_tokens` on is left out. The
+        file yet. A document holding an id from `vocab_size` on is left out. The
         file keeps what the budget of the last process to save it kept: a pool that is
         turned off is not opened (forget_everywhere still reaches its files)."""
         if not _VOCAB_ID.fullmatch(vocab):
@@ -113,29 +110,22 @@ class Pool:
             log.warning("cannot create the lookup pool's folder %s (%s); the pool is kept in memory only",
                         folder, e.strerror or e)
         path = folder / f"{vocab}.pool"
-        stored = _read(path, vocab, n_tokens) or _Stored()
-        index = SuffixIndex(budget_bytes=budget_bytes)
+        stored = _read(path, vocab, vocab_size) or _Stored()
+        index = SuffixIndex(budget_bytes=budget_bytes, vocab_size=vocab_size)
         for name, when, tokens in sorted(stored.documents, key=lambda d: d[1]):  # the newest evict the oldest
             index.add(name, tokens, last_used=when)
-        return cls(path, vocab, index, stored.tombstones, n_tokens)
+        return cls(path, vocab, index, stored.tombstones)
 
     def add(self, doc: str, tokens: Sequence[int] | np.ndarray) -> list[str]:
         """Hold `tokens` as document `doc` (replacing its earlier tokens); kept at the
         next save. Returns the documents evicted to stay within the budget."""
-        self._check(tokens)
         self._changed = True
         return self.index.add(doc, tokens)
 
     def extend(self, doc: str, tokens: Sequence[int] | np.ndarray) -> list[str]:
         """Add `tokens` at the end of document `doc` (SuffixIndex.extend); kept at the next save."""
-        self._check(tokens)
         self._changed = True
         return self.index.extend(doc, tokens)
-
-    def _check(self, tokens: Sequence[int] | np.ndarray) -> None:
-        """A token id outside the vocabulary, proposed as a draft later, would fail the decode."""
-        if self.n_tokens is not None and len(tokens) and int(np.max(tokens)) >= self.n_tokens:
-            raise ValueError(f"token ids must lie in the vocabulary (0 to {self.n_tokens - 1})")
 
     def touch(self, doc: str) -> None:
         """`doc` was used now: the last to be evicted."""
@@ -167,7 +157,7 @@ class Pool:
             log.warning("cannot lock the lookup pool %s (%s); not saved", self.path, e.strerror or e)
             return False
         try:
-            stored = _read(self.path, self.vocab_id, self.n_tokens)
+            stored = _read(self.path, self.vocab_id, self.index.vocab_size)
             if stored is not None:
                 self._merge(stored)
             if not _write(self.path, self._contents()):
@@ -238,13 +228,13 @@ def _write(path: Path, data: bytes) -> bool:
     return True
 
 
-def _read(path: Path, vocab: str, n_tokens: int | None = None) -> _Stored | None:
-    """The file's contents, but the documents holding an id from `n_tokens` on; None
+def _read(path: Path, vocab: str, vocab_size: int | None = None) -> _Stored | None:
+    """The file's contents, but the documents holding an id from `vocab_size` on; None
     where there is none or it cannot be used (with a log line)."""
     try:
         with open(path, "rb") as f:
             stored = _parse(f.read(_HEAD.size), f, os.fstat(f.fileno()).st_size, vocab)
-        outside = stored.drop_outside(n_tokens) if n_tokens is not None else []
+        outside = stored.drop_outside(vocab_size) if vocab_size is not None else []
         if outside:
             log.warning("left out %d documents of the lookup pool %s: they hold token ids outside the vocabulary",
                         len(outside), path)

@@ -232,7 +232,7 @@ def _open_pool(cache: CacheSettings, model: LlamaModel) -> Pool | None:
     if cache.pool is None or cache.pool_mib <= 0:
         return None
     pool = Pool.open(cache.pool, vocab_id(vocab_info(model)), budget_bytes=cache.pool_mib << 20,
-                     n_tokens=model.n_vocab)
+                     vocab_size=model.n_vocab)
     pool.index.prepare()
     return pool
 

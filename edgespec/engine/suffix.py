@@ -90,12 +90,15 @@ class Candidate:
 class SuffixIndex:
     """Token sequences from many documents, matched against a history."""
 
-    def __init__(self, *, budget_bytes: int | None = None):
+    def __init__(self, *, budget_bytes: int | None = None, vocab_size: int | None = None):
         """`budget_bytes`: the most the index holds (BYTES_PER_TOKEN a token plus
-        DOC_OVERHEAD a document); None: no limit; 0: nothing is kept."""
+        DOC_OVERHEAD a document); None: no limit; 0: nothing is kept. `vocab_size`: the
+        vocabulary's size, which every id held lies below (None: MAX_TOKEN bounds them):
+        an id outside it, proposed as a draft, would fail the decode."""
         if budget_bytes is not None and budget_bytes < 0:
             raise ValueError(f"budget_bytes must be 0 or more, not {budget_bytes}")
         self.budget_bytes = budget_bytes
+        self.vocab_size = vocab_size
         self._used: dict[str, float] = {}
         """Every document -> when it was last added or touched."""
         self._tick = 0
@@ -158,7 +161,7 @@ class SuffixIndex:
         Returns the documents evicted to stay within the budget. A document larger
         than the whole budget keeps its last tokens that fit. Where `tokens` only
         adds to the end of the last document added, this costs what the new tokens do."""
-        array = _checked(tokens)
+        array = _checked(tokens, self.vocab_size)
         when = time.time() if last_used is None else last_used
         if doc in self._used:
             old = self._lengths[doc]
@@ -183,7 +186,7 @@ class SuffixIndex:
     def extend(self, doc: str, tokens: Sequence[int] | np.ndarray) -> list[str]:
         """Add `tokens` at the end of document `doc` (a new document if it has none), as
         a conversation grows; cheap where `doc` is the last document added."""
-        return self._extend(doc, _checked(tokens), time.time())
+        return self._extend(doc, _checked(tokens, self.vocab_size), time.time())
 
     def _extend(self, doc: str, more: np.ndarray, when: float) -> list[str]:
         if doc not in self._used:
@@ -472,12 +475,13 @@ def _cost(n_tokens: int) -> int:
     return (n_tokens + 1) * BYTES_PER_TOKEN + DOC_OVERHEAD
 
 
-def _checked(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+def _checked(tokens: Sequence[int] | np.ndarray, vocab_size: int | None = None) -> np.ndarray:
     array = np.asarray(tokens)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise ValueError("a document's tokens are a flat sequence of integer token ids")
-    if array.size and (int(array.min()) < 0 or int(array.max()) > MAX_TOKEN):
-        raise ValueError(f"token ids must lie in 0..{MAX_TOKEN}")
+    top = MAX_TOKEN if vocab_size is None else min(vocab_size - 1, MAX_TOKEN)
+    if array.size and (int(array.min()) < 0 or int(array.max()) > top):
+        raise ValueError(f"token ids must lie in 0..{top}" + (" (the vocabulary)" if vocab_size is not None else ""))
     return array.astype(np.int32, copy=True)
 
 
