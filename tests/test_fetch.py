@@ -226,6 +226,14 @@ def test_a_garbled_answer_is_a_download_error(hub, home, monkeypatch):
         fetch(hub_entry())
 
 
+def interrupted_within(size: int):
+    """A progress callback that stops a download of `size` bytes part way, as Ctrl+C does."""
+    def interrupt(p: Progress) -> None:
+        if 0 < p.done < size:
+            raise KeyboardInterrupt
+    return interrupt
+
+
 def test_an_interrupted_download_resumes_on_the_next_call(hub, home):
     """Ctrl+C in the middle of a download: nothing half-written is ever taken for
     the model, and the next call asks only for the missing bytes."""
@@ -233,10 +241,7 @@ def test_an_interrupted_download_resumes_on_the_next_call(hub, home):
     hub.chunk, hub.delay = 32 << 10, 0.004
     entry = hub_entry()
 
-    def interrupt(p: Progress) -> None:
-        if 0 < p.done < len(CONTENT):
-            raise KeyboardInterrupt
-
+    interrupt = interrupted_within(len(CONTENT))
     with pytest.raises(KeyboardInterrupt):
         fetch(entry, progress=interrupt)
     assert installed_path(entry) is None
@@ -439,10 +444,7 @@ def test_an_interrupted_revision_is_not_resumed_as_another(hub, home):
     hub.add(REPO, "m.gguf", v2, revision="v2")
     hub.chunk, hub.delay = 32 << 10, 0.01
 
-    def interrupt(p: Progress) -> None:
-        if 0 < p.done < len(v1):
-            raise KeyboardInterrupt
-
+    interrupt = interrupted_within(len(v1))
     with pytest.raises(KeyboardInterrupt):
         resolve_model(f"hf:{REPO}/m.gguf@v1", progress=interrupt, registry=registry())
     hub.delay = 0
@@ -509,10 +511,7 @@ def test_a_file_changed_on_the_hub_is_downloaded_afresh_not_spliced(hub, home):
     hub.add(REPO, "m.gguf", old)
     hub.chunk, hub.delay = 32 << 10, 0.01
 
-    def interrupt(p: Progress) -> None:
-        if 0 < p.done < len(old):
-            raise KeyboardInterrupt
-
+    interrupt = interrupted_within(len(old))
     with pytest.raises(KeyboardInterrupt):
         fetch(entry, progress=interrupt)
     hub.add(REPO, "m.gguf", new)
@@ -527,10 +526,7 @@ def test_an_unchanged_file_resumes_and_rm_leaves_nothing(hub, home):
     hub.chunk, hub.delay = 32 << 10, 0.002
     entry = hub_entry()
 
-    def interrupt(p: Progress) -> None:
-        if 0 < p.done < len(CONTENT):
-            raise KeyboardInterrupt
-
+    interrupt = interrupted_within(len(CONTENT))
     with pytest.raises(KeyboardInterrupt):
         fetch(entry, progress=interrupt)
     assert remove(entry) == [part_file(home)]

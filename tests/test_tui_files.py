@@ -38,6 +38,15 @@ async def _ready(pilot):
     await wait_for(pilot, lambda: pilot.app.model_state == "ready")
 
 
+async def _renamed_then_changed_on_disk(pilot, project) -> None:
+    """A reply renaming in src/app.py, its diff closed unapplied, and the file then changed by the user."""
+    await _ready(pilot)
+    await send(pilot, "Rename name @src/app.py")
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, DiffScreen))
+    await pilot.press("escape")
+    (project / "src" / "app.py").write_text(APP + "# mine\n")
+
+
 def _chips(app) -> list[str]:
     return app.query_one(AttachmentBar).paths
 
@@ -346,11 +355,7 @@ async def test_a_message_being_written_when_the_reply_ends_keeps_its_keys_from_t
 async def test_a_file_changed_on_disk_before_apply_is_refused(store, project):
     app = make_app(store, reply=REPLY, root=project)
     async with app.run_test() as pilot:
-        await _ready(pilot)
-        await send(pilot, "Rename name @src/app.py")
-        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen))
-        await pilot.press("escape")
-        (project / "src" / "app.py").write_text(APP + "# mine\n")
+        await _renamed_then_changed_on_disk(pilot, project)
         await pilot.press("f7")
         await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen) and app.screen.query(".diff-body"))
         assert app.screen.problems
@@ -421,11 +426,7 @@ async def test_edit_and_resend_sends_a_file_changed_on_disk_and_shows_the_files(
 
     app = make_app(store, reply=REPLY, root=project)
     async with app.run_test() as pilot:
-        await _ready(pilot)
-        await send(pilot, "Rename name @src/app.py")
-        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen))
-        await pilot.press("escape")
-        (project / "src" / "app.py").write_text(APP + "# mine\n")
+        await _renamed_then_changed_on_disk(pilot, project)
         await pilot.press("ctrl+g")
         await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen))
         app.screen.query_one(TextArea).load_text("Rename name, please")
