@@ -1,12 +1,13 @@
 """Network addresses as a user names them: hosts to listen on, RPC workers'
 endpoints and a model's split across them, and which addresses only this
-machine can reach. Pure: no sockets, no llama.cpp, so that every face parses
+machine can reach. Pure: no connections, no llama.cpp, so that every face parses
 and checks them the same way, and none reaches into the native layer for it."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from dataclasses import dataclass
 
 RPC_PORT = 50052
@@ -18,31 +19,46 @@ def _bare(host: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
+def ip_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address `host` names as the system reads it when binding or connecting, or None
+    for a host name. IPv4 in inet_aton's forms as well (127.1, 127.0.1, 0x7f.1, 0177.0.0.1,
+    2130706433), which getaddrinfo and llama.cpp's RPC accept and ipaddress refuses; an IPv6
+    literal with or without brackets."""
+    bare = _bare(host)
+    try:
+        return ipaddress.ip_address(bare)
+    except ValueError:
+        pass
+    # inet_aton stops at a space and takes what comes before, where getaddrinfo looks up a name
+    if re.fullmatch(r"[0-9A-Fa-fXx.]+", bare):
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(bare))
+        except OSError:
+            pass
+    return None
+
+
 def is_loopback(host: str) -> bool:
-    """True for an address only this machine can reach (127.0.0.0/8, ::1, localhost).
-    A host name other than localhost may resolve to anything, so it counts as exposed."""
+    """True for an address only this machine can reach (127.0.0.0/8 however it is written,
+    ::1, ::ffff:127.x.x.x, localhost). A host name other than localhost may resolve to
+    anything, so it counts as exposed."""
     if host.lower() == "localhost":
         return True
-    try:
-        return ipaddress.ip_address(_bare(host)).is_loopback
-    except ValueError:
-        return False
+    address = ip_address(host)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address is not None and address.is_loopback
 
 
 def is_ipv6(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(_bare(host)).version == 6
-    except ValueError:
-        return False
+    address = ip_address(host)
+    return address is not None and address.version == 6
 
 
 def is_host(host: str) -> bool:
     """An IP address (IPv6 possibly in brackets) or a DNS name's syntax."""
-    try:
-        ipaddress.ip_address(_bare(host))
+    if ip_address(host) is not None:
         return True
-    except ValueError:
-        pass
     labels = host.rstrip(".").split(".")
     return 0 < len(host) <= 253 and all(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", label)
                                         for label in labels)
@@ -87,16 +103,20 @@ def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
         if not item:
             continue
         host, sep, port = item.rpartition(":")
-        if is_ipv6(host) or is_ipv6(item) or host.count(":") or host.startswith("["):
+        if host.startswith("[") or is_ipv6(host) or is_ipv6(item):
             raise ValueError(f"RPC worker {item!r}: {IPV4_ONLY}: name the worker by an IPv4 address or a "
                              f"host name, e.g. 127.0.0.1:{RPC_PORT}")
+        if ":" in host:
+            raise ValueError(f"RPC worker {item!r}: expected HOST:PORT with one ':', e.g. 192.168.1.7:{RPC_PORT} "
+                             f"(an IPv6 address goes in brackets, [::1]:{RPC_PORT})")
         if not sep or not host:
             raise ValueError(f"RPC worker {item!r}: expected HOST:PORT, e.g. 192.168.1.7:{RPC_PORT}")
         if not is_host(host):
             raise ValueError(f"RPC worker {item!r}: {host!r} is not a host name or an IPv4 address")
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"RPC worker {item!r}: the port must be a number from 1 to 65535")
-        endpoint = Endpoint(host, int(port))
+        address = ip_address(host)  # 127.1 and 127.0.0.1 are one worker, named the usual way
+        endpoint = Endpoint(str(address) if address else host, int(port))
         if endpoint in endpoints:
             raise ValueError(f"RPC worker {endpoint} is listed twice")
         endpoints.append(endpoint)
@@ -110,11 +130,10 @@ def worker_address(host: str) -> str:
     ValueError for anything else, which llama.cpp's RPC server cannot bind."""
     if host.lower() == "localhost":
         return "127.0.0.1"
-    try:
-        address = ipaddress.ip_address(_bare(host))
-    except ValueError:
+    address = ip_address(host)
+    if address is None:
         raise ValueError(f"--host {host!r}: a worker listens on an IPv4 address (e.g. 127.0.0.1, or 0.0.0.0 "
-                         f"for every interface), not a host name") from None
+                         f"for every interface), not a host name")
     if address.version != 4:
         raise ValueError(f"--host {host}: {IPV4_ONLY}: listen on 127.0.0.1, or 0.0.0.0 for every interface")
     return str(address)
