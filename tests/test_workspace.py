@@ -575,3 +575,54 @@ def test_a_second_block_under_a_new_name_is_a_new_file_not_the_attached_one():
     # under the instructions example's own name it is that example written out again: no edit
     echoed = parse_edits(reply.replace("planes.py", "shapes.py"), {"geometry.py": old})
     assert [(e.path, e.new_text) for e in echoed] == [("geometry.py", renamed)]
+
+
+# ---------------------------------------------------------------------------
+# A user's file keeps its shape: only the line the reply changes differs on disk
+
+FILE_SHAPES = {  # the bytes before, and after a reply changes "a = 1" into "a = 9"
+    "lf": (b"a = 1\nb = 2\n", b"a = 9\nb = 2\n"),
+    "crlf": (b"a = 1\r\nb = 2\r\n", b"a = 9\r\nb = 2\r\n"),
+    "mixed crlf and lf": (b"x = 0\na = 1\r\nb = 2\nc = 3\n", b"x = 0\na = 9\r\nb = 2\nc = 3\n"),
+    "no final newline": (b"a = 1\nb = 2", b"a = 9\nb = 2"),
+    "utf-8 bom": (b"\xef\xbb\xbfa = 1\nb = 2\n", b"\xef\xbb\xbfa = 9\nb = 2\n"),
+    "bom and crlf": (b"\xef\xbb\xbfa = 1\r\nb = 2\r\n", b"\xef\xbb\xbfa = 9\r\nb = 2\r\n"),
+    "tabs": (b"a = 1\n\tb = 2\n", b"a = 9\n\tb = 2\n"),
+    "trailing spaces": (b"a = 1\nb = 2  \n\t\n", b"a = 9\nb = 2  \n\t\n"),
+    "one long line": (b"a = 1" + b" + 1" * 20_000, b"a = 9" + b" + 1" * 20_000),
+}
+
+
+def _reply(form: str, data: bytes) -> str:
+    """A reply changing "a = 1" into "a = 9" as a model writes it: LF lines, no BOM; the
+    whole form copies every line, the others give their context without trailing spaces."""
+    lines = data.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n").removesuffix("\n").split("\n")
+    index = next(i for i, line in enumerate(lines) if line.startswith("a = 1"))
+    new = [*lines[:index], lines[index].replace("a = 1", "a = 9", 1), *lines[index + 1 :]]
+    if form == "whole":
+        return "x.py\n```python\n" + "\n".join(new) + "\n```\n"
+    old_part, new_part = [line.rstrip() for line in lines], [line.rstrip() for line in new]
+    if form == "replace":
+        return "x.py\n<<<<<<< SEARCH\n" + "\n".join(old_part) + "\n=======\n" + "\n".join(new_part) + "\n>>>>>>> REPLACE\n"
+    hunk = [f" {line}" for line in old_part[:index]] + [f"-{old_part[index]}", f"+{new_part[index]}"]
+    hunk += [f" {line}" for line in old_part[index + 1 :]]
+    return "```diff\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n" + "\n".join(hunk) + "\n```\n"
+
+
+@pytest.mark.parametrize("form", ["whole", "replace", "diff"])
+@pytest.mark.parametrize("shape", FILE_SHAPES)
+def test_apply_changes_only_the_edited_line(tmp_path, backups, shape, form):
+    """After apply, a git diff shows the model's change alone: the file's line ends (each
+    line's own, in a mixed file), BOM, final newline, trailing spaces and mode are kept,
+    and undo gives back the exact bytes."""
+    before, after = FILE_SHAPES[shape]
+    target = tmp_path / "x.py"
+    target.write_bytes(before)
+    target.chmod(0o751)
+    ws = Workspace(tmp_path)
+    (edit,) = parse_edits(_reply(form, before), {"x.py": ws.read("x.py").text})
+    applied = apply_edit(ws, edit, base_sha256=sha(before), backups=backups)
+    assert target.read_bytes() == after
+    assert target.stat().st_mode & 0o777 == 0o751
+    undo(ws, applied)
+    assert target.read_bytes() == before

@@ -8,7 +8,9 @@ Three forms are read, whichever the model wrote:
     so wrong line numbers in @@ headers do no harm.
   - replace: a path line, then <<<<<<< SEARCH / ======= / >>>>>>> REPLACE blocks.
 An edit that cannot be applied exactly as meant raises EditError; nothing is half-applied.
-Every edit keeps the file's newline style (CRLF stays CRLF) and its final-newline state.
+Every edit keeps the file's newline style (CRLF stays CRLF; in a file that mixes them, each
+line its own), its BOM and its final-newline state, and the lines a search/replace block or
+a diff hunk keeps stay as the file has them (trailing spaces the model dropped included).
 """
 
 from __future__ import annotations
@@ -490,15 +492,19 @@ def _build(path: str, pieces: _Pieces, files: Mapping[str, str]) -> FileEdit | N
             return None
         _refuse_elision(path, "", new_text)
         return FileEdit(path, new_text, WHOLE, new=True)
-    old_lines = _split(original)
+    bom = BOM if original.startswith(BOM) else ""
+    body = original[len(bom) :]  # a BOM is not part of the first line: the model rarely copies it
+    old_lines = _split(body)
     if pieces.kind == WHOLE:
         whole = pieces.wholes[-1]
         if whole.inferred and not _looks_whole(whole.lines, old_lines):
             return None
-        new_lines = whole.lines
+        new_lines = _without_bom(whole.lines)
     else:
-        new_lines = _apply_blocks(path, old_lines, pieces.blocks, pieces.kind)
-    new_text = _finish(original, new_lines)
+        blocks = [_Block(_without_bom(b.search), _without_bom(b.replace), b.near) for b in pieces.blocks]
+        new_lines = _apply_blocks(path, old_lines, blocks, pieces.kind)
+    new_text = _finish(body, new_lines)
+    new_text = bom + new_text if new_text else ""
     _refuse_elision(path, original, new_text)
     return None if new_text == original else FileEdit(path, new_text, pieces.kind)
 
@@ -517,13 +523,41 @@ def _split(text: str) -> list[str]:
 
 
 def _finish(original: str | None, lines: list[str]) -> str:
-    """Lines joined in the original's newline style, ending as the original ends (new files: with a newline)."""
+    """Lines joined in the original's newline style, ending as the original ends (new files: with a newline).
+
+    A file that mixes CRLF and LF keeps each line's own end where the line is kept or changed
+    in place, and new lines take the more common end: only the edited lines differ on disk."""
     if not lines:
         return ""
     crlf = bool(original) and original.count("\r\n") * 2 > original.count("\n")
     newline = "\r\n" if crlf else "\n"
     final = original.endswith("\n") if original else True
-    return newline.join(lines) + (newline if final else "")
+    ends = [newline] * len(lines)
+    if original and 0 < original.count("\r\n") < original.count("\n"):
+        ends = _line_ends(original, lines, newline)
+    ends[-1] = ends[-1] if final else ""
+    return "".join(line + end for line, end in zip(lines, ends))
+
+
+def _line_ends(original: str, lines: list[str], newline: str) -> list[str]:
+    """Each new line's end: the one of the original line it keeps or replaces one for one, else `newline`."""
+    pieces = original.split("\n")
+    old = [piece.removesuffix("\r") for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
+    old_ends = ["\r\n" if piece.endswith("\r") else "\n" for piece in pieces[:-1]] + [newline]
+    ends = [newline] * len(lines)
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, lines, autojunk=False).get_opcodes():
+        if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
+            ends[j1:j2] = old_ends[i1:i2]
+    return ends
+
+
+BOM = "\ufeff"
+"""A UTF-8 byte order mark, as decoded text: kept at the start of a file that has one."""
+
+
+def _without_bom(lines: list[str]) -> list[str]:
+    """`lines` without a BOM at the start of the first (the file's own is put back by _build)."""
+    return [lines[0].removeprefix(BOM), *lines[1:]] if lines else lines
 
 
 def _looks_whole(new: list[str], old: list[str]) -> bool:
@@ -580,9 +614,20 @@ def _place(path: str, old: list[str], block: _Block, kind: str) -> tuple[int, in
                 raise EditError(f"The text a reply's edit looks for occurs {len(hits)} times in {path}; ask for an edit with more surrounding lines.")
             if hits:
                 start, reindent = hits[0]
-                return start, start + size, reindent(replace)
+                return start, start + size, _keep_unchanged(old[start : start + size], search, replace, reindent(replace))
     what = "the lines a diff hunk changes are" if kind == DIFF else "the SEARCH text of a reply's edit is"
     raise EditError(f"In {path}, {what} not in the file as attached; ask the model to copy the lines exactly.")
+
+
+def _keep_unchanged(found: list[str], search: list[str], replace: list[str], placed: list[str]) -> list[str]:
+    """`placed` (the replacement as it fits the file) with each line the edit leaves as its search
+    had it taken from the file (`found`): a kept line keeps its exact whitespace, whatever the
+    model's copy of it (trailing spaces dropped, another indentation) looked like."""
+    kept = list(placed)
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, search, replace, autojunk=False).get_opcodes():
+        if tag == "equal":
+            kept[j1:j2] = found[i1:i2]
+    return kept
 
 
 def _trim_blank(search: list[str], replace: list[str]) -> tuple[list[str], list[str]]:
