@@ -136,6 +136,42 @@ def test_the_app_settings_hold_workers_and_reload_when_they_change():
     assert ChatSettings.from_dict({"rpc": "10.0.0.2:50052"}).to_dict()["rpc"] == "10.0.0.2:50052"
 
 
+def test_workers_out_of_reach_are_worded_for_one_two_and_many():
+    """A busy worker (unanswered on this machine) is told apart from one that is not there,
+    and the sentence agrees with how many there are."""
+    a, b, c, far = (Endpoint("127.0.0.1", 1), Endpoint("127.0.0.1", 2), Endpoint("127.0.0.1", 3),
+                    Endpoint("10.0.0.9", 4))
+    silent, refused = "no answer within 3 s", "Connection refused"
+    assert rpc.unreachable_message({a: silent}).startswith("the RPC worker at 127.0.0.1:1 is busy (no answer within")
+    assert rpc.unreachable_message({a: silent, b: silent}).startswith(
+        "the RPC workers at 127.0.0.1:1 and 127.0.0.1:2 are busy (no answer within")
+    assert rpc.unreachable_message({a: silent, b: silent, c: silent}).startswith(
+        "the RPC workers at 127.0.0.1:1, 127.0.0.1:2 and 127.0.0.1:3 are busy")
+    assert rpc.unreachable_message({a: refused}).startswith(
+        "cannot reach the RPC worker at 127.0.0.1:1 (Connection refused). Start one there")
+    assert rpc.unreachable_message({a: refused, b: refused}).startswith(
+        "cannot reach the RPC workers at 127.0.0.1:1 (Connection refused) and 127.0.0.1:2 (Connection refused). "
+        "Start one on each")
+    mixed = rpc.unreachable_message({a: refused, b: silent})
+    assert mixed.startswith("cannot reach the RPC worker at 127.0.0.1:1 (Connection refused). ")
+    assert "The RPC worker at 127.0.0.1:2 is busy" in mixed and "127.0.0.1:1 is busy" not in mixed
+    assert "may also be busy" in rpc.unreachable_message({far: silent})
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="TCP_USER_TIMEOUT is Linux's")
+def test_a_workers_connection_gives_up_on_unacknowledged_data_as_on_silence():
+    """Keepalive probes only an idle connection: while an upload waits for its
+    acknowledgement none is sent, so a vanished worker would hold the upload for the
+    kernel's ~15 minutes of retransmissions. TCP_USER_TIMEOUT bounds that wait."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        endpoint = Endpoint("127.0.0.1", server.getsockname()[1])
+        with socket.create_connection((endpoint.host, endpoint.port), timeout=5) as client:  # as ggml-rpc's own
+            assert rpc.keep_alive([endpoint]) == {endpoint}
+            assert client.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 1000 * rpc.SILENT_S
+            assert 0 < rpc.SILENT_S <= 60
+
+
 # -- real workers ---------------------------------------------------------------------------------
 
 @needs_rpc

@@ -39,6 +39,13 @@ KEEPALIVE_S = (5, 2, 3)
 """TCP keepalive on the connections to the workers: first probe after 5 s idle, then
 every 2 s, lost after 3 unanswered (a worker whose machine vanished never closes
 its socket; the kernel then fails the connection, and ggml-rpc's read with it)."""
+SILENT_S = KEEPALIVE_S[0] + KEEPALIVE_S[1] * KEEPALIVE_S[2]
+"""TCP_USER_TIMEOUT on those connections (Linux): a worker that acknowledges nothing for this
+long is lost, idle or not. Keepalive probes only an idle connection, so without it a worker
+that vanished mid-upload would hold the upload for the kernel's ~15 minutes of
+retransmissions; the same bound as the keepalive's, as tcp(7) advises, since Linux then ends
+an idle connection by this one instead. (Linux also counts a receive window the worker keeps
+shut for this long.)"""
 BUSY = "a worker serves one client at a time: is another edgespec or llama.cpp using it?"
 HELLO_TIMEOUT_S = 15.0
 """How long a reachable worker may take to answer the first request."""
@@ -65,9 +72,9 @@ def unreachable(endpoints, *, timeout: float = CONNECT_TIMEOUT_S) -> dict[Endpoi
 
 
 def keep_alive(endpoints) -> set:
-    """Turn TCP keepalive (KEEPALIVE_S) on for this process's connections to
-    `endpoints`: ggml-rpc's own sockets, found among the open descriptors. Returns
-    the endpoints that have one."""
+    """Turn TCP keepalive (KEEPALIVE_S) and the bound on unacknowledged data (SILENT_S)
+    on for this process's connections to `endpoints`: ggml-rpc's own sockets, found
+    among the open descriptors. Returns the endpoints that have one."""
     peers: dict[tuple[str, int], Endpoint] = {}
     for endpoint in endpoints:
         try:
@@ -91,7 +98,8 @@ def keep_alive(endpoints) -> set:
                 idle, interval, count = KEEPALIVE_S
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
                 for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPALIVE", idle),  # the latter: macOS
-                                      ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+                                      ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
+                                      ("TCP_USER_TIMEOUT", SILENT_S * 1000)):
                     if hasattr(socket, option):
                         sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
                 found.add(endpoint)
@@ -106,21 +114,36 @@ def check_reachable(endpoints, *, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Raise WorkerUnreachableError naming each worker a TCP connect does not reach.
     (Handed an unreachable endpoint, ggml-rpc would end the process.)"""
     failed = unreachable(endpoints, timeout=timeout)
-    if not failed:
-        return
-    which = "; ".join(f"{e} ({why})" for e, why in failed.items())
-    unanswered = [e for e, why in failed.items() if why.startswith("no answer")]
-    # A worker serves one client at a time and queues one more; past that, the
-    # kernel drops new connections unanswered. On this machine nothing else drops
-    # them, so an unanswered worker there is a busy one.
-    if unanswered and all(is_loopback(e.host) for e in unanswered):
-        raise WorkerUnreachableError(
-            f"the RPC worker at {which} is busy: {BUSY} Free it, or start another with "
-            f"`edgespec worker --port PORT`")
-    busy = f" A worker that does not answer may also be busy: {BUSY}" if unanswered else ""
-    raise WorkerUnreachableError(
-        f"cannot reach the RPC worker{'s' if len(failed) > 1 else ''} at {which}. Start one there with "
-        f"`edgespec worker --port PORT` (or llama.cpp's rpc-server), or check the address and the firewall.{busy}")
+    if failed:
+        raise WorkerUnreachableError(unreachable_message(failed))
+
+
+def unreachable_message(failed: dict[Endpoint, str]) -> str:
+    """For people: the workers `unreachable` found, those that are busy apart from those not there."""
+    # A worker serves one client at a time and queues one more; past that, the kernel drops new
+    # connections unanswered. On this machine nothing else drops them, so an unanswered one there is busy.
+    busy = [e for e, why in failed.items() if why.startswith("no answer") and is_loopback(e.host)]
+    away = {e: why for e, why in failed.items() if e not in busy}
+    said = []
+    if away:
+        maybe_busy = f" A worker that does not answer may also be busy: {BUSY}" \
+            if any(why.startswith("no answer") for why in away.values()) else ""
+        said.append(f"cannot reach {_workers([f'{e} ({why})' for e, why in away.items()])}. Start "
+                    f"{'one there' if len(away) == 1 else 'one on each'} with `edgespec worker --port PORT` (or "
+                    f"llama.cpp's rpc-server), or check the address and the firewall.{maybe_busy}")
+    if busy:
+        one = len(busy) == 1
+        sentence = (f"{_workers([str(e) for e in busy])} {'is' if one else 'are'} busy ({failed[busy[0]]}): {BUSY} "
+                    f"Free {'it' if one else 'them'}, or start another with `edgespec worker --port PORT`")
+        said.append(sentence[0].upper() + sentence[1:] if said else sentence)
+    return " ".join(said)
+
+
+def _workers(names: list[str]) -> str:
+    """'the RPC worker at A', 'the RPC workers at A and B', 'the RPC workers at A, B and C'."""
+    if len(names) == 1:
+        return f"the RPC worker at {names[0]}"
+    return f"the RPC workers at {', '.join(names[:-1])} and {names[-1]}"
 
 
 # -- the libraries -------------------------------------------------------------
@@ -435,8 +458,7 @@ class Guard:
         lost = list(gone) or list(self.endpoints)
         for endpoint in lost:  # the next load connects to them afresh; the others' connections still work
             _epochs[endpoint] = _epochs.get(endpoint, 0) + 1
-        names = ", ".join(str(e) for e in lost)
-        self.lost = f"lost the RPC worker at {names} ({why})"
+        self.lost = f"lost {_workers([str(e) for e in lost])} ({why})"
         raise WorkerLostError(self.lost)
 
 
