@@ -9,7 +9,9 @@ import pytest
 import yaml
 
 from edgespec.cli import main
-from edgespec.models.registry import DEFAULT_PAIR
+from edgespec.errors import RegistryError
+from edgespec.models.fetch import remove
+from edgespec.models.registry import DEFAULT_PAIR, load_registry
 from tests.fake_hub import FakeHub
 
 CONTENT = b"GGUF" + b"x" * 200_000
@@ -176,3 +178,51 @@ def test_rm_takes_names_and_says_a_file_of_ones_own_is_not_its_to_delete(capsys,
     code, _, err = run(capsys, "rm", str(mine))
     assert code == 1 and "works too" not in err and "by name" in err
     assert mine.read_bytes() == CONTENT
+
+
+def two_entries_of_one_file(home, source: dict) -> None:
+    """A user models.yaml where 'mine' and 'alias' name the same file."""
+    (home / "config").mkdir(parents=True, exist_ok=True)
+    registry = home / "config" / "models.yaml"
+    models = yaml.safe_load(registry.read_text())["models"] if registry.exists() else {}
+    models.update({name: {"source": source} for name in ("mine", "alias")})
+    registry.write_text(yaml.safe_dump({"models": models}))
+
+
+def test_rm_keeps_a_hub_file_another_entry_names_until_both_are_removed(capsys, home, hub_model):
+    """Two names for one file (an alias in the user's models.yaml): as `ollama rm` of one tag keeps the
+    blob another tag uses, removing one name keeps the file the other still needs, and says so."""
+    two_entries_of_one_file(home, {"kind": "hub", "repo": "me/Tiny-GGUF", "file": "tiny.gguf"})
+    code, out, _ = run(capsys, "pull", "tiny")
+    path = Path(out.split(": ", 1)[1].strip())
+    code, out, err = run(capsys, "rm", "alias")
+    assert code == 0 and path.read_bytes() == CONTENT
+    assert f"kept {path}: also used by mine, tiny" in out
+    code, out, _ = run(capsys, "rm", "tiny", "alias", "mine")
+    assert code == 0 and "removed" in out and not path.exists()
+
+
+def test_rm_keeps_a_models_folder_file_another_entry_names(capsys, home):
+    source = {"kind": "pypi_parts", "packages": "p{i}", "file": "d{i}.bin", "count": 1, "pip": "p{i}",
+              "filename": "same.gguf"}
+    two_entries_of_one_file(home, source)
+    shared = home / "models" / "same.gguf"
+    shared.parent.mkdir(parents=True)
+    shared.write_bytes(CONTENT)
+    code, out, _ = run(capsys, "rm", "mine")
+    assert code == 0 and f"mine: kept {shared}: also used by alias" in out and shared.read_bytes() == CONTENT
+    registry = load_registry()
+    with pytest.raises(RegistryError, match="also used by alias"):  # the guard below the command
+        remove(registry.model("mine"), registry=registry)
+    assert shared.read_bytes() == CONTENT
+    code, out, _ = run(capsys, "rm", "alias")  # an entry still names the file after rm: it is kept again
+    assert code == 0 and f"alias: kept {shared}: also used by mine (`edgespec rm alias mine` deletes it)" in out
+    code, out, _ = run(capsys, "rm", "alias", "mine")
+    assert code == 0 and f"alias: removed {shared}" in out and not shared.exists()
+
+
+def test_rm_checks_every_name_before_it_deletes_anything(capsys, home, hub_model):
+    code, out, _ = run(capsys, "pull", "tiny")
+    path = Path(out.split(": ", 1)[1].strip())
+    code, _, err = run(capsys, "rm", "tiny", "no-such-model")
+    assert code == 1 and "no-such-model" in err and path.read_bytes() == CONTENT

@@ -100,7 +100,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 
 def _cmd_rm(args: argparse.Namespace) -> int:
-    from edgespec.models.fetch import is_path_like, remove
+    from edgespec.models.fetch import is_path_like, kept_note, remove, shared_with
     from edgespec.models.registry import load_registry
 
     registry = load_registry()
@@ -108,9 +108,15 @@ def _cmd_rm(args: argparse.Namespace) -> int:
         if is_path_like(name):
             raise EdgespecError(f"{name} is a path: rm deletes the models edgespec downloaded, by name "
                                 f"(`edgespec models` lists them); a file of your own is yours to delete")
-        for entry in registry.members(name):
-            removed = remove(entry)
-            print(f"{entry.name}: removed {removed[0]}" if removed else f"{entry.name}: nothing to remove")
+    # every name is looked up before anything is deleted: a typo in the last one deletes nothing
+    entries = {entry.name: entry for name in args.names for entry in registry.members(name)}
+    for entry in entries.values():
+        users = shared_with(entry, registry=registry, along=entries)
+        if users:
+            print(f"{entry.name}: {kept_note(entry, users)}")
+            continue
+        removed = remove(entry, registry=registry, along=entries)
+        print(f"{entry.name}: removed {removed[0]}" if removed else f"{entry.name}: nothing to remove")
     return 0
 
 

@@ -12,15 +12,17 @@ the registry are checked before a path is returned.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
+from edgespec.errors import RegistryError
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import ProgressCallback
 from edgespec.models.registry import DEFAULT_PAIR, HUB_PREFIX, ModelEntry, PairEntry, Registry, load_registry
 from edgespec.models.source import Fetch
 
 __all__ = ["resolve_model", "resolve_pair", "fetch", "pull", "installed_path", "available_offline", "remove",
-           "is_path_like"]
+           "shared_with", "kept_note", "is_path_like"]
 
 
 def resolve_model(name_or_path: str, *, download: bool = True, progress: ProgressCallback | None = None,
@@ -76,9 +78,43 @@ def available_offline(entry: ModelEntry, registry: Registry | None = None) -> bo
     return entry.source.available_offline(entry, available_other=available_other)
 
 
-def remove(entry: ModelEntry) -> list[Path]:
-    """Delete the entry's local file; returns what was deleted (empty if nothing was there)."""
+def shared_with(entry: ModelEntry, *, registry: Registry | None = None, along: Collection[str] = ()) -> tuple[str, ...]:
+    """The other registry models whose file is this entry's file (empty if it is not here),
+    leaving out those named in `along` (removed with it)."""
+    path = installed_path(entry)
+    if path is None:
+        return ()
+    registry = registry or load_registry()
+    return tuple(sorted(other.name for other in registry.models.values()
+                        if other.name != entry.name and other.name not in along
+                        and _same_file(path, installed_path(other))))
+
+
+def remove(entry: ModelEntry, *, registry: Registry | None = None, along: Collection[str] = ()) -> list[Path]:
+    """Delete the entry's local file; returns what was deleted (empty if nothing was there).
+
+    Two entries may name one file (an alias in the user's models.yaml): they are two names,
+    not two copies, so removing one must leave the other working, as `ollama rm` of one tag
+    keeps a blob another tag uses. Such a file is deleted only with all its entries (`along`:
+    the entries removed with this one); otherwise RegistryError, before anything is deleted."""
+    users = shared_with(entry, registry=registry, along=along)
+    if users:
+        raise RegistryError(f"{entry.name}: {kept_note(entry, users)}")
     return entry.source.remove(entry)
+
+
+def kept_note(entry: ModelEntry, users: Sequence[str]) -> str:
+    """What `rm` says of a file it keeps for other entries."""
+    return (f"kept {installed_path(entry)}: also used by {', '.join(users)} "
+            f"(`edgespec rm {' '.join([entry.name, *users])}` deletes it)")
+
+
+def _same_file(path: Path, other: Path | None) -> bool:
+    """Whether two paths reach one file (links into huggingface_hub's cache reach its blob)."""
+    try:
+        return other is not None and os.path.samefile(path, other)
+    except OSError:  # gone meanwhile, or unreadable: not a file both use
+        return False
 
 
 def is_path_like(name_or_path: str) -> bool:
