@@ -204,6 +204,24 @@ async def test_escape_stops_the_reply_and_keeps_it(store):
         await wait_for(pilot, lambda: not app.chat.generating)
 
 
+async def test_ctrl_c_stops_a_reply_and_otherwise_keeps_textuals_meaning(store):
+    """Ctrl+C stops a reply, as in llama.cli and Ollama; with none under way it copies a
+    selection in the message box and otherwise says how to quit (Textual's own meaning)."""
+    app = make_app(store, reply="word " * 400, delay_s=0.02)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Talk", key=False)
+        await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) > 20)
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: not app.chat.generating)
+        assert boxes(app)[1].status == "stopped"
+        assert app.is_running
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        assert any("to quit" in n for n in app.notes)
+        assert app.is_running
+
+
 async def test_quitting_mid_reply_keeps_the_reply_and_frees_the_models_after_the_decode(store):
     hold = threading.Event()
     app = make_app(store, reply="word " * 200, hold=hold, hold_after=40)

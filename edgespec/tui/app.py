@@ -345,6 +345,7 @@ class EdgespecApp(App):
             if method is None or action in seen or binding.description in listed:
                 continue
             seen.add(action)
+            listed.add(binding.description)  # one command for each action, under its first key (stop: escape)
             doc = (method.__doc__ or "").strip().splitlines()[0] if method.__doc__ else ""
             yield SystemCommand(f"{binding.description} ({binding.key.split(',')[0]})", doc,
                                 lambda action=action, node=node: self.run_action(action, node))

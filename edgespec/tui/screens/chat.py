@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 from textual import on, work
+from textual.actions import SkipAction
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
@@ -35,7 +36,7 @@ from edgespec.chat.export import write_markdown
 from edgespec.chat.remember import conversation_doc
 from edgespec.chat.session import settled_words
 from edgespec.chat.store import StoreError
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, FileAccessError
 from edgespec.tui.library import PullProgress
 from edgespec.tui.screens.dialogs import ConfirmScreen, TextPromptScreen
 from edgespec.tui.screens.diff import DiffScreen
@@ -61,6 +62,9 @@ class ChatScreen(Screen):
 
     BINDINGS = [
         Binding("escape", "stop", "Stop reply", show=False),
+        # a terminal's interrupt key stops a reply (as in llama-cli and Ollama); with none under
+        # way it keeps Textual's meaning (copy a selection, else say how to quit): action_interrupt
+        Binding("ctrl+c", "interrupt", "Stop reply", show=False, priority=True),
         # the app's own help key, listed here too so that it leads the footer and the help table
         Binding("f1,question_mark", "app.help", "Help"),
         # Textual's quit key (which it leaves out of the footer), shown in the footer and the help table
@@ -472,6 +476,12 @@ class ChatScreen(Screen):
         else:
             self._stop_reading_ahead()
 
+    def action_interrupt(self) -> None:
+        """Stop the reply being generated; with none, leave the key to the focused widget and the app."""
+        if not self.generating:
+            raise SkipAction()
+        self.stop_reply()
+
     async def action_regenerate(self) -> None:
         """Generate the last reply again."""
         if not self._ready_to_generate():
@@ -715,7 +725,9 @@ class ChatScreen(Screen):
                                                        backups=dirs().data / "undo")
             self.session.record_applied(written)
         except (EdgespecError, StoreError) as e:
-            self.notify(str(e), title="Not applied", severity="error", timeout=10)
+            left = e.left_changed if isinstance(e, FileAccessError) else ()  # written, and not put back
+            self.notify(str(e), title=f"Partly applied: {', '.join(left)} left changed" if left else "Not applied",
+                        severity="error", timeout=10)
             return
         self.applied = applied
         self.notify(f"Applied to {', '.join(a.path for a in applied)} (F9 undoes).", title="Edits applied")
