@@ -626,3 +626,27 @@ def test_apply_changes_only_the_edited_line(tmp_path, backups, shape, form):
     assert target.stat().st_mode & 0o777 == 0o751
     undo(ws, applied)
     assert target.read_bytes() == before
+
+
+def test_unified_diff_ends_lines_at_newlines_only():
+    """A form feed (in C and Python sources) or U+2028 is inside a line: the diff shows that
+    line once, with no "No newline at end of file" in the middle, and parses back."""
+    old, new = "x = 1\x0c\ny\u2028z\na\n", "x = 1\x0c\ny\u2028z\nb\n"
+    diff = unified_diff("a.py", old, new)
+    assert diff.split("\n") == ["--- a/a.py", "+++ b/a.py", "@@ -1,3 +1,3 @@", " x = 1\x0c", " y\u2028z", "-a", "+b", ""]
+    assert parse_edits(f"```diff\n{diff}```\n", {"a.py": old}) == [FileEdit("a.py", new, "diff")]
+
+
+README = "# Tool\n\nInstall:\n\n```bash\npip install tool\n```\n\nThen run `tool`.\n"
+
+
+def test_a_markdown_file_with_code_examples_in_a_three_backtick_block_is_whole():
+    """A small model wraps a README in ``` although its own examples use ```: the block ends
+    at the fence that closes it, not at the end of the first example (which cut the file)."""
+    new = README.replace("# Tool", "# Tool 2")
+    for reply in (f"README.md\n```markdown\n{new}```\n", f"```markdown README.md\n{new}```\n\nRun `tool --help`:\n```\ntool --help\n```\n"):
+        assert parse_edits(reply, {"README.md": README, "b.py": ""}) == [FileEdit("README.md", new, "whole")]
+    # a file whose own fences do not pair up is cut at its block's first closing fence, as before
+    odd = "TEMPLATE = '''\n```python\n'''\n"
+    reply = f"t.py\n```python\n{odd.replace('TEMPLATE', 'T')}```\n"
+    assert parse_edits(reply, {"t.py": odd}) == [FileEdit("t.py", odd.replace("TEMPLATE", "T"), "whole")]

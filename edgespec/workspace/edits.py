@@ -93,7 +93,7 @@ def parse_edits(reply: str, files: Mapping[str, str]) -> list[FileEdit]:
 def unified_diff(path: str, old: str, new: str) -> str:
     """A unified diff from `old` to `new` (a/path, b/path headers, 3 lines of context); "" when equal."""
     lines = difflib.unified_diff(
-        old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}", n=3
+        _with_ends(old), _with_ends(new), fromfile=f"a/{path}", tofile=f"b/{path}", n=3
     )
     out = []
     for line in lines:
@@ -101,6 +101,14 @@ def unified_diff(path: str, old: str, new: str) -> str:
         if not line.endswith("\n"):
             out.append("\n\\ No newline at end of file\n")
     return "".join(out)
+
+
+def _with_ends(text: str) -> list[str]:
+    """A text's lines with their ends, split at "\\n" alone as the parser splits (str.splitlines
+    also ends a line at a form feed, U+2028 and other separators, which are inside lines here)."""
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
 
 
 # ---------------------------------------------------------------------------
@@ -188,16 +196,12 @@ class _Scan:
 
     def _fence(self, start: int, match: re.Match[str]) -> int:
         indent, marks, info = match.groups()
-        end = start + 1
-        while end < len(self.lines):
-            closing = self.lines[end].strip()
-            if closing and set(closing) == {marks[0]} and len(closing) >= len(marks):
-                break
-            end += 1
-        closed = end < len(self.lines)
-        body = [line[len(indent):] if line.startswith(indent) else line for line in self.lines[start + 1 : end]]
         info_path = _path_in_info(info)
         path = info_path or self.hint
+        attached = self.files.get(_match(path, self.files)[0]) if path else None
+        end = _closing(self.lines, start, marks, nested=attached is not None and _has_examples(attached))
+        closed = end < len(self.lines)
+        body = [line[len(indent):] if line.startswith(indent) else line for line in self.lines[start + 1 : end]]
         if any(_SEARCH.match(line) for line in body):
             self._search_replace(body, 0, path or self.replacing, until=len(body))
         elif info.lower() in _DIFF_INFOS or _looks_like_diff(body):
@@ -283,6 +287,35 @@ class _Scan:
         if pieces.kind != kind:
             raise EditError(f"The reply changes {path} twice in different forms; ask for one complete version of the file.")
         return pieces
+
+
+def _closing(lines: list[str], start: int, marks: str, *, nested: bool) -> int:
+    """The index of the fence closing the block opened at lines[start] (len(lines): none does).
+
+    `nested` (the file has fenced examples of its own, as a README does): a fence with a
+    language inside the block opens an example, which the next bare fence closes, since a
+    model often wraps such a file in a fence no longer than its examples'. Where the
+    examples do not pair up, the block ends at its first closing fence, as it does otherwise."""
+    first, depth = len(lines), 0
+    for end in range(start + 1, len(lines)):
+        fence = _FENCE.match(lines[end])
+        if fence is None or fence.group(2)[0] != marks[0]:
+            continue
+        if fence.group(3):
+            if nested and "`" not in fence.group(3):
+                depth += 1
+            continue
+        if len(fence.group(2)) >= len(marks):
+            first = min(first, end)
+            if not depth:
+                return end
+        depth = max(depth - 1, 0)
+    return first
+
+
+def _has_examples(text: str) -> bool:
+    """Whether a file holds a fenced block with a language (a Markdown example, a docstring's)."""
+    return any((fence := _FENCE.match(line)) and fence.group(3) for line in text.split("\n"))
 
 
 def _read_block(lines: list[str], i: int, end: int) -> tuple[list[str], list[str], int]:
