@@ -72,6 +72,10 @@ class WorkerLostError(EdgespecError):
 class FileAccessError(EdgespecError):
     """A project file cannot be used as asked (missing, not a regular file, unreadable); the base of the file errors."""
 
+    left_changed: tuple[str, ...] = ()
+    """The files a failed apply of several left changed on disk (written, and not put back);
+    empty when every file is as it was before, which is what faces may tell from it."""
+
 
 class OutsideRootError(FileAccessError):
     """A path resolves outside the project folder (through `..`, an absolute path or a symlink)."""

@@ -455,3 +455,44 @@ async def test_after_an_apply_the_reply_has_nothing_left_to_apply_until_it_is_un
         await pilot.press("f7")
         await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen) and app.screen.query(".diff-body"))
         assert not app.screen.problems
+
+
+async def test_a_failed_apply_that_leaves_a_file_changed_says_partly_applied(store, project, monkeypatch):
+    """A reply changing two files whose second write fails, and the first then cannot be put
+    back: the notification's title names the file left changed, not "Not applied"."""
+    import errno
+    import os
+
+    reply = f"src/app.py\n```python\n{RENAMED}```\n\nnotes.txt\n```\nnew notes\n```\n"
+    app = make_app(store, reply=reply, root=project)
+    titles = []
+    notify = app.notify
+
+    def recording(message, *args, **kw):
+        titles.append(kw.get("title"))
+        return notify(message, *args, **kw)
+
+    app.notify = recording
+    real = os.replace
+    app_writes = []
+
+    def replace(source, target):
+        if ".notes.txt." in str(source):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if ".app.py." in str(source):
+            app_writes.append(target)
+            if len(app_writes) > 1:  # the write goes through, putting it back does not
+                raise OSError(errno.EACCES, "Permission denied")
+        return real(source, target)
+
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await send(pilot, "Rename name @src/app.py @notes.txt")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen) and app.screen.query(".diff-body"))
+        monkeypatch.setattr(os, "replace", replace)
+        await pilot.press("a")
+        await wait_for(pilot, lambda: any("could not be put back" in n for n in app.notes))
+        monkeypatch.undo()
+    assert "Partly applied: src/app.py left changed" in titles and "Not applied" not in titles
+    assert (project / "src" / "app.py").read_bytes() == RENAMED.encode()
+    assert (project / "notes.txt").read_text() == "notes\n"

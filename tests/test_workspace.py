@@ -453,6 +453,7 @@ def test_a_second_write_that_fails_puts_the_first_back(project, backups, monkeyp
     message = str(caught.value)
     assert "src/main.py could not be written (the disk is full" in message
     assert "src/a.py was put back; nothing was changed" in message
+    assert caught.value.left_changed == ()
     assert {name: (project / "src" / name).read_bytes() for name in before} == before
     assert sorted(p.name for p in (project / "src").iterdir()) == ["a.py", "main.py"]
 
@@ -477,6 +478,7 @@ def test_a_file_that_cannot_be_put_back_is_named_with_its_saved_copy(project, ba
     message = str(caught.value)
     assert "nothing was changed" not in message.lower() and "nothing was written" not in message.lower()
     assert "src/a.py" in message and str(backups / sha(before["a.py"])) in message
+    assert caught.value.left_changed == ("src/a.py",)
     assert (project / "src" / "a.py").read_text() == "a = 2\n"
     assert (backups / sha(before["a.py"])).read_bytes() == before["a.py"]
     assert (project / "src" / "main.py").read_bytes() == before["main.py"]

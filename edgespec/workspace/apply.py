@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from edgespec.errors import EdgespecError, EditError, FileAccessError, FileTooLargeError, StaleFileError, WriteError
+from edgespec.errors import EditError, FileAccessError, FileTooLargeError, StaleFileError, WriteError
 from edgespec.workspace.edits import FileEdit
 from edgespec.workspace.root import MAX_FILE_BYTES, Workspace, read_regular, sha256_hex
 
@@ -91,38 +91,43 @@ def apply_all(
     try:
         for edit, base_sha256 in edits:
             applied.append(apply_edit(workspace, edit, base_sha256=base_sha256, allow_new=allow_new, backups=backups))
-    except EdgespecError as error:
+    except FileAccessError as error:
         if not applied:
             raise
-        raise type(error)(f"{error} {_put_back(workspace, applied)}") from None
+        words, left = _put_back(workspace, applied)
+        failed = type(error)(f"{error} {words}")
+        failed.left_changed = left
+        raise failed from None
     except BaseException:  # Ctrl+C midway: the same, all or nothing
         _put_back(workspace, applied)
         raise
     return applied
 
 
-def _put_back(workspace: Workspace, applied: Sequence[Applied]) -> str:
-    """Undo `applied`, newest first, going on past a file that cannot be; what became of each, for the error."""
-    restored, left = [], []
+def _put_back(workspace: Workspace, applied: Sequence[Applied]) -> tuple[str, tuple[str, ...]]:
+    """Undo `applied`, newest first, going on past a file that cannot be: what became of each,
+    for the error, and the files left changed."""
+    restored, left, words = [], [], []
     for done in reversed(applied):
         try:
             undo(workspace, done)
-        except EdgespecError as error:
+        except FileAccessError as error:
+            left.append(done.path)
             if done.backup is None:
-                left.append(f"{done.path}, which this apply created, could not be deleted; delete it to undo the "
+                words.append(f"{done.path}, which this apply created, could not be deleted; delete it to undo the "
                             f"change.")
             elif isinstance(error, StaleFileError):
-                left.append(f"{done.path} changed again before it could be put back, so it was left as it is; its "
+                words.append(f"{done.path} changed again before it could be put back, so it was left as it is; its "
                             f"bytes before this apply are kept in {done.backup}.")
             else:
-                left.append(f"{done.path} could not be put back either and keeps the reply's version; its previous "
+                words.append(f"{done.path} could not be put back either and keeps the reply's version; its previous "
                             f"bytes are kept in {done.backup}.")
         else:
             restored.append(done.path)
     if not left:
-        return f"{', '.join(restored)} {'was' if len(restored) == 1 else 'were'} put back; nothing was changed."
+        return f"{', '.join(restored)} {'was' if len(restored) == 1 else 'were'} put back; nothing was changed.", ()
     back = f"{', '.join(restored)} {'was' if len(restored) == 1 else 'were'} put back. " if restored else ""
-    return back + " ".join(left)
+    return back + " ".join(words), tuple(left)
 
 
 @dataclass(frozen=True)
