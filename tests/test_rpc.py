@@ -276,6 +276,96 @@ def test_a_worker_busy_with_another_client_is_said_to_be_busy_not_lost(synth_tar
         stop(proc)
 
 
+def _read(sock: socket.socket, n: int) -> bytes:
+    """`n` bytes from `sock`, or fewer if it closes first."""
+    data = b""
+    while len(data) < n and (more := sock.recv(n - len(data))):
+        data += more
+    return data
+
+
+def _impostor(kind: str, worker: Endpoint | None = None) -> tuple[Endpoint, threading.Event]:
+    """A loopback port that takes connections but is no RPC worker of this llama.cpp: an HTTP
+    server ("http"), a port that closes each connection at once ("close"), one that answers
+    bytes of no protocol ("garbage"), or ("version") a proxy to the real `worker` that gives
+    the handshake's reply another protocol major version. Set the event returned to end it."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    done = threading.Event()
+
+    def answer(client: socket.socket) -> None:
+        client.settimeout(10)
+        with client:
+            if kind == "close":
+                return
+            if kind == "version":  # request: command (1 byte), size (8), body; reply: size (8), body
+                head = _read(client, 9)
+                if len(head) < 9:
+                    return
+                request = head + _read(client, int.from_bytes(head[1:], "little"))
+                with socket.create_connection((worker.host, worker.port), timeout=10) as upstream:
+                    upstream.sendall(request)
+                    size = _read(upstream, 8)
+                    reply = _read(upstream, int.from_bytes(size, "little"))  # major, minor, patch, ...
+                client.sendall(size + bytes([reply[0] + 1]) + reply[1:])
+                return
+            if not client.recv(65536):
+                return
+            client.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                           if kind == "http" else bytes(range(256)) * 4)
+
+    def serve() -> None:
+        with server:
+            while not done.is_set():
+                try:
+                    client, _ = server.accept()
+                except socket.timeout:
+                    continue
+                threading.Thread(target=answer, args=(client,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return Endpoint("127.0.0.1", server.getsockname()[1]), done
+
+
+@needs_rpc
+@pytest.mark.parametrize("kind", ["http", "close", "garbage", "version"])
+@pytest.mark.timeout(180)
+def test_a_port_that_is_no_rpc_worker_is_said_to_be_one_not_a_lost_worker(synth_target, kind):
+    """In a process of its own: a failed handshake leaves llama.cpp's RPC stuck in that
+    process. A second load there is told so at once, not left to time out as busy."""
+    proc = None
+    if kind == "version":
+        proc, worker = start_worker()
+    impostor, done = _impostor(kind, worker if proc else None)
+    script = ("import sys\n"
+              "from edgespec.errors import WorkerUnreachableError\n"
+              "from edgespec.llama import rpc\n"
+              "from edgespec.net import Endpoint\n"
+              "for port in sys.argv[1:]:\n"
+              "    try:\n"
+              "        rpc.add_servers([Endpoint('127.0.0.1', int(port))])\n"
+              "    except WorkerUnreachableError as e:\n"
+              "        print(e)\n")
+    try:
+        run = subprocess.run([sys.executable, "-m", "edgespec", "generate", "hi", "--raw", "--target",
+                              str(synth_target), "--rpc", str(impostor)], capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+        assert f"at {impostor}" in run.stderr and "lost" not in run.stderr, run.stderr
+        says = "speaks another version of llama.cpp's RPC" if kind == "version" else "is not a llama.cpp RPC worker"
+        assert says in run.stderr, run.stderr
+        started = time.monotonic()
+        again = subprocess.run([sys.executable, "-c", script, str(impostor.port), str(free_port())],
+                               capture_output=True, text=True, timeout=120)
+        first, second = again.stdout.splitlines()[:2]
+        assert says in first and "restart edgespec" in second, again.stdout + again.stderr
+        assert time.monotonic() - started < rpc.HELLO_TIMEOUT_S, "the second load waited for the stuck one"
+    finally:
+        done.set()
+        if proc is not None:
+            stop(proc)
+
+
 @needs_rpc
 @pytest.mark.slow
 @pytest.mark.timeout(120)  # a loss that is never noticed fails here, by name

@@ -30,8 +30,8 @@ import llama_cpp
 from llama_cpp._ctypes_extensions import load_shared_library
 
 from edgespec.errors import WorkerLostError, WorkerUnreachableError
-from edgespec.llama.backend import backend_init
-from edgespec.net import Endpoint, is_loopback
+from edgespec.llama.backend import backend_init, recent_errors
+from edgespec.net import RPC_PORT, Endpoint, is_loopback
 
 CONNECT_TIMEOUT_S = 3.0
 """How long a TCP connect to a worker may take before it counts as unreachable."""
@@ -302,14 +302,23 @@ def _spelling(endpoint: Endpoint) -> bytes:
     return f"{endpoint.host}:{'0' * _epochs.get(endpoint, 0)}{endpoint.port}".encode()
 
 
+_stuck: str | None = None
+"""Why this process can add no more workers: a handshake that failed left its thread parked
+by the abort callback inside ggml_backend_rpc_add_server, holding the lock every later call
+of it takes, so a later load would wait for good."""
+
+
 def add_servers(endpoints) -> list[tuple[int, Device]]:
     """ggml_backend_rpc_add_server for each worker (as llama.cpp's --rpc does):
     its devices, in order. Checks each is reachable first."""
     g = require()
+    if _stuck:
+        raise WorkerUnreachableError(_stuck)
     check_reachable(endpoints)
     found = []
     for endpoint in endpoints:
         guard = Guard((endpoint,))  # a handshake that fails would abort the process
+        reg = None
         try:
             reg = guard.call(g.add_server, _spelling(endpoint), timeout=HELLO_TIMEOUT_S)
             if reg:
@@ -320,11 +329,37 @@ def add_servers(endpoints) -> list[tuple[int, Device]]:
                 f"the RPC worker at {endpoint} took the connection but did not answer within "
                 f"{HELLO_TIMEOUT_S:g} s: {BUSY} Free it, then restart edgespec (llama.cpp keeps waiting for "
                 f"that answer)") from None
+        except WorkerLostError:
+            if reg is not None:  # the handshake went through: a worker, lost while it listed its devices
+                raise
+            raise WorkerUnreachableError(_failed_handshake(endpoint)) from None
         finally:
             guard.close()
         if not reg:
             raise WorkerUnreachableError(f"the RPC worker at {endpoint} offers no devices")
     return found
+
+
+def _failed_handshake(endpoint: Endpoint) -> str:
+    """What a handshake that ggml-rpc aborted says about what answers at `endpoint`;
+    notes in `_stuck` that this process can add no more workers."""
+    global _stuck
+    # ggml-rpc says "handshake failed" only for a worker whose protocol version differs (it logs
+    # which); any other abort here is an answer of no RPC at all, or none.
+    if "handshake failed" in _last_abort:
+        version = re.search(r"version mismatch: (\S+)", recent_errors())
+        what = (f"the RPC worker at {endpoint} speaks another version of llama.cpp's RPC"
+                f"{f' ({version.group(1)})' if version else ''} than this edgespec's llama.cpp: run the same "
+                f"llama.cpp version on both machines")
+    elif unreachable([endpoint], timeout=1.0):
+        what = f"what answered at {endpoint} closed during the handshake and is gone now"
+    else:
+        what = (f"what answers at {endpoint} is not a llama.cpp RPC worker (it closed the connection or answered "
+                f"something else): check the port (`edgespec worker` and rpc-server listen on {RPC_PORT} unless "
+                f"told otherwise)")
+    _stuck = (f"llama.cpp's RPC is stuck in this process on the failed handshake with {endpoint}: restart "
+              f"edgespec to use RPC workers again")
+    return f"{what}. Then restart edgespec (llama.cpp's RPC stays stuck in this process on a failed handshake)"
 
 
 # -- turning ggml-rpc's abort into an exception --------------------------------------
