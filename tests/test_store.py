@@ -77,6 +77,109 @@ def test_list_rename_delete_and_search(store):
         store.messages(a)
 
 
+SEARCHES = ("cycl", "CYCL", "cy", "e", "ike to", "ride", "100%", "a_b", 'say "hi"', "o'c", "never there", "ycle\nand")
+"""Searches whose hits the index must give as reading every message gives them: part of a word,
+another case, one or two characters (which the index does not answer), LIKE's wildcards and
+FTS5's quotes taken as written, and a line break."""
+
+
+def _searchable(store) -> dict[str, list[int]]:
+    texts = ["I like to ride my bicycle", "Bicycles: 100% fun", "a_b is not axb", 'then say "hi"', "five o'clock",
+             "bicycle\nand car"]
+    for n, text in enumerate(texts):
+        cid = store.create(title=f"Chat {n}")
+        store.append(cid, Message("user", text))
+    return {search: [c.id for c in store.list(search=search)] for search in SEARCHES}
+
+
+def _indexed(path: Path) -> bool:
+    return bool(_sql(path, "SELECT 1 FROM sqlite_master WHERE name = 'message_text_insert'"))
+
+
+def test_search_finds_the_same_chats_with_the_index_and_without(tmp_path, monkeypatch):
+    with ConversationStore(tmp_path / "indexed.db") as s:
+        indexed = _searchable(s)
+    monkeypatch.setattr(store_module, "trigram_available", lambda: False)
+    with ConversationStore(tmp_path / "plain.db") as s:
+        plain = _searchable(s)
+    assert _indexed(tmp_path / "indexed.db") and not _indexed(tmp_path / "plain.db")
+    assert indexed == plain
+    assert indexed["cycl"] == [6, 2, 1] and indexed["100%"] == [2] and indexed['say "hi"'] == [4]
+
+
+def test_the_index_follows_every_write(store):
+    cid = store.create(title="Chat", messages=[Message("user", "a tandem bicycle")])
+    reply = Message("assistant", "")
+    store.append(cid, reply)
+    for text in ("A unicy", "A unicycle is one wheel"):  # as a reply is saved while it streams
+        reply.content = text
+        store.update(reply)
+    assert [c.id for c in store.list(search="unicycle")] == [cid]
+    assert [c.id for c in store.list(search="tandem")] == [cid]
+    store.delete_from(cid, reply.id)
+    assert store.list(search="unicycle") == []
+    other = import_json(store, export_json(store, cid))
+    assert sorted(c.id for c in store.list(search="tandem")) == [cid, other]
+    store.delete(cid)
+    assert [c.id for c in store.list(search="tandem")] == [other]
+    _sql(store.path, "INSERT INTO message_text (message_text) VALUES ('integrity-check')")  # raises when out of step
+
+
+def test_a_store_from_before_the_index_keeps_its_chats_and_is_searched_through_it(tmp_path):
+    path = tmp_path / "chats.db"
+    db = sqlite3.connect(path)
+    db.executescript(";".join(store_module.MIGRATIONS) + ";PRAGMA user_version = 2;"
+                     "INSERT INTO conversations (title, created, updated) VALUES ('old', 0, 0);"
+                     "INSERT INTO messages (conversation_id, role, content, created) VALUES (1, 'user', 'a bicycle', 0);")
+    db.close()
+    with ConversationStore(path) as s:
+        assert [(m.role, m.content) for m in s.messages(1)] == [("user", "a bicycle")]
+        assert [c.id for c in s.list(search="icycl")] == [1] and s.list(search="tricycle") == []
+        assert s.schema_version == 2  # derived data, not schema: an older edgespec opens the store as before
+    assert _indexed(path)
+
+
+def test_without_the_trigram_tokenizer_search_reads_the_messages_and_the_index_is_rebuilt_later(tmp_path,
+                                                                                                monkeypatch):
+    """A trigger writing to an index whose module this SQLite lacks would refuse every new
+    message: without the tokenizer the triggers go, and the next open with it builds the index again."""
+    path = tmp_path / "chats.db"
+    with ConversationStore(path) as s:
+        cid = s.create(title="Chat", messages=[Message("user", "a bicycle")])
+    monkeypatch.setattr(store_module, "trigram_available", lambda: False)
+    with ConversationStore(path) as s:
+        s.append(cid, Message("assistant", "or a unicycle"))
+        assert [c.id for c in s.list(search="unicycl")] == [cid]
+    assert not _indexed(path)
+    monkeypatch.undo()
+    with ConversationStore(path) as s:
+        assert [c.id for c in s.list(search="unicycl")] == [cid] and [c.id for c in s.list(search="bicy")] == [cid]
+    assert _indexed(path)
+    _sql(path, "INSERT INTO message_text (message_text) VALUES ('integrity-check')")
+
+
+def test_a_read_only_store_without_the_index_is_searched_all_the_same(tmp_path, monkeypatch):
+    path = tmp_path / "chats.db"
+    monkeypatch.setattr(store_module, "trigram_available", lambda: False)
+    with ConversationStore(path) as s:
+        cid = s.create(title="Chat", messages=[Message("user", "a bicycle")])
+    monkeypatch.undo()
+    monkeypatch.setattr(store_module, "_index_search", _read_only(store_module._index_search))
+    with ConversationStore(path) as s:
+        assert [c.id for c in s.list(search="bicycle")] == [cid]
+    assert not _indexed(path)
+
+
+def _read_only(index):
+    def call(db):
+        db.execute("PRAGMA query_only = ON")  # writes fail as in a read-only file: SQLITE_READONLY
+        try:
+            return index(db)
+        finally:
+            db.execute("PRAGMA query_only = OFF")
+    return call
+
+
 def test_update_and_delete_from(store):
     cid = _conversation(store)
     msgs = store.messages(cid)
