@@ -925,6 +925,71 @@ async def test_choosing_a_chat_hands_the_keys_to_the_prompt_and_enter_in_search_
         assert app.chat.conversation_id == first and isinstance(app.focused, PromptInput)
 
 
+class SearchRecordingStore(ConversationStore):
+    """A store that records each search (its text, and whether it ran on the UI's thread),
+    and holds the searches named in `hold` until that event is set."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.searches: list[tuple[str, bool]] = []
+        self.hold: dict[str, threading.Event] = {}
+        self.held = threading.Event()
+        self.finished: list[str] = []
+
+    def list(self, *, search=None):
+        if search is not None:
+            self.searches.append((search, threading.current_thread() is threading.main_thread()))
+            if search in self.hold:
+                self.held.set()
+                self.hold[search].wait(10)
+        try:
+            return super().list(search=search)
+        finally:
+            self.finished.append(search)
+
+
+def _listed(app) -> list[str]:
+    options = app.query_one("#conversations")
+    return [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+
+
+async def test_search_waits_for_a_pause_in_the_typing_and_runs_off_the_ui_thread(tmp_path, monkeypatch):
+    from edgespec.tui.widgets import sidebar
+
+    monkeypatch.setattr(sidebar, "SEARCH_PAUSE_S", 1.0)  # longer than four key presses take on a busy machine
+    store = SearchRecordingStore(tmp_path / "chats.db")
+    store.create(title="Lanes", messages=[Message("user", "bike lanes")])
+    store.create(title="Songs", messages=[Message("user", "bird song")])
+    app = make_app(store)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await pilot.press("ctrl+f", *"bike")
+        await wait_for(pilot, lambda: _listed(app) == ["Lanes"])
+        assert store.searches == [("bike", False)]
+
+
+async def test_an_older_search_that_ends_late_does_not_replace_a_newer_ones_list(tmp_path, monkeypatch):
+    from edgespec.tui.widgets import sidebar
+
+    monkeypatch.setattr(sidebar, "SEARCH_PAUSE_S", 0.05)
+    store = SearchRecordingStore(tmp_path / "chats.db")
+    store.create(title="Lanes", messages=[Message("user", "bike lanes")])
+    store.create(title="Songs", messages=[Message("user", "bird song")])
+    store.hold["bi"] = threading.Event()
+    app = make_app(store)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await pilot.press("ctrl+f", "b", "i")
+        await wait_for(pilot, lambda: store.held.is_set())
+        await pilot.press("k", "e")
+        await wait_for(pilot, lambda: _listed(app) == ["Lanes"])
+        store.hold["bi"].set()
+        await wait_for(pilot, lambda: "bi" in store.finished)
+        await pilot.pause(0.2)  # for what it would post
+        assert _listed(app) == ["Lanes"]
+    store.close()
+
+
 async def test_a_reply_that_waits_for_another_edgespec_in_the_same_chat_says_so(store):
     from edgespec.chat.reply_lock import reply_lock
 
