@@ -652,3 +652,20 @@ def test_a_markdown_file_with_code_examples_in_a_three_backtick_block_is_whole()
     odd = "TEMPLATE = '''\n```python\n'''\n"
     reply = f"t.py\n```python\n{odd.replace('TEMPLATE', 'T')}```\n"
     assert parse_edits(reply, {"t.py": odd}) == [FileEdit("t.py", odd.replace("TEMPLATE", "T"), "whole")]
+
+
+def test_a_usage_snippet_after_the_whole_file_does_not_replace_it():
+    """The whole file, then a few lines showing how to use it, the prose naming the file
+    again (or even its path line): the file's new content is the block that could be all
+    of it. The snippet had cancelled the edit, or under a path line became the file."""
+    old = "".join(f"x{i} = {i}\n" for i in range(20))
+    new = old.replace("x3 = 3", "x3 = 33")
+    for after in ("You can check it with `m.py`:\n", "Then `m.py` holds:\n", "m.py\n"):
+        reply = f"Here is the updated `m.py`:\n```python\n{new}```\n{after}```python\nimport m\nprint(m.x3)\n```\n"
+        assert parse_edits(reply, {"m.py": old, "b.py": ""}) == [FileEdit("m.py", new, "whole")]
+    # two complete versions: the later one is meant
+    newer = new.replace("x4 = 4", "x4 = 44")
+    assert parse_edits(f"m.py\n```python\n{new}```\nBetter:\nm.py\n```python\n{newer}```\n", {"m.py": old}) == [
+        FileEdit("m.py", newer, "whole")]
+    # a single block under the file's path is its new content, however short
+    assert parse_edits("m.py\n```python\nx = 1\n```\n", {"m.py": old}) == [FileEdit("m.py", "x = 1\n", "whole")]

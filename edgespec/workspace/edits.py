@@ -529,8 +529,8 @@ def _build(path: str, pieces: _Pieces, files: Mapping[str, str]) -> FileEdit | N
     body = original[len(bom) :]  # a BOM is not part of the first line: the model rarely copies it
     old_lines = _split(body)
     if pieces.kind == WHOLE:
-        whole = pieces.wholes[-1]
-        if whole.inferred and not _looks_whole(whole.lines, old_lines):
+        whole = _chosen(pieces.wholes, old_lines)
+        if whole is None:
             return None
         new_lines = _without_bom(whole.lines)
     else:
@@ -540,6 +540,17 @@ def _build(path: str, pieces: _Pieces, files: Mapping[str, str]) -> FileEdit | N
     new_text = bom + new_text if new_text else ""
     _refuse_elision(path, original, new_text)
     return None if new_text == original else FileEdit(path, new_text, pieces.kind)
+
+
+def _chosen(wholes: list[_Whole], old: list[str]) -> _Whole | None:
+    """The block that is a file's new content: the last that could be all of it (after it, a
+    snippet showing how to use the file is not); else a block under the file's path, the
+    last, however short; a block without a path must look whole (None: no edit)."""
+    complete = [whole for whole in wholes if _looks_whole(whole.lines, old)]
+    if complete:
+        return complete[-1]
+    named = [whole for whole in wholes if not whole.inferred]
+    return named[-1] if named else None
 
 
 def _echoes_example(path: str, text: str) -> bool:
