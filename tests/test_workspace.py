@@ -101,6 +101,16 @@ def test_binary_and_invalid_utf8_are_not_text(project):
             ws.read(name)
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
+def test_utf16_text_is_named_as_such_not_called_binary(project, encoding):
+    """Notepad's "Unicode" and PowerShell's `>` write UTF-16 with a BOM: its NUL bytes do not
+    make it a binary file, and the user is told which encoding to convert from."""
+    data = "caf\u00e9\n".encode(encoding)
+    (project / "notes.txt").write_bytes(data if data[:2] in (b"\xff\xfe", b"\xfe\xff") else b"\xfe\xff" + data)
+    with pytest.raises(NotTextError, match=f"notes.txt is {encoding[:6].upper()} text; convert it to UTF-8"):
+        Workspace(project).read("notes.txt")
+
+
 def test_a_large_file_is_refused_before_reading(project):
     with open(project / "big.txt", "wb") as handle:
         handle.truncate(50 * 1024 * 1024)  # sparse: reading it all would be slow

@@ -8,6 +8,7 @@ keeps the text exactly as it is on disk (CRLF stays CRLF), so its sha256 is the 
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 import stat
@@ -168,8 +169,16 @@ def _too_large(rel: str, size: int, limit: int) -> str:
     return f"{rel} is {size / 1024:,.0f} KiB, over the {limit // 1024} KiB limit for files in a chat; attach a smaller file or a part of it."
 
 
+_WIDE_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+              (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"))
+"""Byte order marks of the wide encodings, UTF-32's first (its LE mark begins with UTF-16's)."""
+
+
 def decode_text(data: bytes, rel: str) -> str:
     """UTF-8 text, exactly; binary data (NUL bytes) or other encodings raise NotTextError."""
+    wide = next((name for bom, name in _WIDE_BOMS if data.startswith(bom)), None)
+    if wide is not None:  # text all the same, whose NUL bytes would call it binary
+        raise NotTextError(f"{rel} is {wide} text; convert it to UTF-8 to attach it.")
     if b"\0" in data:
         raise NotTextError(f"{rel} is a binary file; only text files can be attached.")
     try:
