@@ -96,9 +96,10 @@ class ConversationList(Vertical):
         self._shown_search = search
         options = self.query_one("#conversations", OptionList)
         options.clear_options()
-        for info in conversations:
-            # Text, not a str: a str prompt is read as markup, and a title is the user's words (list[int], [/])
-            options.add_option(Option(Text(clean_title(info.title) or "Untitled"), id=str(info.id)))
+        # All at once: one by one, each option lays the list out again (260 ms for 3,000 chats, 90 at once).
+        # Text, not a str: a str prompt is read as markup, and a title is the user's words (list[int], [/])
+        options.add_options([Option(Text(clean_title(info.title) or "Untitled"), id=str(info.id))
+                             for info in conversations])
         self.highlight(self.current)
 
     def highlight(self, conversation_id: int | None) -> None:
