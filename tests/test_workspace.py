@@ -426,6 +426,28 @@ def test_a_failed_write_leaves_the_file_and_no_temp(project, backups, monkeypatc
     assert [p.name for p in target.parent.iterdir()] == ["main.py"]
 
 
+def test_a_full_disk_for_the_undo_copy_names_the_file_and_writes_nothing(project, backups, monkeypatch):
+    """The copy undo needs is written first: when the disk is full there, the message says
+    whose copy it is and that nothing was written (not a hash-named path "left as it was")."""
+    ws = Workspace(project)
+    target = project / "src" / "main.py"
+    before = target.read_bytes()
+    real_open = os.open
+
+    def full_under_backups(path, *args, **kwargs):
+        if Path(path).parent == backups:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", full_under_backups)
+    with pytest.raises(WriteError) as caught:
+        apply_edit(ws, FileEdit("src/main.py", "print('bye')\n", "whole"), base_sha256=sha(before), backups=backups)
+    assert str(caught.value) == (f"The copy of src/main.py that undo needs could not be saved in {backups} (the disk is "
+                                 f"full; free some space); nothing was written.")
+    assert target.read_bytes() == before
+    assert list(backups.iterdir()) == []
+
+
 def _two_files(project):
     """src/a.py, then src/main.py: the edits of a reply that changes both, and their bytes before."""
     (project / "src" / "a.py").write_text("a = 1\n")

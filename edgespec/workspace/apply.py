@@ -15,9 +15,11 @@ written before it, so the user is never left with half a change they did not see
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -62,7 +64,7 @@ def apply_edit(
 ) -> Applied:
     """Write `edit` if the file still has `base_sha256` (None: it must not exist yet, and allow_new is required)."""
     checked = _check(workspace, edit, base_sha256=base_sha256, allow_new=allow_new)
-    backup = _keep(backups, checked.current) if checked.current is not None else None
+    backup = _keep(backups, checked.current, checked.rel) if checked.current is not None else None
     if checked.current is None:
         _make_folders(checked.full.parent, checked.rel)
     _write_atomic(checked.full, checked.data, checked.rel)
@@ -86,7 +88,7 @@ def apply_all(
             raise EditError(f"The reply changes {checked.rel} twice (under two names); nothing was written.")
         seen.add(checked.rel)
         if checked.current is not None:
-            _keep(backups, checked.current)
+            _keep(backups, checked.current, checked.rel)
     applied: list[Applied] = []
     try:
         for edit, base_sha256 in edits:
@@ -211,16 +213,20 @@ def _current(full: Path, rel: str) -> bytes | None:
         raise StaleFileError(f"{rel} changed on disk and is no longer a text file within the limit; nothing was written.") from None
 
 
-def _keep(backups: Path, data: bytes) -> Path:
-    """Store `data` under backups/<sha256> (once) and return that path."""
+def _keep(backups: Path, data: bytes, rel: str) -> Path:
+    """Store `data`, the bytes of `rel` before a write, under backups/<sha256> (once) and return that path."""
     path = backups / sha256_hex(data)
     if path.is_file():
         return path
+
+    def failed(error: OSError) -> str:  # the user knows the file, not the hash-named copy
+        return f"The copy of {rel} that undo needs could not be saved in {backups} ({_reason(error)}); nothing was written."
+
     try:
         backups.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise WriteError(f"The undo folder {backups} cannot be created ({error.strerror}); nothing was written.") from None
-    _write_atomic(path, data, str(path))
+        raise WriteError(failed(error)) from None
+    _write_atomic(path, data, str(path), failed=failed)
     return path
 
 
@@ -231,14 +237,17 @@ def _make_folders(folder: Path, rel: str) -> None:
         raise WriteError(f"The folder for {rel} cannot be created ({error.strerror}); nothing was written.") from None
 
 
-def _write_atomic(target: Path, data: bytes, rel: str) -> None:
-    """Replace `target` by `data`: a temporary file in the same folder (same permissions), fsync, os.replace."""
+def _write_atomic(target: Path, data: bytes, rel: str, *, failed: Callable[[OSError], str] | None = None) -> None:
+    """Replace `target` by `data`: a temporary file in the same folder (same permissions), fsync, os.replace.
+
+    A failure raises WriteError worded by `failed` (default: `rel` could not be written)."""
+    failed = failed or functools.partial(_write_failed, rel)
     try:
         info: os.stat_result | None = os.stat(target)
     except FileNotFoundError:
         info = None
     except OSError as error:
-        raise WriteError(_write_failed(rel, error)) from None
+        raise WriteError(failed(error)) from None
     if info is not None:
         _refuse_read_only(info, rel)
     temp = target.parent / f".{target.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
@@ -255,7 +264,7 @@ def _write_atomic(target: Path, data: bytes, rel: str) -> None:
         os.replace(temp, target)  # the commit point: before it the old bytes, after it the new ones
         created = False
     except OSError as error:
-        raise WriteError(_write_failed(rel, error)) from None
+        raise WriteError(failed(error)) from None
     finally:
         if created:
             try:
@@ -305,6 +314,9 @@ _REASONS = {
 }
 
 
+def _reason(error: OSError) -> str:
+    return _REASONS.get(error.errno or 0, error.strerror or str(error))
+
+
 def _write_failed(rel: str, error: OSError) -> str:
-    reason = _REASONS.get(error.errno or 0, error.strerror or str(error))
-    return f"{rel} could not be written ({reason}); the file was left as it was."
+    return f"{rel} could not be written ({_reason(error)}); the file was left as it was."
