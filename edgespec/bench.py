@@ -14,7 +14,7 @@ import json
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Callable, Sequence
@@ -28,6 +28,8 @@ from edgespec.modes import MODES
 
 BASELINE = "llamacpp"
 DEFAULT_MODES = (BASELINE, *MODES)
+REPEATS = 3
+"""How many times each prompt runs in each mode by default: speedups are medians over them."""
 
 
 @dataclass
@@ -64,13 +66,68 @@ class Result:
         return statistics.median(values) if values else float("nan")
 
 
+PROMPTS_MAX_BYTES = 1 << 20
+"""The largest prompt suite read (the shipped one has 3 KB): a file past it is not a suite, and
+PyYAML would take minutes over it."""
+
+_PROMPT_FIELDS = tuple(f.name for f in fields(Prompt))
+
+
 def load_prompts(path: str | Path | None = None, *, categories: Sequence[str] | None = None) -> list[Prompt]:
-    """The shipped suite (edgespec/data/bench_prompts.yaml) or your own file of the same shape."""
-    text = (Path(path).read_text() if path
-            else resources.files("edgespec").joinpath("data/bench_prompts.yaml").read_text())
-    prompts = [Prompt(**p) for p in yaml.safe_load(text)["prompts"]]
+    """The shipped suite (edgespec/data/bench_prompts.yaml) or your own file of the same shape:
+    `prompts:`, a list of `id`, `category` and `prompt`, each text, the ids unique. Raises
+    ValueError naming the file and what is wrong, and where no prompt is in `categories`."""
+    where = str(path) if path else "the shipped prompt suite"
+    text = _read_suite(Path(path)) if path else resources.files("edgespec").joinpath(
+        "data/bench_prompts.yaml").read_text(encoding="utf-8")
+    try:
+        doc = yaml.safe_load(text)
+    except RecursionError:  # YAML nested deeper than Python's stack
+        raise ValueError(f"{where}: nested too deeply to be a prompt suite") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ValueError(f"{where}: not valid YAML ({at}{getattr(e, 'problem', None) or e})") from None
+    prompts = _prompts(doc, where)
     if categories:
         prompts = [p for p in prompts if p.category in categories]
+        if not prompts:
+            raise ValueError(f"{where} has no prompt in {', '.join(map(repr, categories))}; its categories are "
+                             f"{', '.join(dict.fromkeys(p.category for p in _prompts(doc, where)))}")
+    return prompts
+
+
+def _read_suite(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            data = f.read(PROMPTS_MAX_BYTES + 1)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the prompt suite ({e.strerror or e})") from None
+    if len(data) > PROMPTS_MAX_BYTES:
+        raise ValueError(f"{path}: over {PROMPTS_MAX_BYTES >> 20} MiB, too large for a prompt suite")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}); a prompt suite is YAML text") from None
+
+
+def _prompts(doc, where: str) -> list[Prompt]:
+    """The suite's prompts, checked: each a mapping of id, category and prompt, all text, ids unique."""
+    shape = f"expected `prompts:`, a list of {', '.join(_PROMPT_FIELDS)} (as edgespec/data/bench_prompts.yaml)"
+    entries = doc.get("prompts") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{where}: {shape}")
+    prompts: list[Prompt] = []
+    for i, entry in enumerate(entries, 1):
+        if not isinstance(entry, dict) or set(entry) != set(_PROMPT_FIELDS):
+            raise ValueError(f"{where}: prompt {i}: {shape}")
+        bad = next((name for name in _PROMPT_FIELDS if not isinstance(entry[name], str) or not entry[name]), None)
+        if bad:
+            raise ValueError(f"{where}: prompt {i}: its {bad} must be text, and not empty")
+        if any(p.id == entry["id"] for p in prompts):
+            raise ValueError(f"{where}: prompt {i}: the id {entry['id'][:60]!r} is given twice; the ids name "
+                             "the rows of the results")
+        prompts.append(Prompt(**entry))
     return prompts
 
 
@@ -102,7 +159,7 @@ def run_suite(
     prompts: Sequence[Prompt],
     *,
     modes: Sequence[str] = DEFAULT_MODES,
-    repeats: int = 3,
+    repeats: int = REPEATS,
     params: GenerationParams | None = None,
     encode: Callable[[str], list[int]],
     baseline: "LlamaCppBaseline | None" = None,

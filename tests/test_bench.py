@@ -206,3 +206,145 @@ def test_llama_cpp_baseline_decodes_greedily_like_plain_edgespec(smollm2):
     assert out == plain
     assert again == plain[:12]
     assert stats.generated_tokens == len(out) and stats.tokens_per_s > 0
+
+
+# -- the command at its edges: hostile files, options and outputs, before any model loads ---------
+
+def bench_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """`edgespec bench ARGV` with a target that is not there: whatever the options, nothing loads."""
+    from edgespec.cli import main
+
+    code = main(["bench", "--target", "/nonexistent/model.gguf", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def said_in_one_line(err: str) -> bool:
+    """One line that edgespec wrote (no traceback), and the models never loaded."""
+    return (err.startswith("edgespec: error: ") and err.count("\n") == 1 and "Traceback" not in err
+            and "nonexistent" not in err)
+
+
+@pytest.mark.parametrize("text, said", [
+    ("- a\n- b\n", "expected `prompts:`"),
+    ("prompts: 3\n", "expected `prompts:`"),
+    ("prompts: []\n", "expected `prompts:`"),
+    ("prompts:\n  - id: a\n    category: c\n", "prompt 1: expected"),
+    ("prompts:\n  - {id: a, category: c, prompt: p, temperature: 1}\n", "prompt 1: expected"),
+    ("prompts:\n  - {id: a, category: c, prompt: [1, 2]}\n", "prompt 1: its prompt must be text"),
+    ("prompts:\n  - {id: a, category: c, prompt: ''}\n", "prompt 1: its prompt must be text"),
+    ("prompts:\n  - {id: a, category: c, prompt: p}\n  - {id: a, category: d, prompt: q}\n", "prompt 2: the id 'a'"),
+    ("prompts: [\n  - {id: a\n", "not valid YAML (line"),
+    pytest.param("[" * 50_000 + "]" * 50_000, "prompt suite", id="nested-50000-deep"),
+    pytest.param("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b]\n"
+     "prompts:\n  - {id: a, category: c, prompt: *c}\n", "its prompt must be text", id="aliases"),
+])
+def test_a_prompt_suite_of_the_wrong_shape_is_refused_naming_the_file(capsys, tmp_path, text, said):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(text)
+    code, _, err = bench_cli(capsys, "--prompts", str(suite))
+    assert code == 1 and said_in_one_line(err) and str(suite) in err and said in err, err
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda p: None, "No such file"),
+    (lambda p: p.mkdir(), "Is a directory"),
+    (lambda p: p.write_bytes(b"prompts:\n  - {id: a, category: c, prompt: \xff\xfe}\n"), "not UTF-8"),
+    (lambda p: p.write_bytes(b"#" * (bench.PROMPTS_MAX_BYTES + 1)), "too large"),
+])
+def test_a_prompt_suite_that_cannot_be_read_is_refused_naming_the_file(capsys, tmp_path, make, said):
+    suite = tmp_path / "suite.yaml"
+    make(suite)
+    code, _, err = bench_cli(capsys, "--prompts", str(suite))
+    assert code == 1 and said_in_one_line(err) and str(suite) in err and said in err, err
+
+
+def test_a_category_with_no_prompt_is_refused_naming_those_there_are(capsys):
+    code, _, err = bench_cli(capsys, "--category", "nonesuch")
+    assert code == 1 and said_in_one_line(err) and "'nonesuch'" in err and "code" in err and "grounded" in err
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_repeats_below_one_are_refused(capsys, value):
+    from edgespec.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--repeats", value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--repeats" in err and ("at least 1" in err or "whole number" in err)
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_max_tokens_below_one_are_refused_before_the_models_load(capsys, value):
+    code, _, err = bench_cli(capsys, "--max-tokens", value)
+    assert code == 1 and said_in_one_line(err) and "max tokens must be at least 1" in err
+
+
+def test_an_out_folder_the_results_cannot_go_in_is_refused_before_the_run(capsys, tmp_path):
+    """Said before the models load (it was said after the whole run, and the results lost),
+    and a file of the user's named as --out is left as it was."""
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    for out in ("/dev/full", str(mine), str(mine / "results")):
+        code, _, err = bench_cli(capsys, "--out", out)
+        assert code == 1 and said_in_one_line(err) and f"--out {out}" in err, err
+    assert mine.read_text() == "mine"
+
+
+class TemplateEngine:
+    """A model without a chat template, that bench runs (tests/fakes.FakeEngine's tokenizer)."""
+
+    def __new__(cls):
+        from tests.fakes import FakeEngine
+
+        engine = FakeEngine(reply=lambda prompt: "ok ok ok")
+        engine.is_eog = lambda token: token == engine.eos
+        engine.reset = lambda *, learnt=False: None
+        return engine
+
+
+@pytest.fixture
+def fake_bench(monkeypatch, tmp_path):
+    """`edgespec bench` on TemplateEngine, its results in tmp_path/out."""
+    from edgespec.cli import generate, main
+
+    engine = TemplateEngine()
+    monkeypatch.setattr(generate, "engine_from_args", lambda args, progress=None: engine)
+    monkeypatch.setattr(bench, "write_chart", lambda results, path: path.write_bytes(b"png"))
+
+    def run(*argv: str) -> int:
+        return main(["bench", "--modes", "plain,lookup", "--repeats", "1", "--category", "code",
+                     "--out", str(tmp_path / "out"), *argv])
+    run.engine = engine
+    return run
+
+
+def test_a_model_without_a_chat_template_is_benchmarked_with_template(fake_bench, capsys, tmp_path):
+    """The error for a model without a template says to choose one with --template: bench takes it."""
+    assert fake_bench() == 1
+    assert "--template" in capsys.readouterr().err
+    assert fake_bench("--template", "chatml") == 0
+    assert (tmp_path / "out" / "results.json").exists()
+
+
+def test_bench_into_a_closed_pipe_ends_quietly_with_the_engine_closed(fake_bench, monkeypatch, capsys):
+    from edgespec.errors import EXIT_BROKEN_PIPE
+    from tests.test_cli_edges import ClosedPipe
+
+    monkeypatch.setattr("sys.stdout", ClosedPipe(allowed=10))
+    assert fake_bench("--template", "chatml") == EXIT_BROKEN_PIPE
+    assert fake_bench.engine.closed and "Traceback" not in capsys.readouterr().err
+
+
+def test_bench_onto_a_full_disk_says_so_in_one_line(fake_bench, monkeypatch, capsys):
+    import errno
+    import io
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("sys.stdout", Full())
+    assert fake_bench("--template", "chatml") == 1
+    err = capsys.readouterr().err
+    assert err == "edgespec: error: No space left on device\n" and fake_bench.engine.closed

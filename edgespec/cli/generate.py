@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
 
-from edgespec.bench import BASELINE, DEFAULT_MODES
+from edgespec.bench import BASELINE, DEFAULT_MODES, REPEATS
 from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_limited, add_model_options, add_sampling_options, add_template_option, decoded,
-                                  engine_from_args, model_text, params_from_args)
+                                  engine_from_args, model_text, params_from_args, positive)
 from edgespec.cli.files import add_file_options, apply_edits, workspace_from_args
 from edgespec.cli.output import stderr_stats, note
 from edgespec.engine.events import GenerationParams
@@ -133,13 +134,16 @@ def _add_bench(sub) -> None:
                                    "acceptance and the speedup over plain decoding; writes JSON and a PNG chart.")
     add_model_options(p)
     p.set_defaults(cache_disk=0, lookup_pool=0)  # a benchmark keeps nothing for a later run, nor drafts from earlier ones
+    add_template_option(p)
     p.add_argument("--prompts", metavar="FILE", help="a prompt suite YAML (default: the shipped one)")
     p.add_argument("--category", action="append", help="only these categories (repeatable)")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES),
                    help=f"comma-separated (default: all: {','.join(DEFAULT_MODES)}; {BASELINE} is plain llama.cpp "
                         "through llama-cpp-python's Llama, the baseline); a drafting mode may carry its own "
                         "draft length, as draft:3 or lookup:8, to run beside auto at --k")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=positive, default=REPEATS, metavar="N",
+                   help=f"runs of each prompt in each mode, interleaved; speedups are their medians "
+                        f"(default {REPEATS})")
     p.add_argument("--max-tokens", type=int, default=BENCH_MAX_TOKENS, help=f"default {BENCH_MAX_TOKENS}")
     add_limited(p, "k", int, metavar="N")
     p.add_argument("--overhead", action="store_true",
@@ -166,8 +170,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     check_params(params)
     for mode in modes:  # a mode that is not one is said before the models load
         bench.mode_params(mode, params)
+    out = _out_folder(args.out)  # a folder the results cannot go in is said now, not after the run
     with engine_from_args(args, progress=stderr_progress()) as engine:
         info = engine.describe()
+        model = Path(info.target.path).name  # as a template's errors name it
         print(f"backend {info.backend}; {bench.machine()}; {models_line(info)}")
         if args.rpc:
             from edgespec.chat.words import placement_line
@@ -183,7 +189,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         try:
             results = bench.run_suite(
                 engine, prompts, modes=modes, repeats=args.repeats, params=params, baseline=baseline,
-                encode=lambda text: encode_prompt(engine, text).tokens, overhead=args.overhead,
+                encode=lambda text: encode_prompt(engine, text, template=args.template, model=model).tokens,
+                overhead=args.overhead,
                 first_replies=args.first_replies,
                 on_result=lambda table: print(table, flush=True),
             )
@@ -196,8 +203,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(textwrap.fill(note_text, width=100))
     if args.overhead:
         print(bench.format_overhead(results))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"models": dataclasses.asdict(info), "machine": bench.machine(), "repeats": args.repeats,
             "max_tokens": args.max_tokens, "k": args.k, "first_replies": args.first_replies}
     bench.write_json(results, out / "results.json", meta=meta)
@@ -205,3 +210,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     print(f"\nwrote {out / 'results.json'} and {out / 'speedup.png'}")
     return 0
 
+
+def _out_folder(path: str) -> Path:
+    """The folder --out names, made if need be; EdgespecError where results cannot be written there."""
+    out = Path(path).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = "it is not a folder" if out.exists() and not out.is_dir() else (e.strerror or str(e))
+        raise EdgespecError(f"--out {out}: cannot keep the results there ({why})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise EdgespecError(f"--out {out}: cannot keep the results there (no permission to write in it)")
+    return out

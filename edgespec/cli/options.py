@@ -147,7 +147,7 @@ def add_cache_options(g) -> None:
     from edgespec.engine.runtime import CacheSettings
 
     default = CacheSettings()
-    g.add_argument("--parallel", type=_positive, default=None, metavar="N",
+    g.add_argument("--parallel", type=positive, default=None, metavar="N",
                    help=f"conversations held in the KV caches at once (default {SLOTS} where flash attention is on, "
                         "1 where it is off: its kernel attends to every conversation's cells); those let go wait "
                         "in RAM, and coming back to one reads only its new tokens")
@@ -168,7 +168,8 @@ def cache_from_args(args: argparse.Namespace):
                     pool_mib=args.lookup_pool)
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
     return _whole(text, least=1)
 
 
