@@ -496,3 +496,18 @@ async def test_a_failed_apply_that_leaves_a_file_changed_says_partly_applied(sto
     assert "Partly applied: src/app.py left changed" in titles and "Not applied" not in titles
     assert (project / "src" / "app.py").read_bytes() == RENAMED.encode()
     assert (project / "notes.txt").read_text() == "notes\n"
+
+
+def test_the_diff_of_a_file_deleted_since_the_reply_is_against_what_it_saw_and_says_deleted(project):
+    """Not every line shown as added to an empty file, under "changed on disk"."""
+    import hashlib
+
+    from edgespec.chat.attachments import PendingEdit
+    from edgespec.tui.screens.diff import review
+    from edgespec.workspace import FileEdit, Workspace
+
+    pending = PendingEdit(FileEdit("src/app.py", RENAMED, "whole"), hashlib.sha256(APP.encode()).hexdigest(), APP)
+    (project / "src" / "app.py").unlink()
+    diff, problem = review(Workspace(project), pending)
+    assert diff == pending.diff
+    assert problem is not None and "deleted" in problem

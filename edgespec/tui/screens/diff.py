@@ -30,11 +30,14 @@ def coloured_diff(diff: str) -> Text:
 def review(workspace: Workspace, pending: PendingEdit) -> tuple[str, str | None]:
     """The diff of `pending` against the file on disk now, and why it cannot be applied (None: it can)."""
     try:
-        on_disk = workspace.read(pending.path).text if workspace.sha256_of(pending.path) else ""
+        now = workspace.sha256_of(pending.path)
+        on_disk = workspace.read(pending.path).text if now else ""
     except Exception as e:  # unreadable now: the diff is against what the reply saw
         return pending.diff, str(e)
+    if now is None and pending.base_sha256 is not None:  # gone: against what the reply saw, too
+        return pending.diff, "it was deleted after the reply was written"
     problem = None
-    if workspace.sha256_of(pending.path) != pending.base_sha256:
+    if now != pending.base_sha256:
         problem = ("it exists now, but the reply creates it as a new file" if pending.base_sha256 is None
                    else "it changed on disk since the reply was written: send a message to show the model "
                         "its current content")
