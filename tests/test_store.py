@@ -342,11 +342,39 @@ def test_a_stored_time_a_date_cannot_hold_is_listed_and_exported_at_the_nearest_
     ({"generated_tokens": -5}, "generated_tokens.*0 or more"),
     ({"drafted": -1, "accepted": 3}, "drafted.*0 or more"),
     ({"accepted_by": {"draft": -2}}, "accepted_by"),
+    ({"drafted": 4, "accepted": 9}, "accepted \\(9\\) is more than drafted \\(4\\)"),
+    ({"accepted": 1}, "accepted \\(1\\) is more than drafted \\(0\\)"),
 ])
 def test_import_checks_every_field_of_a_replys_statistics(store, stats, message):
     with pytest.raises(StoreError, match=f"Message 1 .*{message}"):
         import_json(store, _export(m1_stats=stats))
     assert store.list() == []
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"temperature": -5}, "settings: temperature must be from 0 to 2 .*got -5"),
+    ({"top_p": 7}, "settings: top-p must be above 0 and at most 1 .*got 7"),
+    ({"k": 65}, "settings: k must be from 0 to 64 .*got 65"),
+    ({"top_k": -1}, "settings: top-k must be at least 0 .*got -1"),
+    ({"max_tokens": 0}, "settings: max tokens must be at least 1 .*got 0"),
+    ({"mode": "fast"}, "settings: mode 'fast' is not one of plain, draft, lookup, auto"),
+    ({"params": {"temperature": 9.5}}, "settings: params: temperature must be from 0 to 2 .*got 9.5"),
+    ({"params": {"seed": -1}}, "settings: params: seed must be at least 0 .*got -1"),
+    ({"params": {"mode": "turbo"}}, "settings: params: mode 'turbo' is not one of"),
+])
+def test_import_refuses_settings_out_of_the_ranges_the_app_reads_them_with(store, settings, message):
+    """The app refused these only when the chat was opened (its settings then ignored); an
+    import refuses them, in the words of the same ranges (edgespec/limits.py)."""
+    with pytest.raises(StoreError, match=message):
+        import_json(store, _export(settings=settings))
+    assert store.list() == []
+
+
+def test_import_takes_settings_at_the_ends_of_their_ranges(store):
+    settings = {"temperature": 2, "top_p": 1.0, "k": 0, "top_k": 0, "mode": "lookup", "max_tokens": 1,
+                "params": {"k": 64, "temperature": 0.0, "seed": 0, "mode": "auto", "max_tokens": None}}
+    cid = import_json(store, _export(settings=settings))
+    assert store.settings(cid) == settings
 
 
 def test_imported_statistics_left_null_read_as_their_defaults(store):

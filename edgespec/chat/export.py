@@ -20,6 +20,8 @@ from edgespec.chat.store import EARLIEST, LATEST, ROLES, STATUSES, ConversationS
 from edgespec.chat.template import BUILTIN_FORMATS
 from edgespec.chat.words import stats_line
 from edgespec.engine.events import Stats
+from edgespec.limits import LIMITS
+from edgespec.modes import MODES
 from edgespec.workspace.root import fence_for, language_for
 
 EXPORT_FORMAT = "edgespec.conversation"
@@ -223,6 +225,7 @@ def _validated_messages(data) -> list[Message]:
             raise StoreError(f"Message {i} of the export has status {status!r}; expected one of {', '.join(STATUSES)}.")
         if stats is not None:
             _check_fields(stats, STATS_TYPES, f"Message {i} of the export: stats")
+            _check_accepted(stats, f"Message {i} of the export: stats")
         if origins is not None and not (isinstance(origins, list) and all(x in (0, 1) for x in origins)):
             raise StoreError(f"Message {i} of the export: from_draft must be a list of true/false, one per token.")
         messages.append(Message(m["role"], m["content"], status=status,
@@ -236,12 +239,39 @@ def _check_settings(settings) -> None:
     """Raise StoreError unless `settings` have their types, and name a template this edgespec
     knows: `edgespec chat` uses it again, and an unknown one would fail there, far from its cause."""
     _check_fields(settings, SETTINGS_TYPES, "The export's settings")
+    _check_ranges(settings, SETTINGS_TYPES, "The export's settings")
     if settings.get("params") is not None:
         _check_fields(settings["params"], PARAMS_TYPES, "The export's settings: params")
+        _check_ranges(settings["params"], PARAMS_TYPES, "The export's settings: params")
     template = settings.get("template")
     if template is not None and template not in TEMPLATE_NAMES:
         raise StoreError(f"The export's settings: template {template!r} is not a chat format this edgespec knows "
                          f"({', '.join(BUILTIN_FORMATS)}, or gguf for the model's own). Correct it, or remove it.")
+
+
+def _check_ranges(values: dict, types: dict[str, str], where: str) -> None:
+    """Raise StoreError unless `values` (of checked types) hold a mode of MODES and sampling
+    within LIMITS, the ranges the app reads a conversation's settings with (tui's ChatSettings)
+    and the engine checks parameters against: an import that let them in left a chat whose
+    settings the app refused when it was opened."""
+    mode = values.get("mode")
+    if "mode" in types and mode is not None and mode not in MODES:
+        raise StoreError(f"{where}: mode {mode!r} is not one of {', '.join(MODES)}. Correct it, or remove it.")
+    for name, limit in LIMITS.items():
+        if name in types:
+            try:
+                limit.check(values.get(name))
+            except ValueError as e:
+                raise StoreError(f"{where}: {e}. Correct it, or remove it.") from None
+
+
+def _check_accepted(stats: dict, where: str) -> None:
+    """Raise StoreError when a reply's statistics accept more draft tokens than were drafted
+    (its acceptance rate would read over 100%)."""
+    drafted, accepted = stats.get("drafted") or 0, stats.get("accepted") or 0
+    if accepted > drafted:
+        raise StoreError(f"{where}: accepted ({accepted}) is more than drafted ({drafted}); only drafted tokens "
+                         f"can be accepted.")
 
 
 def _stats(values: dict) -> Stats:
