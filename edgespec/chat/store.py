@@ -6,17 +6,10 @@ updated as it streams, and only marked "done" or "stopped" at the end.
 
 The schema is versioned with `PRAGMA user_version`: MIGRATIONS[i] takes a
 database from version i to i + 1, in its own transaction.
-
-Search reads an index of the messages' text (SEARCH_INDEX: SQLite's FTS5 with its
-trigram tokenizer, which finds any part of a word, as LIKE '%...%' does). It is derived
-data, not schema: built from the messages when a store is opened without it, kept up to
-date by triggers, and left out where this SQLite lacks FTS5's trigram tokenizer (search
-then reads every message), so no store depends on it to open or to keep its chats.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sqlite3
 import threading
@@ -73,30 +66,6 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX attachments_by_message ON attachments (message_id, id);
     """,
 )
-
-
-SEARCH_INDEX = """
-    CREATE VIRTUAL TABLE IF NOT EXISTS message_text
-        USING fts5(content, content='messages', content_rowid='id', tokenize='trigram');
-    CREATE TRIGGER IF NOT EXISTS message_text_insert AFTER INSERT ON messages BEGIN
-        INSERT INTO message_text (rowid, content) VALUES (new.id, new.content);
-    END;
-    CREATE TRIGGER IF NOT EXISTS message_text_delete AFTER DELETE ON messages BEGIN
-        INSERT INTO message_text (message_text, rowid, content) VALUES ('delete', old.id, old.content);
-    END;
-    CREATE TRIGGER IF NOT EXISTS message_text_update AFTER UPDATE OF content ON messages
-        WHEN old.content IS NOT new.content BEGIN
-        INSERT INTO message_text (message_text, rowid, content) VALUES ('delete', old.id, old.content);
-        INSERT INTO message_text (rowid, content) VALUES (new.id, new.content);
-    END;
-    INSERT INTO message_text (message_text) VALUES ('rebuild');
-"""
-"""The search index over messages' text and the triggers that keep it current (an external-content
-FTS5 table: it holds the trigrams, the text stays in `messages`), filled from the messages."""
-SEARCH_TRIGGERS = ("message_text_insert", "message_text_delete", "message_text_update")
-TRIGRAM = 3
-"""The shortest search the index answers: the trigram tokenizer indexes runs of three
-characters, so a search of one or two characters reads the messages themselves (LIKE)."""
 
 
 class StoreError(EdgespecError):
@@ -161,8 +130,6 @@ class ConversationStore:
         """Where a damaged database found at `path` was moved to, if one was."""
         self.notice = ""
         """What the faces should tell the user about opening the store (a damaged file moved aside)."""
-        self._indexed = False
-        """Whether search reads SEARCH_INDEX (else every message, with LIKE)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -195,7 +162,6 @@ class ConversationStore:
                 raise error
             self._db = db
             self._migrate()
-            self._indexed = _index_search(db)
         except BaseException:
             db.close()
             raise
@@ -236,22 +202,14 @@ class ConversationStore:
             return cur.lastrowid
 
     def list(self, *, search: str | None = None) -> list[ConversationInfo]:
-        """Conversations, most recently updated first; `search` matches any part of titles and
-        message text, ignoring case (the index folds all letters' case, LIKE only ASCII's)."""
+        """Conversations, most recently updated first; `search` matches titles and message text."""
         sql = _INFO_SQL
         args: tuple = ()
         if search:
             pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            if self._indexed and len(search) >= TRIGRAM:
-                phrase = '"' + search.replace('"', '""') + '"'  # one phrase: every character as it is
-                in_text = ("c.id IN (SELECT m.conversation_id FROM message_text t JOIN messages m ON m.id = t.rowid "
-                           "WHERE message_text MATCH ?2)")
-                args = (pattern, phrase)
-            else:
-                in_text = ("EXISTS (SELECT 1 FROM messages m "
-                           "WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\')")
-                args = (pattern,)
-            sql += f" WHERE c.title LIKE ?1 ESCAPE '\\' OR {in_text}"
+            sql += (" WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m "
+                    "WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\')")
+            args = (pattern,)
         with self._reading() as db:
             rows = db.execute(sql + " ORDER BY c.updated DESC, c.id DESC", args).fetchall()
         return [_info(row) for row in rows]
@@ -414,44 +372,6 @@ class ConversationStore:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise StoreError(f"Could not upgrade {self.path} to schema version {target}: {e}") from e
-
-
-def _index_search(db: sqlite3.Connection) -> bool:
-    """Make SEARCH_INDEX current where this SQLite can, and say whether search may read it.
-
-    The index is current while its triggers exist: a store opened without the trigram
-    tokenizer loses them (a trigger writing to a table whose module is missing would refuse
-    every new message), and the next open that has the tokenizer builds it again. A store
-    that cannot be written (a read-only file) is searched without it."""
-    triggers = {name for (name,) in db.execute(
-        f"SELECT name FROM sqlite_master WHERE type = 'trigger' AND name IN ({', '.join('?' * len(SEARCH_TRIGGERS))})",
-        SEARCH_TRIGGERS)}
-    available = trigram_available()
-    if available and len(triggers) == len(SEARCH_TRIGGERS):
-        return True
-    if not available and not triggers:
-        return False
-    try:
-        db.executescript("BEGIN IMMEDIATE;" + (SEARCH_INDEX if available else "".join(
-            f"DROP TRIGGER IF EXISTS {name};" for name in SEARCH_TRIGGERS)) + ";COMMIT;")
-    except sqlite3.OperationalError:  # read-only, or locked for longer than the timeout: search reads the messages
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        return False
-    return available
-
-
-@functools.cache
-def trigram_available() -> bool:
-    """Whether this SQLite has FTS5 and its trigram tokenizer (SQLite 3.34 and later, built with FTS5)."""
-    db = sqlite3.connect(":memory:")
-    try:
-        db.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='trigram')")
-    except sqlite3.Error:
-        return False
-    finally:
-        db.close()
-    return True
 
 
 SQLITE_PERM, SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR, SQLITE_CORRUPT, SQLITE_FULL, \
