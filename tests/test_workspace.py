@@ -701,3 +701,11 @@ def test_a_usage_snippet_after_the_whole_file_does_not_replace_it():
         FileEdit("m.py", newer, "whole")]
     # a single block under the file's path is its new content, however short
     assert parse_edits("m.py\n```python\nx = 1\n```\n", {"m.py": old}) == [FileEdit("m.py", "x = 1\n", "whole")]
+
+
+def test_a_first_line_naming_its_own_file_is_kept_in_a_file_with_a_bom():
+    """The file's first comment names it: the model's copy of that line is content, not a
+    path label to drop, though the file starts with a BOM the model did not copy."""
+    old = "\ufeff# src/x.py\nimport os\n"
+    reply = "```python\n# src/x.py\nimport sys\n```\n"
+    assert parse_edits(reply, {"src/x.py": old, "b.py": ""}) == [FileEdit("src/x.py", "\ufeff# src/x.py\nimport sys\n", "whole")]

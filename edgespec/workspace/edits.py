@@ -233,7 +233,7 @@ class _Scan:
             target, attached = resembled, True
         if not closed:
             raise EditError(f"The reply ends inside the code block for {target}, so it was cut short; ask the model to finish it.")
-        if named and attached and _match(named, self.files) == (target, True) and _split(self.files[target])[:1] != body[:1]:
+        if named and attached and _match(named, self.files) == (target, True) and _without_bom(_split(self.files[target])[:1]) != body[:1]:
             body = body[1:]
         self._add(target, WHOLE).wholes.append(_Whole(body, inferred=inferred, info=info))
 
