@@ -229,9 +229,16 @@ class LlamaCppBaseline:
         """`llama_options` go to `Llama` as they are (none: its defaults)."""
         from llama_cpp import Llama
 
+        from edgespec.llama.backend import sigint_noted
+
         threads = n_threads or os.cpu_count() or 1
-        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                         verbose=False, **llama_options)
+        # Ctrl+C during the load lands in llama.cpp's log callback, where ctypes drops it: noted, raised after
+        with sigint_noted() as interrupted:
+            self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                             verbose=False, **llama_options)
+        if interrupted():
+            self.llm.close()
+            raise KeyboardInterrupt
         self.is_eog = is_eog
 
     def generate(self, tokens: Sequence[int], params: GenerationParams, *,

@@ -348,3 +348,31 @@ def test_bench_onto_a_full_disk_says_so_in_one_line(fake_bench, monkeypatch, cap
     assert fake_bench("--template", "chatml") == 1
     err = capsys.readouterr().err
     assert err == "edgespec: error: No space left on device\n" and fake_bench.engine.closed
+
+
+def test_ctrl_c_mid_run_ends_the_bench_with_130_and_writes_no_results(synth_target, home, tmp_path):
+    """A benchmark interrupted once it runs (its first line printed): the interrupted status, one
+    line, and no results.json half-written, whichever mode (llama.cpp's own loop included) was running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from edgespec.errors import EXIT_INTERRUPTED
+
+    out = tmp_path / "out"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "edgespec", "bench", "--target", str(synth_target), "--no-draft", "--template",
+         "chatml", "--modes", "plain,lookup,llamacpp", "--repeats", "100000", "--ctx", "512", "--threads", "1",
+         "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell's foreground command
+    try:
+        assert run.stdout.readline().startswith(b"backend ")  # loaded; the suite runs next
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == EXIT_INTERRUPTED and err.strip() == b"edgespec: interrupted", err
+    assert not (out / "results.json").exists()
