@@ -107,8 +107,7 @@ def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
             raise ValueError(f"RPC worker {item!r}: {IPV4_ONLY}: name the worker by an IPv4 address or a "
                              f"host name, e.g. 127.0.0.1:{RPC_PORT}")
         if ":" in host:
-            raise ValueError(f"RPC worker {item!r}: expected HOST:PORT with one ':', e.g. 192.168.1.7:{RPC_PORT} "
-                             f"(an IPv6 address goes in brackets, [::1]:{RPC_PORT})")
+            raise ValueError(f"RPC worker {item!r}: expected HOST:PORT with one ':', e.g. 192.168.1.7:{RPC_PORT}")
         if not sep or not host:
             raise ValueError(f"RPC worker {item!r}: expected HOST:PORT, e.g. 192.168.1.7:{RPC_PORT}")
         if not is_host(host):
