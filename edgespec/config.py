@@ -13,6 +13,8 @@ from pathlib import Path
 
 import platformdirs
 
+from edgespec.errors import EdgespecError
+
 APP_NAME = "edgespec"
 HOME_ENV = "EDGESPEC_HOME"
 """Environment variable: one base directory for config, data, models and caches."""
@@ -39,11 +41,22 @@ class Dirs:
         return self.config / "models.yaml"
 
 
+def expand_home(path: str | Path, *, what: str) -> Path:
+    """`path` with a leading ~ or ~USER expanded; EdgespecError naming `what` (the option or
+    variable that gave it) where there is no such home folder, which Path.expanduser raises
+    as a bare RuntimeError."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise EdgespecError(f"{what} {path}: {str(path).split('/')[0]} names no home folder on this machine "
+                            f"(no such user, or HOME is not set)") from None
+
+
 def dirs() -> Dirs:
     """The directories for this process, honouring EDGESPEC_HOME."""
     home = os.environ.get(HOME_ENV)
     if home:
-        base = Path(home).expanduser()
+        base = expand_home(home, what=HOME_ENV)
         return Dirs(
             config=base / "config",
             data=base / "data",

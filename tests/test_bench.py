@@ -285,7 +285,7 @@ def test_an_out_folder_the_results_cannot_go_in_is_refused_before_the_run(capsys
     and a file of the user's named as --out is left as it was."""
     mine = tmp_path / "notes.txt"
     mine.write_text("mine")
-    for out in ("/dev/full", str(mine), str(mine / "results")):
+    for out in ("/dev/full", str(mine), str(mine / "results"), "~no-such-user-of-edgespec/results"):
         code, _, err = bench_cli(capsys, "--out", out)
         assert code == 1 and said_in_one_line(err) and f"--out {out}" in err, err
     assert mine.read_text() == "mine"

@@ -226,3 +226,20 @@ def test_rm_checks_every_name_before_it_deletes_anything(capsys, home, hub_model
     path = Path(out.split(": ", 1)[1].strip())
     code, _, err = run(capsys, "rm", "tiny", "no-such-model")
     assert code == 1 and "no-such-model" in err and path.read_bytes() == CONTENT
+
+
+NO_HOME = "~no-such-user-of-edgespec"
+"""A ~USER path whose user does not exist: Path.expanduser raises a bare RuntimeError."""
+
+
+@pytest.mark.parametrize("argv", [["path", f"{NO_HOME}/m.gguf"], ["check", f"{NO_HOME}/a.gguf", f"{NO_HOME}/b.gguf"]])
+def test_a_model_path_under_a_home_folder_that_is_not_there_is_said_in_one_line(capsys, argv):
+    code, _, err = run(capsys, *argv)
+    assert code == 1 and err.count("\n") == 1 and f"model file {NO_HOME}/" in err and "names no home folder" in err
+
+
+def test_an_edgespec_home_under_a_home_folder_that_is_not_there_is_said_in_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_HOME", f"{NO_HOME}/edgespec")
+    code, _, err = run(capsys, "models")
+    assert code == 1 and err == f"edgespec: error: EDGESPEC_HOME {NO_HOME}/edgespec: {NO_HOME} names no home " \
+                                "folder on this machine (no such user, or HOME is not set)\n"

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 from edgespec.bench import BASELINE, DEFAULT_MODES, REPEATS
+from edgespec.config import expand_home
 from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_limited, add_model_options, add_sampling_options, add_template_option, decoded,
                                   engine_from_args, model_text, params_from_args, positive)
@@ -213,7 +214,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _out_folder(path: str) -> Path:
     """The folder --out names, made if need be; EdgespecError where results cannot be written there."""
-    out = Path(path).expanduser()
+    out = expand_home(path, what="--out")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

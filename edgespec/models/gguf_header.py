@@ -15,6 +15,7 @@ import struct
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
+from edgespec.config import expand_home
 from edgespec.errors import ModelFileError
 from edgespec.models.compat import VocabInfo
 
@@ -43,7 +44,7 @@ _ADD_BOS_BY_DEFAULT_PRE = {"llama3", "llama-bpe", "falcon3", "tekken"}
 
 def check_magic(path: str | Path) -> Path:
     """The path, after checking that it exists and starts like a GGUF file."""
-    path = Path(path).expanduser()
+    path = expand_home(path, what="model file")
     if not path.exists():
         raise ModelFileError(f"{path}: no such file. Pass the path of a .gguf model file or a model name "
                              f"(`edgespec models` lists them).")
