@@ -10,6 +10,7 @@ runs also check that every mode produced exactly the plain tokens.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import statistics
@@ -22,6 +23,7 @@ from typing import Callable, Sequence
 import yaml
 
 from edgespec.engine.events import GenerationParams, Stats
+from edgespec.errors import EdgespecError
 from edgespec.limits import BENCH_MAX_TOKENS, MAX_DRAFT
 from edgespec.machine import cpu_name
 from edgespec.modes import MODES
@@ -373,7 +375,20 @@ def write_json(results: Sequence[Result], path: str | Path, *, meta: dict | None
     rows = [{**asdict(r), **{f"median_{k}": r.median(k) for k in ("tokens_per_s", "speedup", "vs_llamacpp",
                                                                   "acceptance")}}
             for r in results]
-    Path(path).write_text(json.dumps({"meta": meta or {}, "results": rows}, indent=2))
+    _replace(Path(path), json.dumps({"meta": meta or {}, "results": rows}, indent=2).encode())
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, renamed over it once
+    written, so that a full disk keeps the results of an earlier run there as they were.
+    EdgespecError naming the file where it cannot be written."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise EdgespecError(f"{path}: cannot write it ({e.strerror or e}); what was there before is kept") from None
 
 
 def write_chart(results: Sequence[Result], path: str | Path, *, title: str = "") -> None:
@@ -402,5 +417,7 @@ def write_chart(results: Sequence[Result], path: str | Path, *, title: str = "")
     if modes:  # `--modes plain` compares nothing: no bars, no legend (matplotlib warns of an empty one)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    _replace(Path(path), png.getvalue())

@@ -376,3 +376,28 @@ def test_ctrl_c_mid_run_ends_the_bench_with_130_and_writes_no_results(synth_targ
             run.kill()
     assert run.returncode == EXIT_INTERRUPTED and err.strip() == b"edgespec: interrupted", err
     assert not (out / "results.json").exists()
+
+
+def test_results_that_do_not_fit_on_the_disk_leave_the_earlier_ones_as_they_were(tmp_path):
+    """A full disk (here a file size limit) while writing results.json: said naming the file,
+    and the results of an earlier run there are kept whole (they were cut short), no temporary left."""
+    import subprocess
+    import sys
+
+    earlier = tmp_path / "results.json"
+    earlier.write_text('{"earlier": true}')
+    script = f"""
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+from edgespec import bench
+from edgespec.errors import EdgespecError
+results = [bench.Result("prompt", "code", "plain", tokens_per_s=[1.5] * 5000)]
+try:
+    bench.write_json(results, {str(earlier)!r})
+except EdgespecError as e:
+    print(e)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert f"{earlier}: cannot write it" in done.stdout, done.stdout + done.stderr
+    assert earlier.read_text() == '{"earlier": true}' and list(tmp_path.iterdir()) == [earlier]
