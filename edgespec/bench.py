@@ -120,15 +120,17 @@ def _prompts(doc, where: str) -> list[Prompt]:
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{where}: {shape}")
     prompts: list[Prompt] = []
+    ids: set[str] = set()
     for i, entry in enumerate(entries, 1):
         if not isinstance(entry, dict) or set(entry) != set(_PROMPT_FIELDS):
             raise ValueError(f"{where}: prompt {i}: {shape}")
         bad = next((name for name in _PROMPT_FIELDS if not isinstance(entry[name], str) or not entry[name]), None)
         if bad:
             raise ValueError(f"{where}: prompt {i}: its {bad} must be text, and not empty")
-        if any(p.id == entry["id"] for p in prompts):
+        if entry["id"] in ids:
             raise ValueError(f"{where}: prompt {i}: the id {entry['id'][:60]!r} is given twice; the ids name "
                              "the rows of the results")
+        ids.add(entry["id"])
         prompts.append(Prompt(**entry))
     return prompts
 
