@@ -174,6 +174,20 @@ def test_a_verified_file_is_not_hashed_again(hub, monkeypatch):
     fetch(entry)
 
 
+@pytest.mark.parametrize("damage", [b"", b"[1]", b"\xff\xfe", b"[" * 100_000],
+                         ids=["empty", "a list", "not text", "deeply nested"])
+def test_a_damaged_verification_marker_is_only_a_reason_to_hash_again(hub, home, damage):
+    """The marker is a cache: one truncated, of another shape or nested past json's limit
+    is passed over (the file is hashed again and the marker rewritten), never a traceback."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    entry = hub_entry()
+    fetch(entry)
+    [marker] = (home / "cache" / "verified").glob("*.json")
+    marker.write_bytes(damage)
+    assert fetch(entry).read_bytes() == CONTENT
+    assert marker.read_text().startswith("{")
+
+
 def test_a_file_changed_after_verification_is_hashed_again(hub):
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     entry = hub_entry()
@@ -519,6 +533,23 @@ def test_a_file_changed_on_the_hub_is_downloaded_afresh_not_spliced(hub, home):
     assert fetch(entry).read_bytes() == new
     assert hub.if_ranges == [None, f'"{hashlib.sha256(old).hexdigest()}"']
     assert [p.name for p in (home / "models").rglob("*") if p.is_file()] == ["m.gguf"]  # no sidecar left
+
+
+@pytest.mark.parametrize("damage", [b"\xff\xfe\x00", b'"abc"\r\nX-Evil: 1', b"\x00"],
+                         ids=["not text", "two lines", "a NUL"])
+def test_a_damaged_etag_beside_a_part_is_not_sent_and_the_download_completes(hub, home, damage):
+    """The ETag kept beside a .part is only a cache of the server's answer: bytes that are not
+    text, or not a header value, are not sent (If-Range left out, as for a .part without one)."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.chunk, hub.delay = 32 << 10, 0.002
+    entry = hub_entry()
+    with pytest.raises(KeyboardInterrupt):
+        fetch(entry, progress=interrupted_within(len(CONTENT)))
+    etag = part_file(home).with_name(part_file(home).name + ".etag")
+    etag.write_bytes(damage)
+    hub.delay = 0
+    assert fetch(entry).read_bytes() == CONTENT
+    assert hub.if_ranges[-1] is None
 
 
 def test_an_unchanged_file_resumes_and_rm_leaves_nothing(hub, home):

@@ -69,11 +69,13 @@ def forget_verified(path: Path) -> None:
 
 
 def _marker_matches(path: Path, st: os.stat_result, sha256: str) -> bool:
+    """Whether a marker says `path`, as it is now, has `sha256`. The marker is a cache: one
+    that cannot be read or is not a marker (truncated, another shape) only means hashing again."""
     try:
         data = json.loads(_marker_path(path).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: json's nesting limit
         return False
-    return (data.get("path") == str(path.resolve()) and data.get("size") == st.st_size
+    return isinstance(data, dict) and (data.get("path") == str(path.resolve()) and data.get("size") == st.st_size
             and data.get("mtime_ns") == st.st_mtime_ns and data.get("sha256") == sha256)
 
 

@@ -232,16 +232,19 @@ def _write_etag(etag: Path, response) -> None:
     if not value or value.startswith("W/"):  # a weak ETag cannot be used in If-Range
         value = response.headers.get("Last-Modified")
     if value:
-        etag.write_text(value + "\n")
+        etag.write_text(value + "\n", encoding="latin-1")  # a header value's own encoding: read back as it came
     else:
         etag.unlink(missing_ok=True)
 
 
 def _read_etag(etag: Path) -> str | None:
+    """The kept ETag, or None where there is none or what is kept cannot be a header value
+    (damaged: a control character, a line break): the .part is resumed as one kept without it."""
     try:
-        return etag.read_text().strip() or None
+        value = etag.read_text(encoding="latin-1").strip()
     except OSError:
         return None
+    return value if value and value.isprintable() else None
 
 
 def _wait(seconds: float, meter: Meter) -> None:
