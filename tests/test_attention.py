@@ -105,7 +105,9 @@ def test_the_choice_is_one_per_machine_whatever_threads_a_model_runs_with(synth_
 
 
 @pytest.mark.parametrize("damage", ["", "not json", '{"on": {}}', json.dumps({"on": {"read": 1, "passes": {"3": 1}},
-                                                                               "off": {"read": 1, "passes": {}}})])
+                                                                               "off": {"read": 1, "passes": {}}}),
+                                    "[" * 100_000, json.dumps(OFF_READS_AS_FAST.to_json()).replace("1.05", "9" * 400)],
+                         ids=["empty", "not json", "another shape", "other passes", "deeply nested", "a number past a float"])
 def test_a_damaged_measurement_is_measured_again_with_a_log_line(probe, tmp_path, caplog, damage):
     kept = tmp_path / "attention"
     choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, kept=kept)

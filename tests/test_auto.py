@@ -273,6 +273,18 @@ def test_a_kept_calibration_prices_reading_as_it_was_measured(tmp_path):
     assert load_costs(kept).per_catch_up_token["draft"] == pytest.approx(per_missed_token(batch_s, CATCH_UP_PROBE))
 
 
+@pytest.mark.parametrize("damage", [
+    "", "[]", '{"target": []}', "[" * 100_000,
+    '{"target": {"1": 0.04}, "per_draft_token": {}, "per_catch_up_token": {}, "catch_up_past": 1e400}',
+    '{"target": {"1": ' + "9" * 400 + '}, "per_draft_token": {}, "per_catch_up_token": {}}',
+], ids=["empty", "a list", "another shape", "deeply nested", "an infinite count", "a number past a float"])
+def test_a_damaged_kept_calibration_is_measured_again(tmp_path, damage):
+    """The kept calibration is a cache: one that is not a calibration is not used (None: measured again)."""
+    kept = tmp_path / "costs.json"
+    kept.write_text(damage)
+    assert load_costs(kept) is None
+
+
 def test_acceptance_estimate():
     a = Acceptance(0.5, weight=0.0001)
     for _ in range(100):

@@ -249,7 +249,8 @@ def _load(kept: Path | None, key: str) -> FlashAttnTimes | None:
         return FlashAttnTimes.from_json(json.loads(path.read_text()))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as e:
+        # not a measurement (OverflowError: a number past a float; RecursionError: json's nesting limit)
         log.info("measuring flash attention again: %s is unreadable (%s)", path, e)
         return None
 

@@ -227,8 +227,8 @@ def load_costs(path: Path) -> Costs | None:
         draft = {str(k): float(v) for k, v in data["per_draft_token"].items()}
         catch_up = {str(k): float(v) for k, v in data["per_catch_up_token"].items()}
         past = int(data.get("catch_up_past", 0))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
+        return None  # not a calibration (OverflowError: a number past a float; RecursionError: json's nesting limit)
     if past != STEADY_CATCH_UP and 0 <= past < CATCH_UP_PROBE:
         # priced per token past `past` (an earlier version: past none): the calibration batch's price now
         catch_up = {k: per_missed_token(v * (CATCH_UP_PROBE - past), CATCH_UP_PROBE) for k, v in catch_up.items()}
