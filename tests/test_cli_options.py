@@ -239,6 +239,19 @@ def test_a_choice_without_a_draft_loads_none_even_from_a_pair():
     assert loaded["no_draft"] is True
 
 
+def test_a_model_path_under_a_home_that_does_not_exist_is_said_in_the_app(monkeypatch):
+    """The app's model picker takes ~USER/... paths as the command line does: a user with no
+    home folder here is one line, not a RuntimeError from Path.expanduser."""
+    from edgespec.errors import EdgespecError
+    from edgespec.tui.chat_settings import ChatSettings
+    from edgespec.tui.library import ModelChoice, load_choice
+    import edgespec.load as load
+
+    monkeypatch.setattr(load, "load_engine", lambda target, draft=None, **kw: kw["resolve"](target))
+    with pytest.raises(EdgespecError, match="names no home folder"):
+        load_choice(ModelChoice(target="~no-such-user-edgespec/m.gguf"), ChatSettings())
+
+
 def test_the_app_gets_the_whole_rpc_split_not_only_the_workers(monkeypatch):
     """`edgespec --rpc ... --tensor-split ... --local-output` (the app) loads with the
     same split as every other command; workers changed in the settings replace it."""

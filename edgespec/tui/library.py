@@ -161,12 +161,13 @@ def load_choice(choice: ModelChoice, settings, *, library: Library | None = None
     `split`: the command line's Split, used while the settings name its workers."""
     from dataclasses import replace
 
+    from edgespec.config import expand_home
     from edgespec.load import kv_cache, load_engine
     from edgespec.models.fetch import is_path_like
 
     def path_of(name: str) -> str:
         if is_path_like(name):
-            return str(Path(name).expanduser())
+            return str(expand_home(name, what="model"))
         return (library or RegistryLibrary()).resolve(name, progress=progress)
 
     load = settings.load
