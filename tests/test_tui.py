@@ -553,6 +553,63 @@ def test_a_settings_value_that_does_not_convert_is_reported_naming_the_file(tmp_
         ChatSettings.from_dict(yaml.safe_load(text))
 
 
+def test_saving_the_defaults_on_a_full_disk_keeps_those_saved_before(tmp_path, monkeypatch):
+    """A write that fails midway (a full disk; a kill) leaves settings.yaml as it was, and
+    nothing beside it: the new file is renamed over it only once it is whole."""
+    import errno
+    import io
+
+    path = save_defaults(ChatSettings(temperature=0.7), tmp_path / "settings.yaml")
+    before = path.read_bytes()
+
+    class FullDisk:
+        """A file opened for writing on a disk with no room left: opened, never written."""
+
+        def __init__(self, handle):
+            self._handle = handle
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self._handle, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._handle.close()
+
+    real_open = io.open
+    monkeypatch.setattr(io, "open", lambda file, mode="r", *a, **k: (
+        FullDisk(real_open(file, mode, *a, **k)) if "w" in mode else real_open(file, mode, *a, **k)))
+    with pytest.raises(ValueError, match="settings.yaml") as refused:
+        save_defaults(ChatSettings(temperature=0.2), path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and load_defaults(path).temperature == 0.7
+    assert [p.name for p in tmp_path.iterdir()] == ["settings.yaml"]
+    assert "disk is full" in str(refused.value)
+
+
+def test_a_linked_settings_file_stays_a_link_and_its_target_is_saved(tmp_path):
+    """A settings.yaml linked to a dotfiles folder is written where it points, not replaced by a file."""
+    kept = tmp_path / "dotfiles" / "edgespec.yaml"
+    kept.parent.mkdir()
+    kept.write_text("temperature: 0.7\n")
+    link = tmp_path / "settings.yaml"
+    link.symlink_to(kept)
+    save_defaults(ChatSettings(temperature=0.2), link)
+    assert link.is_symlink() and load_defaults(kept).temperature == 0.2
+
+
+def test_a_read_only_settings_file_is_not_replaced(tmp_path):
+    path = save_defaults(ChatSettings(temperature=0.7), tmp_path / "settings.yaml")
+    path.chmod(0o444)
+    with pytest.raises(ValueError, match="settings.yaml is read-only"):
+        save_defaults(ChatSettings(temperature=0.2), path)
+    assert load_defaults(path).temperature == 0.7
+
+
 def test_a_settings_file_that_is_a_directory_is_reported_naming_it(tmp_path):
     (tmp_path / "settings.yaml").mkdir()
     with pytest.raises(ValueError, match="settings.yaml.*(directory|not a file)"):

@@ -211,10 +211,19 @@ def load_defaults(path: str | Path | None = None) -> ChatSettings:
 def save_defaults(settings: ChatSettings, path: str | Path | None = None) -> Path:
     """Write the app-wide defaults; returns the file written. Raises ValueError naming
     the file when it cannot be written."""
+    from edgespec.errors import WriteError
+    from edgespec.workspace.apply import write_atomic
+
     path = Path(path) if path is not None else defaults_path()
+    text = yaml.safe_dump(settings.to_dict(), sort_keys=False, allow_unicode=True)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(settings.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
     except OSError as e:
         raise ValueError(f"could not write {path}: {e.strerror or e}") from None
+    try:
+        # whole or not at all: a full disk or a kill midway keeps the settings saved before;
+        # a settings.yaml linked elsewhere (dotfiles) is written where it points and stays a link
+        write_atomic(path.resolve(), text.encode("utf-8"), str(path))
+    except WriteError as e:
+        raise ValueError(str(e)) from None
     return path

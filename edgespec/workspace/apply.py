@@ -67,7 +67,7 @@ def apply_edit(
     backup = _keep(backups, checked.current, checked.rel) if checked.current is not None else None
     if checked.current is None:
         _make_folders(checked.full.parent, checked.rel)
-    _write_atomic(checked.full, checked.data, checked.rel)
+    write_atomic(checked.full, checked.data, checked.rel)
     return Applied(path=checked.rel, before=checked.current, after_sha256=sha256_hex(checked.data), backup=backup)
 
 
@@ -200,7 +200,7 @@ def undo(workspace: Workspace, applied: Applied) -> None:
         except OSError as error:
             raise WriteError(f"{rel} could not be deleted ({error.strerror}); check the folder's permissions.") from None
         return
-    _write_atomic(full, applied.before, rel)
+    write_atomic(full, applied.before, rel)
 
 
 def _current(full: Path, rel: str) -> bytes | None:
@@ -226,7 +226,7 @@ def _keep(backups: Path, data: bytes, rel: str) -> Path:
         backups.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise WriteError(failed(error)) from None
-    _write_atomic(path, data, str(path), failed=failed)
+    write_atomic(path, data, str(path), failed=failed)
     return path
 
 
@@ -237,7 +237,7 @@ def _make_folders(folder: Path, rel: str) -> None:
         raise WriteError(f"The folder for {rel} cannot be created ({error.strerror}); nothing was written.") from None
 
 
-def _write_atomic(target: Path, data: bytes, rel: str, *, failed: Callable[[OSError], str] | None = None) -> None:
+def write_atomic(target: Path, data: bytes, rel: str, *, failed: Callable[[OSError], str] | None = None) -> None:
     """Replace `target` by `data`: a temporary file in the same folder (same permissions), fsync, os.replace.
 
     A failure raises WriteError worded by `failed` (default: `rel` could not be written)."""
