@@ -143,6 +143,20 @@ def test_generate_takes_a_template_for_a_model_without_one(capsys, engine):
     assert "--template FORMAT" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("command", [["generate", "hi"], ["chat", "--once", "hi"], ["bench"], ["serve"]])
+def test_an_unknown_template_is_refused_while_parsing_naming_the_known_ones(capsys, command):
+    """Before the models load (minutes on a big one): the names come from BUILTIN_FORMATS."""
+    from edgespec.chat import BUILTIN_FORMATS
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args([*command, "--template", "chatm1"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--template" in err and "'chatm1'" in err and all(name in err for name in BUILTIN_FORMATS), err
+    for value in ("gemma", "{{ messages[0].content }}"):  # a built-in name, or Jinja source, as before
+        assert cli.build_parser().parse_args([*command, "--template", value]).template == value
+
+
 def test_invalid_utf8_on_stdin_is_replaced_and_reported(capsys, engine, monkeypatch):
     raw = io.BytesIO("héllo ".encode() + b"\xff\xfe world")
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape"))

@@ -245,6 +245,15 @@ def _trail(text: str) -> str:
     return text[len(text.rstrip()):]
 
 
+def known_template(template: str) -> str:
+    """`template` when it names a built-in format or is Jinja source (it holds `{{` or
+    `{%`); else TemplateError naming the built-in formats. Pure, so the command line
+    checks --template with it before any model loads."""
+    if template in BUILTIN_FORMATS or "{{" in template or "{%" in template:
+        return template
+    raise TemplateError(f"Unknown chat format {template!r}: choose one of {', '.join(BUILTIN_FORMATS)}.")
+
+
 def chat_template(engine: ChatEngine, *, template: str | None = None, model: str = "the model") -> ChatTemplate:
     """The template to use with `engine`: `template` when given (a built-in
     format's name or Jinja source), else the one stored in the target GGUF.
@@ -255,10 +264,8 @@ def chat_template(engine: ChatEngine, *, template: str | None = None, model: str
     eos = engine.token_text(engine.eos) if engine.eos is not None else ""
     if template in BUILTIN_FORMATS:
         source, name, stop = BUILTIN_FORMATS[template], template, BUILTIN_STOPS[template]
-    elif template and ("{{" in template or "{%" in template):
-        source, name, stop = template, "custom", ()
     elif template:
-        raise TemplateError(f"Unknown chat format {template!r}: choose one of {', '.join(BUILTIN_FORMATS)}.")
+        source, name, stop = known_template(template), "custom", ()
     elif engine.chat_template:
         source, name, stop = engine.chat_template, "gguf", ()
     else:

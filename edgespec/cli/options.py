@@ -9,8 +9,10 @@ import math
 from types import MappingProxyType
 
 from edgespec.cli.bars import ProgressBars
+from edgespec.chat.template import BUILTIN_FORMATS, known_template
 from edgespec.cli.output import note
 from edgespec.engine.events import MODES, GenerationParams
+from edgespec.errors import TemplateError
 from edgespec.limits import LIMITS
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS, SWITCHES, LoadSettings
 from edgespec.modes import DEFAULT_MODE, MODE_K, reply_decoding
@@ -268,8 +270,17 @@ def decoded(data: bytes, where: str) -> str:
 # -- templates and sampling --------------------------------------------------------------
 
 def add_template_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--template", metavar="FORMAT", help="chat format for a model whose GGUF has no template "
-                   "(chatml, llama3, gemma, plain)")
+    p.add_argument("--template", metavar="FORMAT", type=_template,
+                   help=f"chat format for a model whose GGUF has no template ({', '.join(BUILTIN_FORMATS)}), "
+                        "or Jinja source")
+
+
+def _template(text: str) -> str:
+    """--template checked while parsing, not after the models load."""
+    try:
+        return known_template(text)
+    except TemplateError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_sampling_options(p: argparse.ArgumentParser, *, max_tokens: int | None = LIMITS["max_tokens"].default) -> None:
