@@ -291,6 +291,19 @@ def test_an_out_folder_the_results_cannot_go_in_is_refused_before_the_run(capsys
     assert mine.read_text() == "mine"
 
 
+def test_an_out_folder_is_made_only_when_the_results_are_written(capsys, tmp_path):
+    """A run that fails before (here the models do not load) leaves no folder the user did
+    not have; one that cannot be made is still said before the run, from the folder above."""
+    out = tmp_path / "new" / "results"
+    code, _, err = bench_cli(capsys, "--out", str(out))
+    assert code == 1 and "nonexistent" in err
+    assert not (tmp_path / "new").exists()
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    code, _, err = bench_cli(capsys, "--out", str(mine / "new" / "results"))
+    assert code == 1 and said_in_one_line(err) and f"{mine} is not a folder" in err, err
+
+
 class TemplateEngine:
     """A model without a chat template, that bench runs (tests/fakes.FakeEngine's tokenizer)."""
 

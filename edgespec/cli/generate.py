@@ -206,20 +206,30 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(bench.format_overhead(results))
     meta = {"models": dataclasses.asdict(info), "machine": bench.machine(), "repeats": args.repeats,
             "max_tokens": args.max_tokens, "k": args.k, "first_replies": args.first_replies}
-    bench.write_json(results, out / "results.json", meta=meta)
+    bench.write_json(results, _made(out) / "results.json", meta=meta)
     bench.write_chart(results, out / "speedup.png")
     print(f"\nwrote {out / 'results.json'} and {out / 'speedup.png'}")
     return 0
 
 
 def _out_folder(path: str) -> Path:
-    """The folder --out names, made if need be; EdgespecError where results cannot be written there."""
+    """The folder --out names, checked but not made: a run that fails before its results are
+    written leaves no folder the user did not have. EdgespecError where it is not a folder, or
+    the nearest folder above it that exists is one it cannot be made in."""
     out = expand_home(path, what="--out")
+    there = next(p for p in (out, *out.parents) if p.exists())
+    if not there.is_dir():
+        raise EdgespecError(f"--out {out}: cannot keep the results there "
+                            f"({'it' if there == out else there} is not a folder)")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise EdgespecError(f"--out {out}: cannot keep the results there (no permission to write in {there})")
+    return out
+
+
+def _made(out: Path) -> Path:
+    """`out` (checked by _out_folder) made, once there are results to keep in it."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        why = "it is not a folder" if out.exists() and not out.is_dir() else (e.strerror or str(e))
-        raise EdgespecError(f"--out {out}: cannot keep the results there ({why})") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise EdgespecError(f"--out {out}: cannot keep the results there (no permission to write in it)")
+        raise EdgespecError(f"--out {out}: cannot keep the results there ({e.strerror or e})") from None
     return out
