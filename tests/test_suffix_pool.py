@@ -422,9 +422,12 @@ def _damage(path: Path, how: str) -> None:
         path.write_bytes(b"\x00" * 3)
     elif how == "version":
         path.write_bytes(data[:8] + (FORMAT + 1).to_bytes(4, "little") + data[12:])
+    elif how == "nested":  # a header nested past json's limit, in place of the real one
+        nested, header_end = b"[" * 100_000, 16 + int.from_bytes(data[12:16], "little")
+        path.write_bytes(data[:12] + len(nested).to_bytes(4, "little") + nested + data[header_end:])
 
 
-@pytest.mark.parametrize("how", ["truncated", "flipped", "header", "counts", "garbage", "version"])
+@pytest.mark.parametrize("how", ["truncated", "flipped", "header", "counts", "garbage", "version", "nested"])
 def test_an_unusable_pool_file_is_dropped_with_a_log_line(tmp_path, caplog, how):
     path = _saved_pool(tmp_path)
     _damage(path, how)

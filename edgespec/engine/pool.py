@@ -262,7 +262,7 @@ def _parse(head: bytes, f: Any, size: int, vocab: str) -> _Stored:
     header_bytes = f.read(header_len)
     try:
         header = json.loads(header_bytes)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # RecursionError: json's nesting limit
         raise _Unusable("its header is damaged") from None
     if not isinstance(header, dict):
         raise _Unusable("its header is damaged")
