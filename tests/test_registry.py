@@ -259,6 +259,13 @@ def test_broken_yaml_is_reported_with_the_file(tmp_path):
     assert "not valid YAML" in error_for(tmp_path, "models: [unclosed")
 
 
+@pytest.mark.parametrize("doc", ["models: " + "[" * 5000 + "]" * 5000, "models: " + "[" * 5000],
+                         ids=["closed", "unclosed"])
+def test_yaml_nested_deeper_than_python_s_stack_is_reported_with_the_file(tmp_path, doc):
+    message = error_for(tmp_path, doc)
+    assert "user.yaml" in message and "nested too deeply" in message and len(message) < 300
+
+
 def test_an_unknown_top_level_key_is_reported(tmp_path):
     assert "unknown top-level key" in error_for(tmp_path, {"model": {}})
 

@@ -139,6 +139,8 @@ def _read(path: Path) -> Any:
         return yaml.load(text, Loader=_UniqueKeys) or {}  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         raise RegistryError(f"{path}: not valid YAML: {e}") from e
+    except RecursionError:  # YAML nested deeper than Python's stack
+        raise RegistryError(f"{path}: it is nested too deeply to be a models.yaml") from None
 
 
 class _UniqueKeys(yaml.SafeLoader):
