@@ -243,3 +243,19 @@ def test_an_edgespec_home_under_a_home_folder_that_is_not_there_is_said_in_one_l
     code, _, err = run(capsys, "models")
     assert code == 1 and err == f"edgespec: error: EDGESPEC_HOME {NO_HOME}/edgespec: {NO_HOME} names no home " \
                                 "folder on this machine (no such user, or HOME is not set)\n"
+
+
+def test_rm_keeps_an_unfinished_download_another_entry_shares(capsys, home, hub_model):
+    """As a finished file: the .part of two names' one file, and the ETag the resume needs
+    beside it, stay until all of its names are removed."""
+    two_entries_of_one_file(home, {"kind": "hub", "repo": "me/Tiny-GGUF", "file": "tiny.gguf"})
+    folder = home / "models" / "me--Tiny-GGUF"
+    folder.mkdir(parents=True)
+    part, etag = folder / "tiny.gguf.part", folder / "tiny.gguf.part.etag"
+    part.write_bytes(CONTENT[:1000])
+    etag.write_text('"v1"')
+    code, out, _ = run(capsys, "rm", "alias")
+    assert code == 0 and f"alias: kept {part}: also used by mine, tiny" in out, out
+    assert part.read_bytes() == CONTENT[:1000] and etag.read_text() == '"v1"'
+    code, out, _ = run(capsys, "rm", "alias", "mine", "tiny")
+    assert code == 0 and f"removed {part}" in out and not part.exists() and not etag.exists()

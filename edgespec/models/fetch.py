@@ -79,15 +79,15 @@ def available_offline(entry: ModelEntry, registry: Registry | None = None) -> bo
 
 
 def shared_with(entry: ModelEntry, *, registry: Registry | None = None, along: Collection[str] = ()) -> tuple[str, ...]:
-    """The other registry models whose file is this entry's file (empty if it is not here),
-    leaving out those named in `along` (removed with it)."""
-    path = installed_path(entry)
-    if path is None:
+    """The other registry models whose file, or unfinished download, is also this entry's
+    (empty if it has neither here), leaving out those named in `along` (removed with it)."""
+    files = _local_files(entry)
+    if not files:
         return ()
     registry = registry or load_registry()
     return tuple(sorted(other.name for other in registry.models.values()
                         if other.name != entry.name and other.name not in along
-                        and _same_file(path, installed_path(other))))
+                        and any(_same_file(path, theirs) for path in files for theirs in _local_files(other))))
 
 
 def remove(entry: ModelEntry, *, registry: Registry | None = None, along: Collection[str] = ()) -> list[Path]:
@@ -105,8 +105,14 @@ def remove(entry: ModelEntry, *, registry: Registry | None = None, along: Collec
 
 def kept_note(entry: ModelEntry, users: Sequence[str]) -> str:
     """What `rm` says of a file it keeps for other entries."""
-    return (f"kept {installed_path(entry)}: also used by {', '.join(users)} "
+    return (f"kept {' and '.join(map(str, _local_files(entry)))}: also used by {', '.join(users)} "
             f"(`edgespec rm {' '.join([entry.name, *users])}` deletes it)")
+
+
+def _local_files(entry: ModelEntry) -> list[Path]:
+    """What remove() would delete of the entry: its file and an unfinished download's .part
+    (the sidecars of a .part go with it)."""
+    return [path for path in (installed_path(entry), entry.source.partial_path(entry)) if path is not None]
 
 
 def _same_file(path: Path, other: Path | None) -> bool:

@@ -55,6 +55,10 @@ class HubSource(Source):
     def installed_path(self, entry: ModelEntry) -> Path | None:
         return _hub_cached(self) or _hub_downloaded(self)
 
+    def partial_path(self, entry: ModelEntry) -> Path | None:
+        part = part_path(_hub_dest(self))
+        return part if part.exists() else None
+
     def missing(self, entry: ModelEntry, *, state_other: Callable[[str], tuple[str, str]]) -> tuple[str, str]:
         return REMOTE, f"edgespec pull {entry.name}"
 

@@ -67,6 +67,10 @@ class Source(ABC):
     def installed_path(self, entry: ModelEntry) -> Path | None:
         """The entry's local file if it is already here (no download, no assembly, no hashing)."""
 
+    def partial_path(self, entry: ModelEntry) -> Path | None:
+        """An unfinished download of the entry's file, if one is here (remove() deletes it)."""
+        return None
+
     def available_offline(self, entry: ModelEntry, *, available_other: Callable[[str], bool]) -> bool:
         """Whether fetch() would succeed without a network."""
         return self.installed_path(entry) is not None
