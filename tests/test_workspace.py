@@ -686,6 +686,31 @@ def test_a_markdown_file_with_code_examples_in_a_three_backtick_block_is_whole()
     assert parse_edits(reply, {"t.py": odd}) == [FileEdit("t.py", odd.replace("TEMPLATE", "T"), "whole")]
 
 
+BARE_README = "# Tool\n\nInstall:\n\n```\npip install tool\n```\n\nThen run it:\n\n```\ntool --help\n```\n"
+
+
+@pytest.mark.parametrize("change", [("# Tool", "# Tool 2"), ("--help", "--version"), ("Then run it:", "Then:")])
+def test_a_markdown_file_with_untagged_examples_in_a_three_backtick_block_is_whole(change):
+    """Untagged examples: a bare fence inside the block opens one of the file's own examples
+    when the line that leads in to it, or its first line, is one that leads in to or starts
+    an example in the attached file, as a fence with a language does."""
+    new = BARE_README.replace(*change)
+    for reply in (f"README.md\n```markdown\n{new}```\n",
+                  f"```markdown README.md\n{new}```\n\nTry it:\n```\npip install tool\n```\n",
+                  f"Here is the new `README.md`:\n\n```\n{new}```\n"):
+        assert parse_edits(reply, {"README.md": BARE_README, "b.py": ""}) == [FileEdit("README.md", new, "whole")]
+
+
+def test_separate_bare_blocks_after_a_file_with_untagged_examples_stay_separate():
+    """The ordinary case: the file's block ends at its closing fence, and the next blocks
+    (another file, a snippet to run) are read as their own."""
+    new = BARE_README.replace("# Tool", "# Tool 2")
+    reply = (f"README.md\n```\n{new}```\n\nb.py\n```\nprint('pip install tool')\n```\n\n"
+             f"Run:\n\n```\npip install tool\n```\n")
+    assert parse_edits(reply, {"README.md": BARE_README, "b.py": ""}) == [
+        FileEdit("README.md", new, "whole"), FileEdit("b.py", "print('pip install tool')\n", "whole")]
+
+
 def test_a_usage_snippet_after_the_whole_file_does_not_replace_it():
     """The whole file, then a few lines showing how to use it, the prose naming the file
     again (or even its path line): the file's new content is the block that could be all

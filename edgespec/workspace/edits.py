@@ -198,8 +198,8 @@ class _Scan:
         indent, marks, info = match.groups()
         info_path = _path_in_info(info)
         path = info_path or self.hint
-        attached = self.files.get(_match(path, self.files)[0]) if path else None
-        end = _closing(self.lines, start, marks, nested=attached is not None and _has_examples(attached))
+        named = path or (next(iter(self.mentioned)) if len(self.mentioned) == 1 else None)
+        end = _closing(self.lines, start, marks, attached=self.files.get(_match(named, self.files)[0]) if named else None)
         closed = end < len(self.lines)
         body = [line[len(indent):] if line.startswith(indent) else line for line in self.lines[start + 1 : end]]
         if any(_SEARCH.match(line) for line in body):
@@ -289,33 +289,70 @@ class _Scan:
         return pieces
 
 
-def _closing(lines: list[str], start: int, marks: str, *, nested: bool) -> int:
+def _closing(lines: list[str], start: int, marks: str, *, attached: str | None) -> int:
     """The index of the fence closing the block opened at lines[start] (len(lines): none does).
 
-    `nested` (the file has fenced examples of its own, as a README does): a fence with a
-    language inside the block opens an example, which the next bare fence closes, since a
-    model often wraps such a file in a fence no longer than its examples'. Where the
-    examples do not pair up, the block ends at its first closing fence, as it does otherwise."""
+    `attached`: the file the block is for. Where it has fenced examples of its own (as a
+    README does), a fence inside the block may open one, which the next bare fence closes,
+    since a model often wraps such a file in a fence no longer than its examples'. A fence
+    with a language opens one; so does a bare fence led in, or followed, by a line that leads
+    in or starts one of the file's untagged examples (_around). Any other bare fence closes
+    the block, as in a reply of several separate blocks. Where the examples do not pair up,
+    the block ends at its first closing fence, as it does otherwise."""
+    tagged = attached is not None and _has_examples(attached)
+    leads, firsts = _untagged_openings(attached) if attached else (frozenset(), frozenset())
     first, depth = len(lines), 0
     for end in range(start + 1, len(lines)):
         fence = _FENCE.match(lines[end])
         if fence is None or fence.group(2)[0] != marks[0]:
             continue
         if fence.group(3):
-            if nested and "`" not in fence.group(3):
+            if tagged and "`" not in fence.group(3):
                 depth += 1
             continue
+        lead, after = _around(lines, end)
+        opens = not depth and (lead in leads or after in firsts)
         if len(fence.group(2)) >= len(marks):
             first = min(first, end)
-            if not depth:
+            if not depth and not opens:
                 return end
-        depth = max(depth - 1, 0)
+        depth = 1 if opens else max(depth - 1, 0)
     return first
 
 
 def _has_examples(text: str) -> bool:
     """Whether a file holds a fenced block with a language (a Markdown example, a docstring's)."""
     return any((fence := _FENCE.match(line)) and fence.group(3) for line in text.split("\n"))
+
+
+def _untagged_openings(text: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The lines that lead in to, and that start, the blocks without a language in `text`
+    (_around), pairing its fences as Markdown does: a bare fence of the same mark, as long
+    or longer, closes a block."""
+    lines = text.split("\n")
+    leads, firsts, open_marks = set(), set(), ""
+    for i, line in enumerate(lines):
+        fence = _FENCE.match(line)
+        if fence is None:
+            continue
+        marks, info = fence.group(2), fence.group(3)
+        if not open_marks:
+            open_marks = marks
+            if not info:
+                lead, after = _around(lines, i)
+                leads.add(lead)
+                firsts.add(after)
+        elif not info and marks[0] == open_marks[0] and len(marks) >= len(open_marks):
+            open_marks = ""
+    return frozenset(leads - {""}), frozenset(firsts - {""})
+
+
+def _around(lines: list[str], i: int) -> tuple[str, str]:
+    """The fence at lines[i]'s lead-in (the last non-blank line before it) and the line after
+    it, stripped; "" for either where it is a fence or there is none, as no evidence."""
+    lead = next((line.strip() for line in reversed(lines[:i]) if line.strip()), "")
+    after = lines[i + 1].strip() if i + 1 < len(lines) else ""
+    return ("" if _FENCE.match(lead) else lead), ("" if _FENCE.match(after) else after)
 
 
 def _read_block(lines: list[str], i: int, end: int) -> tuple[list[str], list[str], int]:
