@@ -165,6 +165,28 @@ def test_a_folder_named_kv_is_left_alone_and_says_nothing(disk, caplog):
     assert (disk / KEY / "x.kv").is_dir()
 
 
+def test_a_file_deleted_as_soon_as_it_is_saved_loses_only_that_snapshot(disk, monkeypatch):
+    """Another process shares the folder: `edgespec cache clear`, or its trim past the budget, may
+    delete a file the moment it is renamed into place. The reply goes on from RAM."""
+    import os
+
+    from edgespec.engine import snapshots
+
+    real_replace = os.replace
+
+    def replaced_then_deleted(src, dst):
+        real_replace(src, dst)
+        os.unlink(dst)
+
+    monkeypatch.setattr(snapshots.os, "replace", replaced_then_deleted)
+    kept = cache(disk)
+    kept.save(Snapshot(KEY, TOKENS, DATA))
+    monkeypatch.undo()
+    assert list(disk.rglob("*.kv")) == []
+    kept.keep(Snapshot(KEY, TOKENS, DATA))
+    assert kept.find(KEY, TOKENS.tolist() + [7], more_than=0).source == "ram"
+
+
 # -- item 8: a snapshot llama.cpp refuses is deleted; the key holds what makes one unusable ----------
 
 def load_synth(model, disk, **settings):

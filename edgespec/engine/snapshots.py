@@ -188,6 +188,7 @@ class SnapshotCache:
                 f.write(snapshot.data)
                 f.flush()
                 os.fsync(f.fileno())
+                size = f.tell()  # not stat() after the rename: another process may delete the file by then
             os.replace(tmp, path)
         except OSError as e:
             log.warning("could not write a KV snapshot to %s (%s); the conversation is kept, only "
@@ -195,7 +196,7 @@ class SnapshotCache:
             tmp.unlink(missing_ok=True)
             return False
         snapshot.file = path
-        self._index[path] = (snapshot.key, snapshot.tokens, path.stat().st_size)
+        self._index[path] = (snapshot.key, snapshot.tokens, size)
         self._trim_disk()
         return True
 
