@@ -187,6 +187,23 @@ def test_a_file_deleted_as_soon_as_it_is_saved_loses_only_that_snapshot(disk, mo
     assert kept.find(KEY, TOKENS.tolist() + [7], more_than=0).source == "ram"
 
 
+def test_a_save_cut_short_by_a_kill_leaves_no_file_past_the_next_save(disk):
+    """SIGKILL while a snapshot is written leaves its temporary file (hidden, outside the budget):
+    the next save deletes one that old, and leaves one still being written by another process."""
+    import os
+    import time
+
+    folder = disk / KEY
+    folder.mkdir(parents=True)
+    killed, writing = folder / ".0123.kv.99999.tmp", folder / ".4567.kv.99998.tmp"
+    for path in (killed, writing):
+        path.write_bytes(b"x" * 1000)
+    hours_ago = time.time() - 2 * 3600
+    os.utime(killed, (hours_ago, hours_ago))
+    assert cache(disk).save(Snapshot(KEY, TOKENS, DATA))
+    assert not killed.exists() and writing.exists()
+
+
 # -- item 8: a snapshot llama.cpp refuses is deleted; the key holds what makes one unusable ----------
 
 def load_synth(model, disk, **settings):

@@ -20,6 +20,7 @@ import logging
 import os
 import stat
 import struct
+import time
 import zlib
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -34,6 +35,9 @@ log = logging.getLogger("edgespec.cache")
 MAGIC = b"ESKVSNP1"
 """The first bytes of a snapshot file (the format's version is its last digit)."""
 _HEADER = struct.Struct("<8sI")  # magic, length of the JSON header that follows
+LEFT_OVER_S = 3600
+"""A save's temporary file older than this was left by a process killed while writing it
+(a save takes seconds): the next save deletes it, as it is outside the disk budget."""
 
 
 def prefix_length(a: np.ndarray, b: np.ndarray) -> int:
@@ -286,6 +290,7 @@ class SnapshotCache:
             pass
 
     def _trim_disk(self) -> None:
+        self._remove_left_over()
         files = []
         for p in self._files():
             try:
@@ -303,6 +308,18 @@ class SnapshotCache:
                 continue
             self._index.pop(p, None)
             total -= size
+
+
+    def _remove_left_over(self) -> None:
+        """Delete the temporary files of saves that were killed (SIGKILL runs no cleanup)."""
+        if self.disk is None or not self.disk.is_dir():
+            return
+        for p in self.disk.glob("*/.*.kv.*.tmp"):
+            try:
+                if _is_file(p) and time.time() - p.lstat().st_mtime > LEFT_OVER_S:
+                    p.unlink()
+            except OSError:
+                continue
 
 
 def _is_file(path: Path) -> bool:
