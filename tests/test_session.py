@@ -8,6 +8,7 @@ from edgespec.chat.export import import_json
 from edgespec.chat.store import Message
 from edgespec.engine.events import GenerationParams
 from edgespec.errors import ContextFullError, TemplateError
+from edgespec.workspace.root import Workspace
 
 
 def _run(stream):
@@ -538,3 +539,41 @@ def test_an_applied_reply_has_nothing_left_to_apply_until_it_is_undone(store, pr
     attachments.undo_edits(chat.workspace, applied)
     [edit] = chat.pending_edits()
     assert edit.base_sha256 == chat.workspace.sha256_of("src/app.py")
+
+
+@pytest.mark.parametrize("form", ["whole", "replace", "diff"])
+def test_a_reply_naming_a_symlink_to_an_attached_file_edits_that_file(store, project, tmp_path, form):
+    """The attachment shows the link's target (src/app.py); a reply naming the link (main.py at
+    the root) means the same file, in every form, and applying it writes that file through."""
+    from edgespec.chat import attachments
+    from edgespec.workspace.edits import unified_diff
+
+    (project / "main.py").symlink_to("src/app.py")
+    replies = {"whole": f"main.py\n```\n{RENAMED}```\n",
+               "replace": f"main.py\n```python\n<<<<<<< SEARCH\n{APP}=======\n{RENAMED}>>>>>>> REPLACE\n```\n",
+               "diff": f"```diff\n{unified_diff('main.py', APP, RENAMED)}```\n"}
+    engine = FakeEngine(reply=lambda p: replies[form])
+    chat = ChatSession(engine, store=store, template="chatml", workspace=Workspace(project))
+    _run(chat.send("Rename name", ["src/app.py"]))
+    [edit] = chat.pending_edits()
+    assert (edit.path, edit.edit.new, edit.edit.new_text) == ("src/app.py", False, RENAMED)
+    attachments.apply_edits(chat.workspace, [edit], allow_new=False, backups=tmp_path / "undo")
+    assert (project / "src" / "app.py").read_text() == RENAMED and (project / "main.py").is_symlink()
+
+
+def test_a_reply_naming_a_symlink_out_of_the_project_is_still_refused(store, project, tmp_path):
+    """The link reaches no attached file: its edit stays a new file's, which apply refuses."""
+    from edgespec.chat import attachments
+    from edgespec.errors import OutsideRootError
+
+    outside = tmp_path / "outside.py"
+    outside.write_text(APP)
+    (project / "out.py").symlink_to(outside)
+    engine = FakeEngine(reply=lambda p: "out.py\n```python\n<<<<<<< SEARCH\n=======\nx = 1\n>>>>>>> REPLACE\n```\n")
+    chat = ChatSession(engine, store=store, template="chatml", workspace=Workspace(project))
+    _run(chat.send("Add x", ["src/app.py"]))
+    [edit] = chat.pending_edits()
+    assert (edit.path, edit.edit.new) == ("out.py", True)
+    with pytest.raises(OutsideRootError):
+        attachments.apply_edits(chat.workspace, [edit], allow_new=True, backups=tmp_path / "undo")
+    assert outside.read_text() == APP

@@ -734,3 +734,16 @@ def test_a_first_line_naming_its_own_file_is_kept_in_a_file_with_a_bom():
     old = "\ufeff# src/x.py\nimport os\n"
     reply = "```python\n# src/x.py\nimport sys\n```\n"
     assert parse_edits(reply, {"src/x.py": old, "b.py": ""}) == [FileEdit("src/x.py", "\ufeff# src/x.py\nimport sys\n", "whole")]
+
+
+def test_a_path_the_caller_says_is_an_attached_file_on_disk_edits_it():
+    """same_file: the chat layer's answer for a symlink's name; a path it maps to no attached
+    file stays a new one."""
+    old, new = "x = 1\n", "x = 2\n"
+    files = {"src/real.py": old}
+    for reply in (f"link.py\n```\n{new}```\n", f"Change `link.py`:\n\n```\n{new}```\n",
+                  f"link.py\n```\n<<<<<<< SEARCH\n{old}=======\n{new}>>>>>>> REPLACE\n```\n"):
+        [edit] = parse_edits(reply, files, same_file={"link.py": "src/real.py"}.get)
+        assert (edit.path, edit.new_text, edit.new) == ("src/real.py", new, False), reply
+    [edit] = parse_edits(f"link.py\n```\n{new}```\n", files, same_file={"link.py": "elsewhere.py"}.get)
+    assert (edit.path, edit.new) == ("link.py", True)

@@ -149,14 +149,32 @@ def _with_files(text: str, attachments: Sequence[Attachment], shown: Mapping[str
     return content + text, spans
 
 
-def pending_edits(reply: str, messages: Sequence) -> list[PendingEdit]:
+def pending_edits(reply: str, messages: Sequence, *, workspace: Workspace | None = None) -> list[PendingEdit]:
     """The changes `reply` makes to the files `messages` hold (a path the conversation
-    never had is an edit with `edit.new` set, for the user to confirm)."""
+    never had is an edit with `edit.new` set, for the user to confirm). With the
+    `workspace`, a path that is one of those files on disk (a symlink to it) edits it."""
     files = latest(messages)
-    edits = parse_edits(reply, {path: a.content for path, a in files.items()})
+    edits = parse_edits(reply, {path: a.content for path, a in files.items()},
+                        same_file=None if workspace is None else lambda path: _same_file(workspace, path, files))
     return [PendingEdit(e, files[e.path].sha256 if e.path in files else None,
                         files[e.path].content if e.path in files else "")
             for e in edits]
+
+
+def _same_file(workspace: Workspace, path: str, files: Iterable[str]) -> str | None:
+    """The path among `files` that `path` reaches once symlinks are followed; None for a path
+    out of the project folder (apply refuses it as such) or one that reaches none of them."""
+    try:
+        full = workspace.resolve(path)
+    except FileAccessError:
+        return None
+    for attached in files:
+        try:
+            if workspace.resolve(attached) == full:
+                return attached
+        except FileAccessError:
+            continue
+    return None
 
 
 def not_applied(edits: Sequence[PendingEdit], reply_attachments: Sequence[Attachment],

@@ -180,7 +180,7 @@ class ChatSession:
         if not self.messages or self.messages[-1].role != "assistant":
             return []
         reply = self.messages[-1]
-        edits = attachments.pending_edits(reply.content, self.messages[:-1])
+        edits = attachments.pending_edits(reply.content, self.messages[:-1], workspace=self.workspace)
         return attachments.not_applied(edits, reply.attachments, self.workspace)
 
     def applied_already(self) -> bool:

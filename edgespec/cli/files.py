@@ -52,10 +52,12 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     if cid is None:
         raise EdgespecError("there is no conversation yet: `edgespec chat --file PATH --once ...` starts one")
     messages = store.messages(cid)
-    edits = pending_edits(messages[-1].content, messages[:-1]) if messages[-1:] and messages[-1].role == "assistant" else []
-    if not edits:
+    if not messages or messages[-1].role != "assistant":
         raise EdgespecError(f"the last reply of conversation {cid} changes none of its files")
     workspace = workspace_from_args(args, stored_root=store.settings(cid).get("root"))
+    edits = pending_edits(messages[-1].content, messages[:-1], workspace=workspace)
+    if not edits:
+        raise EdgespecError(f"the last reply of conversation {cid} changes none of its files")
     edits = not_applied(edits, messages[-1].attachments, workspace)
     if not edits:
         raise EdgespecError(f"the last reply of conversation {cid} is applied already: its files hold its changes")

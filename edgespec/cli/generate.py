@@ -96,7 +96,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print(file=sys.stdout)
         print(stderr_stats(stats), file=sys.stderr)
     if args.apply:
-        edits = files.pending_edits("".join(text), messages)
+        edits = files.pending_edits("".join(text), messages, workspace=workspace)
         if not edits:
             raise EdgespecError("the reply changes none of the attached files; nothing was applied")
         apply_edits(edits, workspace, yes=args.yes, out=sys.stderr if args.json else None)

@@ -70,8 +70,12 @@ comments such as "rest of the code unchanged".
 """What the chat layer tells the model about answering with changed files (the whole format)."""
 
 
-def parse_edits(reply: str, files: Mapping[str, str]) -> list[FileEdit]:
+def parse_edits(reply: str, files: Mapping[str, str], *,
+                same_file: Callable[[str], str | None] | None = None) -> list[FileEdit]:
     """The edits a reply asks for, in the order it names them; `files` maps attached paths to their text.
+    `same_file(path)`: the attached path that a path the reply names and no attached path
+    matches is on disk (a symlink to it, inside the project folder), or None; the caller
+    that knows the files says so, as this function reads text only.
 
     Edits that change nothing are left out. A path that is not attached comes back as a
     whole-file edit with new=True. A block the reply gives no path for is a file's whole
@@ -80,7 +84,7 @@ def parse_edits(reply: str, files: Mapping[str, str]) -> list[FileEdit]:
     block clearly is a version of (RESEMBLANCE), which also catches a made-up name for an
     attached file. Raises EditError when an edit is there but cannot be applied as written
     (then none is returned)."""
-    scan = _Scan(reply.replace("\r\n", "\n").split("\n"), files)
+    scan = _Scan(reply.replace("\r\n", "\n").split("\n"), files, same_file)
     scan.run()
     edits = []
     for path, pieces in scan.pieces.items():
@@ -153,9 +157,10 @@ _DIFF_INFOS = frozenset({"diff", "patch", "udiff"})
 class _Scan:
     """One pass over a reply's lines, collecting the pieces of each file's edit."""
 
-    def __init__(self, lines: list[str], files: Mapping[str, str]):
+    def __init__(self, lines: list[str], files: Mapping[str, str], same_file: Callable[[str], str | None] | None):
         self.lines = lines
         self.files = files
+        self.same_file = same_file
         self.pieces: dict[str, _Pieces] = {}
         self.pathless: list[_Whole] = []
         self.hint: str | None = None
@@ -177,7 +182,7 @@ class _Scan:
             else:
                 if line.strip():
                     self.hint = _path_of_line(line)
-                    self.mentioned |= _mentions(line, self.files)
+                    self.mentioned |= _mentions(line, self._match)
                 i += 1
         if not self.pieces:
             self._guess_pathless()
@@ -199,7 +204,7 @@ class _Scan:
         info_path = _path_in_info(info)
         path = info_path or self.hint
         named = path or (next(iter(self.mentioned)) if len(self.mentioned) == 1 else None)
-        end = _closing(self.lines, start, marks, attached=self.files.get(_match(named, self.files)[0]) if named else None)
+        end = _closing(self.lines, start, marks, attached=self.files.get(self._match(named)[0]) if named else None)
         closed = end < len(self.lines)
         body = [line[len(indent):] if line.startswith(indent) else line for line in self.lines[start + 1 : end]]
         if any(_SEARCH.match(line) for line in body):
@@ -224,7 +229,7 @@ class _Scan:
             if closed:
                 self.pathless.append(_Whole(body, inferred=True, info=info))
             return
-        target, attached = _match(path, self.files)
+        target, attached = self._match(path)
         if inferred and (not closed or not _same_language(info, target)):
             return
         resembled = None if attached or not closed else _resembled(_Whole(body, info=info), self.files)
@@ -233,7 +238,7 @@ class _Scan:
             target, attached = resembled, True
         if not closed:
             raise EditError(f"The reply ends inside the code block for {target}, so it was cut short; ask the model to finish it.")
-        if named and attached and _match(named, self.files) == (target, True) and _without_bom(_split(self.files[target])[:1]) != body[:1]:
+        if named and attached and self._match(named) == (target, True) and _without_bom(_split(self.files[target])[:1]) != body[:1]:
             body = body[1:]
         self._add(target, WHOLE).wholes.append(_Whole(body, inferred=inferred, info=info))
 
@@ -254,7 +259,7 @@ class _Scan:
                 (path,) = self.files
             if path is None:
                 raise EditError("A search/replace block in the reply names no file; ask the model to put the file's path before it.")
-            target, attached = _match(path, self.files)
+            target, attached = self._match(path)
             pieces = self._add(target, REPLACE)
             if not attached and any(line.strip() for line in search):
                 raise EditError(f"The reply edits {target}, which is not attached; attach it and ask again.")
@@ -273,7 +278,7 @@ class _Scan:
                 (path,) = self.files
             if path is None:
                 raise EditError("A diff in the reply names no file; ask the model for ---/+++ lines with the path.")
-            target, attached = _match(path, self.files, diff=True)
+            target, attached = self._match(path, diff=True)
             if not attached and not creates:
                 raise EditError(f"The reply's diff changes {target}, which is not attached; attach it and ask again.")
             pieces = self._add(target, WHOLE if not attached else DIFF)
@@ -281,6 +286,14 @@ class _Scan:
                 pieces.wholes.append(_Whole([line for hunk in hunks for line in hunk.replace]))
             else:
                 pieces.blocks.extend(hunks)
+
+    def _match(self, path: str, *, diff: bool = False) -> tuple[str, bool]:
+        """_match, and else the attached file the path is on disk (same_file): a model may
+        name a symlink where the attachment shows the file it links to, or the other way."""
+        target, attached = _match(path, self.files, diff=diff)
+        if not attached and self.same_file is not None and (same := self.same_file(target)) in self.files:
+            return same, True
+        return target, attached
 
     def _add(self, path: str, kind: str) -> _Pieces:
         pieces = self.pieces.setdefault(path, _Pieces(kind))
@@ -483,11 +496,11 @@ def _comment_path(line: str) -> str | None:
     return match.group(1) if match and _plausible_path(match.group(1)) else None
 
 
-def _mentions(line: str, files: Mapping[str, str]) -> set[str]:
-    """Attached paths a prose line names in backticks."""
+def _mentions(line: str, match: Callable[[str], tuple[str, bool]]) -> set[str]:
+    """Attached paths a prose line names in backticks (`match`: _Scan._match)."""
     found = set()
     for quoted in re.findall(r"`([^`\s]+)`", line):
-        target, attached = _match(quoted.rstrip(".:,;"), files)
+        target, attached = match(quoted.rstrip(".:,;"))
         if attached:
             found.add(target)
     return found
