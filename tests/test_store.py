@@ -522,3 +522,20 @@ def test_a_database_from_before_attachments_is_upgraded_and_keeps_its_messages(t
         assert s.schema_version == len(store_module.MIGRATIONS)
         [message] = s.messages(1)
     assert (message.content, message.attachments) == ("hi", [])
+
+
+@pytest.mark.parametrize("blocked", ["a folder", "a link to itself"])
+def test_a_reply_lock_that_cannot_be_opened_is_a_store_error_naming_it(tmp_path, blocked):
+    """The lock file of a conversation (beside the database) that is a folder, or a link that
+    cannot be followed, is said in one line naming it; it raised a bare OSError (a traceback)."""
+    from edgespec.chat.reply_lock import reply_lock
+
+    lock = tmp_path / "c.db.locks" / "1.lock"
+    lock.parent.mkdir()
+    if blocked == "a folder":
+        lock.mkdir()
+    else:
+        lock.symlink_to(lock)
+    with pytest.raises(StoreError, match="1.lock"):
+        with reply_lock(tmp_path / "c.db", 1):
+            pass

@@ -27,13 +27,18 @@ def reply_lock(store_path: Path, conversation_id: int, *,
         folder.mkdir(exist_ok=True)
     except OSError as e:
         raise StoreError(f"Cannot create {folder}: {e.strerror or e}. Make {store_path.parent} writable.") from None
-    lock = FileLock(folder / f"{conversation_id}.lock", thread_local=False)
+    path = folder / f"{conversation_id}.lock"
+    lock = FileLock(path, thread_local=False)
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        if on_wait is not None:
-            on_wait()
-        lock.acquire()
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            if on_wait is not None:
+                on_wait()
+            lock.acquire()
+    except OSError as e:  # not a lock file (a folder, a link that cannot be followed) or not writable
+        raise StoreError(f"Cannot lock {path}: {e.strerror or e}. Remove it (edgespec makes it again) or make "
+                         f"{folder} writable.") from None
     try:
         yield
     finally:
