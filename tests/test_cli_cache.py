@@ -42,5 +42,22 @@ def test_clear_does_not_follow_a_link_out_of_the_cache(cache, tmp_path):
     assert (outside / "keep.txt").read_text() == "keep"
 
 
+def test_clear_says_which_linked_part_it_left_alone(cache, tmp_path, capsys):
+    """A part linked elsewhere is not followed, and the user is told so: a bare exit 0 read as cleared."""
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (cache / "pool").symlink_to(outside)
+    assert cli.main(["cache", "clear", "pool"]) == 0
+    err = capsys.readouterr().err
+    assert "pool" in err and "precious" in err and "link" in err
+
+
+def test_clear_removes_a_file_where_a_part_s_folder_belongs(cache, capsys):
+    (cache / "verified").write_text("not a folder")
+    assert cli.main(["cache", "clear", "verified"]) == 0
+    assert not (cache / "verified").exists()
+    assert "cleared verified" in capsys.readouterr().err
+
+
 def test_an_unknown_part_is_a_clear_error(cache):
     assert cli.main(["cache", "clear", "models"]) == 1

@@ -8,6 +8,7 @@ conversations live elsewhere and are never touched here.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 from pathlib import Path
 
@@ -49,11 +50,17 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         return 0
     for name in args.parts or PARTS:
         folder = root / name
-        if folder.is_symlink() or not folder.exists():
+        if folder.is_symlink():  # never followed: what it links to may not be edgespec's
+            note(f"left {name} alone: it is a link to {os.readlink(folder)}; clear that folder yourself")
             continue
-        size = _size(folder)
+        if not folder.exists():
+            continue
+        size = _size(folder) if folder.is_dir() else folder.stat().st_size
         try:
-            shutil.rmtree(folder)
+            if folder.is_dir():
+                shutil.rmtree(folder)
+            else:  # a file where the part's folder belongs: the part is rebuilt as a folder
+                folder.unlink()
         except OSError as e:
             raise EdgespecError(f"cannot clear {folder}: {e.strerror or e}") from None
         note(f"cleared {name} ({_human(size)})")
