@@ -284,6 +284,16 @@ def test_a_partial_file_restarts_cleanly_when_the_server_ignores_range(hub, home
     assert [r for _, _, r in hub.gets()] == ["bytes=4000-"]
 
 
+def test_a_download_asks_the_hub_for_the_file_and_nothing_else(hub, home, monkeypatch):
+    """huggingface_hub's headers look up, once a process, a registry of coding agents on the hub
+    (telemetry in the User-Agent, written under HF_HOME): edgespec sends no telemetry."""
+    _detect_agent = pytest.importorskip("huggingface_hub.utils._detect_agent")  # huggingface_hub >= 2.4
+    monkeypatch.setattr(_detect_agent, "_registry", None)  # as in a new process
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    fetch(hub_entry())
+    assert [path for _, path, _ in hub.requests] == [f"/{REPO}/resolve/main/tiny-q4.gguf"]
+
+
 def test_a_complete_partial_file_is_checked_without_downloading(hub, home):
     """Interrupted while hashing: the bytes are all there, so only the check runs again."""
     hub.add(REPO, "tiny-q4.gguf", CONTENT)

@@ -102,9 +102,12 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     if not _reachable(endpoint):
         raise _not_here(entry, source, offline=False, download=True)  # fail now, not after minutes of retries
-    from huggingface_hub import hf_hub_url
+    from huggingface_hub import constants, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
+    # edgespec sends no telemetry: without this, huggingface_hub's User-Agent asks the hub for a
+    # registry of coding agents (one more request, up to 3 s, a file written under HF_HOME)
+    constants.HF_HUB_DISABLE_TELEMETRY = True
     url = hf_hub_url(source.repo, source.file, revision=source.revision, endpoint=endpoint)
     again = f"Run `edgespec pull {entry.name}` again to download it afresh"
 
