@@ -440,6 +440,24 @@ def test_an_unusable_pool_file_is_dropped_with_a_log_line(tmp_path, caplog, how)
     assert Pool.open(tmp_path, VOCAB).index.documents() == ["new"]
 
 
+def test_a_fifo_named_as_the_pool_file_does_not_block_the_load(tmp_path, caplog):
+    """Only a regular file is read: a FIFO in its place blocked the open until a writer came (a hung load)."""
+    import threading
+
+    fifo = tmp_path / f"{VOCAB}.pool"
+    os.mkfifo(fifo)
+    opened = {}
+    worker = threading.Thread(target=lambda: opened.update(pool=Pool.open(tmp_path, VOCAB)), daemon=True)
+    with caplog.at_level(logging.WARNING):
+        worker.start()
+        worker.join(10)
+    blocked = worker.is_alive()
+    if blocked:  # let the reader go before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert not blocked and opened["pool"].index.n_tokens == 0
+    assert len(_pool_warnings(caplog)) == 1
+
+
 def test_a_pool_of_another_vocabulary_is_never_used(tmp_path, caplog):
     path = _saved_pool(tmp_path)
     path.rename(tmp_path / f"{OTHER_VOCAB}.pool")
