@@ -227,6 +227,16 @@ def test_generate_file_apply_yes_writes_the_edit_and_prints_the_diff(home, proje
     assert (project / "src" / "app.py").read_text() == RENAMED
 
 
+def test_generate_refuses_files_that_do_not_fit_naming_each_with_its_tokens(home, project, monkeypatch, capsys):
+    (project / "big.py").write_text("x = 1\n" * 400)
+    engine = FakeEngine(n_ctx=512)
+    _load(monkeypatch, engine)
+    argv = ["generate", "--template", "chatml", "--root", str(project), "--file", "big.py", "Look"]
+    assert cli.main(argv) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "big.py" in err and "context holds 512" in err and engine.prompts == []
+
+
 def test_generate_apply_refuses_without_a_terminal_and_writes_nothing(home, project, monkeypatch, capsys):
     _load(monkeypatch, FakeEngine(reply=lambda p: _whole("src/app.py", RENAMED)))
     monkeypatch.setattr("sys.stdin", open("/dev/null"))

@@ -90,6 +90,19 @@ def read_files(workspace: Workspace, paths: Iterable[str]) -> list[Attachment]:
     return list(attachments.values())
 
 
+def check_fit(attached: Sequence[Attachment], engine, room: int) -> None:
+    """Raise FilesDoNotFitError, naming each file with its tokens, when `attached` and
+    `room` tokens for the reply need more than `engine.n_ctx`: refused before any
+    reading, as a user can act only on which files, and how big."""
+    sizes = {a.path: len(engine.tokenize(a.content, special=False)) for a in attached}
+    if sum(sizes.values()) + room > engine.n_ctx:
+        listed = ", ".join(f"{path} {n:,}" for path, n in sizes.items())
+        raise FilesDoNotFitError(
+            f"The attached files need {sum(sizes.values()):,} tokens ({listed}) and a reply needs room for "
+            f"{room:,}, but the context holds {engine.n_ctx:,}: attach at most "
+            f"{engine.n_ctx - room:,} tokens of files, or load the model with a larger context.")
+
+
 def latest(messages: Iterable) -> dict[str, Attachment]:
     """The newest version of each file the conversation holds, by path."""
     files: dict[str, Attachment] = {}

@@ -36,6 +36,13 @@ SAVE_EVERY_S = 0.5
 REPLY_SHARE = 4
 """Room kept for the reply: max_tokens, but at most 1/REPLY_SHARE of the context."""
 TITLE_CHARS = 60
+
+
+def reply_room(max_tokens: int, n_ctx: int) -> int:
+    """Tokens of the context kept for the reply (see REPLY_SHARE)."""
+    return min(max_tokens, n_ctx // REPLY_SHARE)
+
+
 TOKEN_CHARS_MAX = 1024
 """More characters than any one token spells (real vocabularies stop far below):
 a window of n characters is at least n / TOKEN_CHARS_MAX tokens, so one that
@@ -231,14 +238,7 @@ class ChatSession:
         if self.workspace is None:
             raise FileAccessError("This session has no project folder to attach files from.")
         attached = attachments.read_files(self.workspace, paths)
-        room = min(self.params.max_tokens, self.engine.n_ctx // REPLY_SHARE)
-        sizes = {a.path: len(self.engine.tokenize(a.content, special=False)) for a in attached}
-        if sum(sizes.values()) + room > self.engine.n_ctx:
-            listed = ", ".join(f"{path} {n:,}" for path, n in sizes.items())
-            raise attachments.FilesDoNotFitError(
-                f"The attached files need {sum(sizes.values()):,} tokens ({listed}) and a reply needs room for "
-                f"{room:,}, but the context holds {self.engine.n_ctx:,}: attach at most "
-                f"{self.engine.n_ctx - room:,} tokens of files, or load the model with a larger context.")
+        attachments.check_fit(attached, self.engine, reply_room(self.params.max_tokens, self.engine.n_ctx))
         return attached
 
     def regenerate(self) -> Iterator[Chunk]:
@@ -306,7 +306,7 @@ class ChatSession:
         `dropped` None (not known): the search alone."""
         n_system = self._n_system(messages)
         turns = messages[n_system:]
-        room = min(self.params.max_tokens, self.engine.n_ctx // REPLY_SHARE)
+        room = reply_room(self.params.max_tokens, self.engine.n_ctx)
         # A window starts with a user turn (some templates insist on alternation),
         # or is the last message alone.
         cuts = [i for i, m in enumerate(turns[:-1]) if m.role == "user" and i >= (dropped or 0)] + [len(turns) - 1]

@@ -50,6 +50,7 @@ def _add_generate(sub) -> None:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from edgespec.chat import attachments as files
     from edgespec.chat.prompt import PromptEncoder, encode_prompt
+    from edgespec.chat.session import reply_room
 
     prompt = args.prompt if args.prompt is not None else _read_stdin()
     if not prompt.strip():
@@ -65,6 +66,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         n_ctx = engine.n_ctx
         model = Path(engine.describe().target.path).name  # as a template's errors name it
         if messages is not None:
+            files.check_fit(messages[-1].attachments, engine, reply_room(params.max_tokens, n_ctx))
             encoded = PromptEncoder(engine, template=args.template, model=model).encode(files.model_messages(messages))
         else:
             encoded = encode_prompt(engine, prompt, raw=args.raw, system=args.system, template=args.template,
