@@ -7,7 +7,9 @@ installs, a USB stick).
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,3 +74,17 @@ def dirs() -> Dirs:
         cache=Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)),
         hub_cache=None,
     )
+
+
+def read_kept(path: Path, *, limit: int) -> bytes:
+    """The bytes of a small file edgespec keeps between runs (a calibration, a marker), read
+    without blocking. Raises OSError where it cannot be read or is not a regular file (a FIFO
+    in its place would block the open until a writer came), ValueError where it holds more than
+    `limit` bytes (edgespec never writes one that large)."""
+    with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if info.st_size > limit:
+            raise ValueError(f"{path}: {info.st_size} bytes, more than the {limit} such a file holds")
+        return f.read(limit + 1)

@@ -1,6 +1,7 @@
 """Auto mode's choices, with made-up costs and drafters (no model)."""
 
 import json
+import logging
 
 import pytest
 
@@ -283,6 +284,32 @@ def test_a_damaged_kept_calibration_is_measured_again(tmp_path, damage):
     kept = tmp_path / "costs.json"
     kept.write_text(damage)
     assert load_costs(kept) is None
+
+
+@pytest.mark.parametrize("what", ["a FIFO", "a folder"])
+def test_a_kept_calibration_that_is_not_a_file_is_measured_again_without_waiting(tmp_path, what):
+    """Only a regular file is read: a FIFO in its place blocked the first auto reply until a writer came."""
+    import os
+    import threading
+
+    kept = tmp_path / "costs.json"
+    os.mkfifo(kept) if what == "a FIFO" else kept.mkdir()
+    loaded = {}
+    worker = threading.Thread(target=lambda: loaded.update(costs=load_costs(kept)), daemon=True)
+    worker.start()
+    worker.join(10)
+    blocked = worker.is_alive()
+    if blocked:  # let the reader go before failing
+        os.close(os.open(kept, os.O_WRONLY | os.O_NONBLOCK))
+    assert not blocked and loaded["costs"] is None
+
+
+def test_a_file_where_the_calibration_s_folder_belongs_only_means_measuring_again(tmp_path, caplog):
+    """save_costs is best effort: a folder it cannot make is a log line (its clean-up raised NotADirectoryError)."""
+    (tmp_path / "measured").write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="edgespec.cache"):
+        save_costs(Costs({1: 0.04}, {"lookup": 0.0}), tmp_path / "measured" / "costs.json")
+    assert "could not keep the calibration" in caplog.text
 
 
 def test_acceptance_estimate():

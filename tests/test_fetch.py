@@ -188,6 +188,25 @@ def test_a_damaged_verification_marker_is_only_a_reason_to_hash_again(hub, home,
     assert marker.read_text().startswith("{")
 
 
+def test_a_fifo_in_place_of_a_verification_marker_is_not_waited_on(hub, home):
+    import threading
+
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    entry = hub_entry()
+    fetch(entry)
+    [marker] = (home / "cache" / "verified").glob("*.json")
+    marker.unlink()
+    os.mkfifo(marker)
+    fetched = {}
+    worker = threading.Thread(target=lambda: fetched.update(path=fetch(entry)), daemon=True)
+    worker.start()
+    worker.join(10)
+    blocked = worker.is_alive()
+    if blocked:  # let the reader go before failing
+        os.close(os.open(marker, os.O_WRONLY | os.O_NONBLOCK))
+    assert not blocked and fetched["path"].read_bytes() == CONTENT
+
+
 def test_a_file_changed_after_verification_is_hashed_again(hub):
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     entry = hub_entry()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from edgespec.config import read_kept
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.snapshots import cache_key
 from edgespec.llama import system_info
@@ -246,7 +247,7 @@ def _load(kept: Path | None, key: str) -> FlashAttnTimes | None:
         return None
     path = kept / f"{key}.json"
     try:
-        return FlashAttnTimes.from_json(json.loads(path.read_text()))
+        return FlashAttnTimes.from_json(json.loads(read_kept(path, limit=1 << 20)))  # a few hundred bytes written
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as e:

@@ -6,6 +6,7 @@ load (`calibrate`) and kept current from every cycle (`Costs.observe`).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import logging
 import math
@@ -13,8 +14,12 @@ import os
 import time
 from pathlib import Path
 
+from edgespec.config import read_kept
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.policy import CycleReport
+
+KEPT_MAX_BYTES = 1 << 20
+"""The most a kept calibration holds (a few hundred bytes are written): a larger file is not one."""
 
 EMA = 0.2
 """Weight of a new timing in the running cost estimates."""
@@ -213,7 +218,8 @@ def save_costs(costs: Costs, path: Path) -> None:
         os.replace(tmp, path)
     except OSError as e:
         logging.getLogger("edgespec.cache").warning("could not keep the calibration in %s: %s", path, e)
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # (no folder to clean: a file in its place)
+            tmp.unlink(missing_ok=True)
 
 
 def load_costs(path: Path) -> Costs | None:
@@ -222,7 +228,7 @@ def load_costs(path: Path) -> Costs | None:
     cycle's, as Costs.catch_up charges); kept without it, the price was the calibration
     batch's seconds over all its tokens, and is read as that batch's price now."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_kept(path, limit=KEPT_MAX_BYTES))
         target = {int(n): float(t) for n, t in data["target"].items()}
         draft = {str(k): float(v) for k, v in data["per_draft_token"].items()}
         catch_up = {str(k): float(v) for k, v in data["per_catch_up_token"].items()}

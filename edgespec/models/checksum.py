@@ -7,12 +7,13 @@ next start trusts the marker while size and mtime are unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from pathlib import Path
 
-from edgespec.config import dirs
+from edgespec.config import dirs, read_kept
 from edgespec.errors import DownloadError
 from edgespec.models.progress import Meter, ProgressCallback, human_bytes
 
@@ -53,12 +54,15 @@ def record_verified(path: Path, sha256: str) -> None:
     """Remember that `path`, as it is now, has this digest (best effort)."""
     st = path.stat()
     marker = _marker_path(path)
+    tmp = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"path": str(path.resolve()), "size": st.st_size,
-                                      "mtime_ns": st.st_mtime_ns, "sha256": sha256}))
-    except OSError:
-        pass  # only a cache: the next start hashes again
+        tmp.write_text(json.dumps({"path": str(path.resolve()), "size": st.st_size,
+                                   "mtime_ns": st.st_mtime_ns, "sha256": sha256}))
+        os.replace(tmp, marker)  # whatever was in its place (a FIFO would block a write) is replaced whole
+    except OSError:  # only a cache: the next start hashes again
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def forget_verified(path: Path) -> None:
@@ -72,7 +76,7 @@ def _marker_matches(path: Path, st: os.stat_result, sha256: str) -> bool:
     """Whether a marker says `path`, as it is now, has `sha256`. The marker is a cache: one
     that cannot be read or is not a marker (truncated, another shape) only means hashing again."""
     try:
-        data = json.loads(_marker_path(path).read_text())
+        data = json.loads(read_kept(_marker_path(path), limit=1 << 16))  # a few hundred bytes written
     except (OSError, ValueError, RecursionError):  # RecursionError: json's nesting limit
         return False
     return isinstance(data, dict) and (data.get("path") == str(path.resolve()) and data.get("size") == st.st_size
