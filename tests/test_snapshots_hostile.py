@@ -204,6 +204,17 @@ def test_a_save_cut_short_by_a_kill_leaves_no_file_past_the_next_save(disk):
     assert not killed.exists() and writing.exists()
 
 
+@pytest.mark.parametrize("where", ["the model's folder", "the cache folder"])
+def test_a_file_where_a_folder_belongs_loses_only_the_snapshot(disk, caplog, where):
+    """save() is best effort: a folder it cannot make is a log line (its clean-up raised NotADirectoryError)."""
+    blocked = disk / KEY if where == "the model's folder" else disk
+    blocked.parent.mkdir(parents=True, exist_ok=True)
+    blocked.write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="edgespec.cache"):
+        assert cache(disk).save(Snapshot(KEY, TOKENS, DATA)) is False
+    assert len(warnings(caplog)) == 1 and blocked.read_text() == "not a folder"
+
+
 # -- item 8: a snapshot llama.cpp refuses is deleted; the key holds what makes one unusable ----------
 
 def load_synth(model, disk, **settings):

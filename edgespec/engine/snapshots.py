@@ -23,7 +23,7 @@ import struct
 import time
 import zlib
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Sequence
@@ -197,7 +197,8 @@ class SnapshotCache:
         except OSError as e:
             log.warning("could not write a KV snapshot to %s (%s); the conversation is kept, only "
                         "its cached reading is lost", folder, e.strerror or e)
-            tmp.unlink(missing_ok=True)
+            with suppress(OSError):  # (no folder to clean: a file in its place)
+                tmp.unlink(missing_ok=True)
             return False
         snapshot.file = path
         self._index[path] = (snapshot.key, snapshot.tokens, size)
