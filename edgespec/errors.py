@@ -6,6 +6,14 @@ command line stand here too, where the launcher (edgespec/__main__.py) and the
 command line (edgespec/cli/) both read them.
 """
 
+def yaml_problem(error: Exception) -> str:
+    """A YAML parser's error (yaml.YAMLError) in one line: the line it is on and what is wrong.
+    Its own message spans several lines, quoting the text with a caret under it."""
+    mark = getattr(error, "problem_mark", None)
+    at = f"line {mark.line + 1}: " if mark is not None else ""
+    return f"{at}{getattr(error, 'problem', None) or ' '.join(str(error).split())}"
+
+
 EXIT_ERROR = 1
 """The exit status of a command that failed with an error it printed."""
 EXIT_INTERRUPTED = 130

@@ -256,7 +256,8 @@ def test_a_binary_models_yaml_is_reported_with_the_file(tmp_path):
 
 
 def test_broken_yaml_is_reported_with_the_file(tmp_path):
-    assert "not valid YAML" in error_for(tmp_path, "models: [unclosed")
+    message = error_for(tmp_path, "models: [unclosed")
+    assert "not valid YAML" in message and "line 1" in message and "\n" not in message
 
 
 @pytest.mark.parametrize("doc", ["models: " + "[" * 5000 + "]" * 5000, "models: " + "[" * 5000],

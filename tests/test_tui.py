@@ -610,6 +610,17 @@ def test_a_read_only_settings_file_is_not_replaced(tmp_path):
     assert load_defaults(path).temperature == 0.7
 
 
+@pytest.mark.parametrize("text", ["temperature: 'unclosed\n", "\x00", "a: b\n c: d\n"])
+def test_a_settings_file_that_is_not_yaml_is_reported_in_one_line_with_its_line(tmp_path, text):
+    """YAML's own message runs over several lines, with a caret under the text; a file cut
+    short (a kill while an older edgespec wrote it) gave a notification of six lines."""
+    path = tmp_path / "settings.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=r"settings.yaml: .*(line|position) \d") as refused:
+        load_defaults(path)
+    assert "\n" not in str(refused.value)
+
+
 def test_a_settings_file_that_is_a_directory_is_reported_naming_it(tmp_path):
     (tmp_path / "settings.yaml").mkdir()
     with pytest.raises(ValueError, match="settings.yaml.*(directory|not a file)"):

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from edgespec.config import dirs
-from edgespec.errors import RegistryError
+from edgespec.errors import RegistryError, yaml_problem
 from edgespec.models.bundled import DEFAULT_PAIR
 from edgespec.models.hub import HubSource
 from edgespec.models.schema import check_pairs, parse, path_problem, repo_problem
@@ -138,7 +138,7 @@ def _read(path: Path) -> Any:
     try:
         return yaml.load(text, Loader=_UniqueKeys) or {}  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
-        raise RegistryError(f"{path}: not valid YAML: {e}") from e
+        raise RegistryError(f"{path}: not valid YAML: {yaml_problem(e)}") from e
     except RecursionError:  # YAML nested deeper than Python's stack
         raise RegistryError(f"{path}: it is nested too deeply to be a models.yaml") from None
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from edgespec.engine.events import MODES, GenerationParams
+from edgespec.errors import yaml_problem
 from edgespec.limits import LIMITS
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS, LoadSettings
 from edgespec.modes import DEFAULT_MODE, reply_decoding
@@ -205,6 +206,8 @@ def load_defaults(path: str | Path | None = None) -> ChatSettings:
                          f"built-in defaults)") from None
     except (yaml.YAMLError, ValueError, OSError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+        if isinstance(e, yaml.YAMLError):
+            reason = yaml_problem(e)
         raise ValueError(f"{path}: {reason} (fix or delete the file to use the built-in defaults)") from None
 
 
