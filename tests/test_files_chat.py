@@ -206,6 +206,47 @@ def test_the_edit_instructions_come_once_per_window():
     assert EDIT_INSTRUCTIONS.strip() not in rendered[2]["content"] and "b = 1" in rendered[2]["content"]
 
 
+@pytest.mark.parametrize("text", ["Summarise this", "What did we decide about the release?",
+                                  "explain how parse works", "Is there a bug in a.py?"])
+def test_a_question_about_the_files_gets_no_edit_instructions(text):
+    """With the rules for changed files before it, a small model answers "Summarise this" by
+    writing the file out again (the bundled 1.5B did, in every place the rules were tried):
+    a message that only asks is sent without them."""
+    from edgespec.chat.attachments import Attachment
+    from edgespec.chat.store import Message
+    from edgespec.workspace.edits import EDIT_INSTRUCTIONS
+
+    a = Attachment("a.py", "a = 1\n", "1" * 64)
+    rendered = model_messages([Message("user", text, attachments=[a])])
+    assert EDIT_INSTRUCTIONS.strip() not in rendered[0]["content"]
+    assert "a = 1" in rendered[0]["content"] and rendered[0]["content"].endswith(text)
+
+
+@pytest.mark.parametrize("text", ["Can you fix the bug?", "Rename name to person", "what if you added a test",
+                                  "Résume ce fichier en trois lignes"])  # another language: the rules, as before
+def test_a_message_that_may_ask_for_a_change_gets_the_edit_instructions(text):
+    from edgespec.chat.attachments import Attachment
+    from edgespec.chat.store import Message
+    from edgespec.workspace.edits import EDIT_INSTRUCTIONS
+
+    a = Attachment("a.py", "a = 1\n", "1" * 64)
+    assert EDIT_INSTRUCTIONS.strip() in model_messages([Message("user", text, attachments=[a])])[0]["content"]
+
+
+def test_the_edit_instructions_come_with_the_first_change_asked_for_after_a_question():
+    from edgespec.chat.attachments import Attachment
+    from edgespec.chat.store import Message
+    from edgespec.workspace.edits import EDIT_INSTRUCTIONS
+
+    a = Attachment("a.py", "a = 1\n", "1" * 64)
+    messages = [Message("user", "What does a.py do?", attachments=[a]), Message("assistant", "It sets a."),
+                Message("user", "Change a to 2"), Message("assistant", "a.py ..."), Message("user", "And b?")]
+    rendered = model_messages(messages)
+    assert [EDIT_INSTRUCTIONS.strip() in m["content"] for m in rendered] == [False, False, True, False, False]
+    assert rendered[2]["content"].endswith("Change a to 2")
+    assert model_messages(messages[:3]) == rendered[:3]  # each turn renders the earlier ones the same: the cache holds
+
+
 # -- the command line ---------------------------------------------------------------------
 
 @pytest.fixture

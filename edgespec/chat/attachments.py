@@ -17,6 +17,7 @@ and the KV cache keeps its prefix:
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,23 +130,55 @@ def model_messages(messages: Sequence) -> list[dict]:
     """The messages as the chat template takes them, attachments rendered into the
     user messages that carry them (see the module's docstring). Each file shown
     is a labelled span of its message ("file:<path>"), so that what is drafted
-    from it is credited to it."""
+    from it is credited to it. How to answer with changed files (EDIT_INSTRUCTIONS)
+    comes once, in the first user message, with files shown by then, that does not
+    only ask about them (only_asks)."""
     shown: dict[str, str] = {}  # path -> sha256 the model has seen, within these messages
+    instructed = False
     out = []
     for m in messages:
         message = {"role": m.role, "content": m.content}
-        if m.role == "user" and m.attachments:
-            message["content"], message["spans"] = _with_files(m.content, m.attachments, shown, instruct=not shown)
+        if m.role == "user":
+            instruct = not instructed and bool(shown or m.attachments) and not only_asks(m.content)
+            instructed = instructed or instruct
+            if m.attachments:
+                message["content"], message["spans"] = _with_files(m.content, m.attachments, shown, instruct=instruct)
+            elif instruct:
+                message["content"] = _INSTRUCTIONS + m.content
         for a in m.attachments:
             shown[a.path] = a.sha256
         out.append(message)
     return out
 
 
+QUESTION_OPENERS = frozenset("""what why how where which who whom whose when is are was were does do did can could
+    should would will explain summarise summarize summary describe tell list compare review""".split())
+"""First words of a message that asks about the files rather than for a change to them."""
+CHANGE_VERBS = ("add", "append", "apply", "change", "clean", "convert", "correct", "create", "delete", "drop", "edit",
+                "extract", "fix", "format", "implement", "improve", "insert", "make", "merge", "modify", "move",
+                "refactor", "remove", "rename", "reorder", "replace", "rewrite", "sort", "split", "translate", "turn",
+                "update", "write")
+"""Verbs that may ask for a changed file: a message with any of them (however inflected) gets the rules."""
+_CHANGE_WORDS = frozenset(w + end for w in CHANGE_VERBS for end in ("", "s", "es", "d", "ed", "ing")) | frozenset(
+    w[:-1] + end for w in CHANGE_VERBS if w.endswith("e") for end in ("ing", "ed")) | frozenset(
+    w + w[-1] + end for w in CHANGE_VERBS for end in ("ed", "ing")) | {"made", "wrote", "written"}
+_INSTRUCTIONS = EDIT_INSTRUCTIONS.rstrip("\n") + "\n\n"
+
+
+def only_asks(text: str) -> bool:
+    """Whether a message only asks about the files (opens as a question or ends with a question mark,
+    and names no change): it is sent without EDIT_INSTRUCTIONS, before which a small model answers
+    "Summarise this" by writing the file out again. Any other message gets them, in any language."""
+    words = re.findall(r"[a-z]+", text.lower())
+    if not words or not (words[0] in QUESTION_OPENERS or text.rstrip().endswith("?")):
+        return False
+    return not any(w in _CHANGE_WORDS for w in words)
+
+
 def _with_files(text: str, attachments: Sequence[Attachment], shown: Mapping[str, str], *,
                 instruct: bool) -> tuple[str, list[tuple[int, int, str]]]:
-    """The files, then how to answer with changed files (in the first message that
-    shows any), then `text`; and the files' spans in it, (start, end, label)."""
+    """The files, then (where `instruct`) how to answer with changed files, then
+    `text`; and the files' spans in it, (start, end, label)."""
     content, spans = "", []
     for a in attachments:
         if shown.get(a.path) == a.sha256:
@@ -158,7 +191,7 @@ def _with_files(text: str, attachments: Sequence[Attachment], shown: Mapping[str
         spans.append((len(content), len(content) + len(body), f"file:{a.path}"))
         content += f"{body}{fence}\n\n"
     if instruct:
-        content += EDIT_INSTRUCTIONS.rstrip("\n") + "\n\n"
+        content += _INSTRUCTIONS
     return content + text, spans
 
 
