@@ -150,9 +150,9 @@ def add_cache_options(g) -> None:
 
     default = CacheSettings()
     g.add_argument("--parallel", type=positive, default=None, metavar="N",
-                   help=f"conversations held in the KV caches at once (default {SLOTS} where flash attention is on, "
-                        "1 where it is off: its kernel attends to every conversation's cells); those let go wait "
-                        "in RAM, and coming back to one reads only its new tokens")
+                   help=f"conversations held in the KV caches at once (default {SLOTS} on a GPU with flash "
+                        "attention, else 1: there attention goes over every conversation's cells, slowing each "
+                        "token); those let go wait in RAM, and coming back to one reads only its new tokens")
     g.add_argument("--cache-ram", type=_non_negative, default=default.ram_mib, metavar="MiB",
                    help=f"host memory for the caches of conversations let go (default {default.ram_mib}; 0: none)")
     g.add_argument("--cache-disk", type=_non_negative, default=default.disk_mib, metavar="MiB",

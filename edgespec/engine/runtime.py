@@ -127,15 +127,18 @@ def flash_attention(settings: ModelSettings, model: LlamaModel, measured: Path |
         return True
     if settings.flash_attn is not None:
         return settings.flash_attn
-    devices = set(model.layer_devices.values())
-    if not devices:  # llama.cpp did not say where the layers went: by what was asked
-        on_cpu = settings.n_gpu_layers == 0 and settings.rpc is None
-    else:
-        on_cpu = devices == {"CPU"}
-    if not on_cpu:
+    if not runs_on_cpu(settings, model):
         return None
     return choose_cpu_flash_attn(model.attention_shape(), n_ctx=settings.n_ctx, n_batch=settings.n_batch,
                                  kept=measured / "attention" if measured else None)
+
+
+def runs_on_cpu(settings: ModelSettings, model: LlamaModel) -> bool:
+    """Whether every layer of `model` runs on this machine's CPU."""
+    devices = set(model.layer_devices.values())
+    if not devices:  # llama.cpp did not say where the layers went: by what was asked
+        return settings.n_gpu_layers == 0 and settings.rpc is None
+    return devices == {"CPU"}
 
 
 def open_context(settings: ModelSettings, model: LlamaModel, flash_attn: bool | None, slots: int) -> LlamaContext:
@@ -172,7 +175,8 @@ class _Loaded:
         ctx = None
         try:
             flash_attn = flash_attention(settings, model, measured)
-            ctx = open_context(settings, model, flash_attn, slots or default_slots(flash_attn))
+            ctx = open_context(settings, model, flash_attn,
+                               slots or default_slots(flash_attn, on_cpu=runs_on_cpu(settings, model)))
             return cls(settings, model, ctx, cache=cache)
         except BaseException:
             if ctx is not None:

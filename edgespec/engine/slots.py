@@ -22,17 +22,19 @@ from edgespec.llama.context import LlamaContext
 log = logging.getLogger("edgespec.cache")
 
 SLOTS = 4
-"""Conversations held in a context at once where that costs nothing (llama-server's default)."""
+"""Conversations held in a context at once where the attention kernels skip the cells of
+other sequences (llama-server's default)."""
 
 
-def default_slots(flash_attn: bool | None) -> int:
-    """SLOTS where the target runs with flash attention (None: llama.cpp's choice,
-    on wherever the backend has it), whose kernels skip the cells of other
-    sequences; 1 where it runs without: the unfused path multiplies every pass
-    against every cell of the unified cache, other conversations' included, so a
-    prompt read beside another conversation reads slower. There, other
-    conversations wait in RAM snapshots, restored in tens of milliseconds."""
-    return 1 if flash_attn is False else SLOTS
+def default_slots(flash_attn: bool | None, *, on_cpu: bool) -> int:
+    """SLOTS where the target runs on a GPU with flash attention (None: llama.cpp's choice,
+    on wherever the backend has it); 1 where it runs without (the unfused path multiplies
+    every pass against every cell of the unified cache, other conversations' included) and
+    wherever it runs on the CPU: there the flash-attention kernel too goes over every cell,
+    and three other conversations of 1,500 tokens beside one of 1,500 made each token 16%
+    slower (docs/design.md). Other conversations then wait in RAM snapshots, restored in
+    milliseconds."""
+    return 1 if on_cpu or flash_attn is False else SLOTS
 
 
 SNAPSHOT_MIN = 64
