@@ -16,6 +16,7 @@ from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings
 from edgespec.limits import MAX_DRAFT
 from edgespec.llama.model import AttentionShape, LlamaModel
 from edgespec.models.attention_model import write_attention_model
+from tests.blocking import returns_without_blocking
 
 SHAPE = AttentionShape(n_head=9, n_head_kv=3, head_k=64, head_v=64)
 """SmolLM2-135M's attention."""
@@ -124,7 +125,6 @@ def test_a_damaged_measurement_is_measured_again_with_a_log_line(probe, tmp_path
 def test_a_fifo_in_place_of_a_measurement_is_measured_again_without_waiting(probe, tmp_path):
     """Only a regular file is read: a FIFO in its place blocked the load until a writer came."""
     import os
-    import threading
 
     kept = tmp_path / "attention"
     choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, kept=kept)
@@ -133,15 +133,8 @@ def test_a_fifo_in_place_of_a_measurement_is_measured_again_without_waiting(prob
     os.mkfifo(path)
     attention._measured.clear()
     probe.times = ON_READS_FASTER
-    chosen = {}
-    worker = threading.Thread(target=lambda: chosen.update(
-        on=choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, kept=kept)), daemon=True)
-    worker.start()
-    worker.join(10)
-    blocked = worker.is_alive()
-    if blocked:  # let the reader go before failing
-        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-    assert not blocked and chosen["on"] is True and probe.calls == 2
+    on = returns_without_blocking(path, lambda: choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, kept=kept))
+    assert on is True and probe.calls == 2
 
 
 def test_a_cache_folder_that_cannot_be_written_leaves_the_choice_to_llama_cpp(monkeypatch, tmp_path, caplog):

@@ -9,6 +9,7 @@ from edgespec.engine.auto import Acceptance, AutoPolicy, Ledger, expected_tokens
 from edgespec.engine.costs import CATCH_UP_PROBE, Costs, load_costs, pass_sizes, per_missed_token, save_costs
 from edgespec.engine.policy import Bucket, CycleReport, Plan
 from edgespec.engine.drafters import Draft, Drafter, Offer, PromptLookup
+from tests.blocking import returns_without_blocking
 
 
 class FakeDraftModel(Drafter):
@@ -290,18 +291,10 @@ def test_a_damaged_kept_calibration_is_measured_again(tmp_path, damage):
 def test_a_kept_calibration_that_is_not_a_file_is_measured_again_without_waiting(tmp_path, what):
     """Only a regular file is read: a FIFO in its place blocked the first auto reply until a writer came."""
     import os
-    import threading
 
     kept = tmp_path / "costs.json"
     os.mkfifo(kept) if what == "a FIFO" else kept.mkdir()
-    loaded = {}
-    worker = threading.Thread(target=lambda: loaded.update(costs=load_costs(kept)), daemon=True)
-    worker.start()
-    worker.join(10)
-    blocked = worker.is_alive()
-    if blocked:  # let the reader go before failing
-        os.close(os.open(kept, os.O_WRONLY | os.O_NONBLOCK))
-    assert not blocked and loaded["costs"] is None
+    assert returns_without_blocking(kept, lambda: load_costs(kept)) is None
 
 
 def test_a_file_where_the_calibration_s_folder_belongs_only_means_measuring_again(tmp_path, caplog):

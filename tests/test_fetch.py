@@ -17,6 +17,7 @@ from edgespec.models.hub import HubSource
 from edgespec.models.registry import DEFAULT_PAIR, ModelEntry, PairEntry, Registry
 from edgespec.models.checksum import file_sha256
 from tests.fake_hub import FakeHub
+from tests.blocking import returns_without_blocking
 
 REPO = "someone/Tiny-GGUF"
 CONTENT = b"GGUF" + bytes(range(256)) * 12_000  # about 3 MB
@@ -189,7 +190,6 @@ def test_a_damaged_verification_marker_is_only_a_reason_to_hash_again(hub, home,
 
 
 def test_a_fifo_in_place_of_a_verification_marker_is_not_waited_on(hub, home):
-    import threading
 
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     entry = hub_entry()
@@ -197,14 +197,7 @@ def test_a_fifo_in_place_of_a_verification_marker_is_not_waited_on(hub, home):
     [marker] = (home / "cache" / "verified").glob("*.json")
     marker.unlink()
     os.mkfifo(marker)
-    fetched = {}
-    worker = threading.Thread(target=lambda: fetched.update(path=fetch(entry)), daemon=True)
-    worker.start()
-    worker.join(10)
-    blocked = worker.is_alive()
-    if blocked:  # let the reader go before failing
-        os.close(os.open(marker, os.O_WRONLY | os.O_NONBLOCK))
-    assert not blocked and fetched["path"].read_bytes() == CONTENT
+    assert returns_without_blocking(marker, lambda: fetch(entry)).read_bytes() == CONTENT
 
 
 def test_a_file_changed_after_verification_is_hashed_again(hub):

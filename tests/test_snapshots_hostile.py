@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from edgespec.engine.snapshots import MAGIC, Snapshot, SnapshotCache
+from tests.blocking import unblock
 
 KEY = "k" * 32
 
@@ -124,16 +125,6 @@ def find_within(snapshots: SnapshotCache, tokens, seconds: float = 30):
     worker.start()
     worker.join(seconds)
     return worker.is_alive(), result.get("found")
-
-
-def unblock(fifo: Path) -> None:
-    """Open the FIFO for writing and close it, so that a reader blocked on it returns."""
-    import os
-
-    try:
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-    except OSError:
-        pass
 
 
 @pytest.mark.parametrize("where", ["in the folder", "behind a symlink"])

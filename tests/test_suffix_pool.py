@@ -17,6 +17,7 @@ import pytest
 from edgespec.engine.pool import FORMAT, Pool, forget_everywhere, vocab_id
 from edgespec.engine import suffix
 from edgespec.engine.suffix import BYTES_PER_TOKEN, DOC_OVERHEAD, SuffixIndex
+from tests.blocking import returns_without_blocking
 
 
 def _random(n: int, *, seed: int, vocab: int = 32000) -> list[int]:
@@ -442,19 +443,12 @@ def test_an_unusable_pool_file_is_dropped_with_a_log_line(tmp_path, caplog, how)
 
 def test_a_fifo_named_as_the_pool_file_does_not_block_the_load(tmp_path, caplog):
     """Only a regular file is read: a FIFO in its place blocked the open until a writer came (a hung load)."""
-    import threading
 
     fifo = tmp_path / f"{VOCAB}.pool"
     os.mkfifo(fifo)
-    opened = {}
-    worker = threading.Thread(target=lambda: opened.update(pool=Pool.open(tmp_path, VOCAB)), daemon=True)
     with caplog.at_level(logging.WARNING):
-        worker.start()
-        worker.join(10)
-    blocked = worker.is_alive()
-    if blocked:  # let the reader go before failing
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-    assert not blocked and opened["pool"].index.n_tokens == 0
+        pool = returns_without_blocking(fifo, lambda: Pool.open(tmp_path, VOCAB))
+    assert pool.index.n_tokens == 0
     assert len(_pool_warnings(caplog)) == 1
 
 
