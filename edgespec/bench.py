@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import yaml
 
 from edgespec.engine.events import GenerationParams, Stats
-from edgespec.errors import EdgespecError
+from edgespec.errors import yaml_problem
 from edgespec.limits import BENCH_MAX_TOKENS, MAX_DRAFT
 from edgespec.machine import cpu_name
 from edgespec.modes import MODES
@@ -87,9 +87,7 @@ def load_prompts(path: str | Path | None = None, *, categories: Sequence[str] | 
     except RecursionError:  # YAML nested deeper than Python's stack
         raise ValueError(f"{where}: nested too deeply to be a prompt suite") from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f"line {mark.line + 1}: " if mark is not None else ""
-        raise ValueError(f"{where}: not valid YAML ({at}{getattr(e, 'problem', None) or e})") from None
+        raise ValueError(f"{where}: not valid YAML ({yaml_problem(e)})") from None
     prompts = _prompts(doc, where)
     if categories:
         prompts = [p for p in prompts if p.category in categories]
@@ -381,16 +379,12 @@ def write_json(results: Sequence[Result], path: str | Path, *, meta: dict | None
 
 
 def _replace(path: Path, data: bytes) -> None:
-    """Write `path` whole or not at all: a temporary file beside it, renamed over it once
-    written, so that a full disk keeps the results of an earlier run there as they were.
-    EdgespecError naming the file where it cannot be written."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise EdgespecError(f"{path}: cannot write it ({e.strerror or e}); what was there before is kept") from None
+    """Write `path` whole or not at all (workspace.apply.write_atomic), so that a full disk keeps
+    the results of an earlier run there as they were; EdgespecError naming the file."""
+    from edgespec.workspace.apply import write_atomic
+
+    write_atomic(path, data, str(path),
+                 failed=lambda e: f"{path}: cannot write it ({e.strerror or e}); what was there before is kept")
 
 
 def write_chart(results: Sequence[Result], path: str | Path, *, title: str = "") -> None:

@@ -12,6 +12,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import platformdirs
 
@@ -76,15 +77,22 @@ def dirs() -> Dirs:
     )
 
 
+def open_kept(path: Path) -> BinaryIO:
+    """A file edgespec keeps between runs (a calibration, a marker, the lookup pool), opened for
+    reading without blocking. Raises OSError where it cannot be opened or is not a regular file
+    (a FIFO in its place would block the open until a writer came)."""
+    f = open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb")
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return f
+
+
 def read_kept(path: Path, *, limit: int) -> bytes:
-    """The bytes of a small file edgespec keeps between runs (a calibration, a marker), read
-    without blocking. Raises OSError where it cannot be read or is not a regular file (a FIFO
-    in its place would block the open until a writer came), ValueError where it holds more than
-    `limit` bytes (edgespec never writes one that large)."""
-    with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        if info.st_size > limit:
-            raise ValueError(f"{path}: {info.st_size} bytes, more than the {limit} such a file holds")
+    """The bytes of a small kept file (open_kept). Raises OSError as open_kept does,
+    ValueError where it holds more than `limit` bytes (edgespec never writes one that large)."""
+    with open_kept(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise ValueError(f"{path}: {size} bytes, more than the {limit} such a file holds")
         return f.read(limit + 1)

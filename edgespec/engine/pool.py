@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import re
-import stat
 import struct
 import time
 import zlib
@@ -36,6 +35,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from edgespec import __version__
+from edgespec.config import open_kept
 from edgespec.engine.suffix import MAX_TOKEN, SuffixIndex
 from edgespec.models.compat import VocabInfo
 
@@ -233,12 +233,8 @@ def _read(path: Path, vocab: str, vocab_size: int | None = None) -> _Stored | No
     """The file's contents, but the documents holding an id from `vocab_size` on; None
     where there is none or it cannot be used (with a log line)."""
     try:
-        # never blocks: a FIFO in the file's place is refused, not waited on
-        with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
-            info = os.fstat(f.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise _Unusable("it is not a file")
-            stored = _parse(f.read(_HEAD.size), f, info.st_size, vocab)
+        with open_kept(path) as f:  # never blocks: a FIFO in the file's place is refused, not waited on
+            stored = _parse(f.read(_HEAD.size), f, os.fstat(f.fileno()).st_size, vocab)
         outside = stored.drop_outside(vocab_size) if vocab_size is not None else []
         if outside:
             log.warning("left out %d documents of the lookup pool %s: they hold token ids outside the vocabulary",
