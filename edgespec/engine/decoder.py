@@ -245,9 +245,9 @@ def generate(
         decode_start = time.perf_counter()
         steps = speculative_steps(target, list(prompt), params, policy, is_eog, rng)
         for step in steps:
+            text, stopped, step = _shown(step, detok, stops)
             now = time.perf_counter()
             stats.record(step, since_call=now - start, since_decode=now - decode_start)
-            text, stopped = stops.feed(detok.add(step.tokens))
             finish = "stop" if stopped else step.finish_reason
             if finish:
                 if not stopped:
@@ -261,3 +261,19 @@ def generate(
             steps.close()
         if stats.stop_reason is None:
             stats.stop_reason = "cancelled"
+
+
+def _shown(step: Step, detok: Detokenizer, stops: StopStrings) -> tuple[str, bool, Step]:
+    """The step's new text, whether a stop string ended it, and the step as the reply
+    takes it. With stop strings its tokens are read one at a time, as plain decoding
+    reads them: the reply ends with the token that completes the first stop string
+    (of several, the one completed first), and the rest of the cycle is not part of it."""
+    if not stops.stops:
+        return detok.add(step.tokens), False, step
+    text = ""
+    for i, token in enumerate(step.tokens):
+        shown, stopped = stops.feed(detok.add([token]))
+        text += shown
+        if stopped:
+            return text, True, replace(step, tokens=step.tokens[: i + 1], from_draft=step.from_draft[: i + 1])
+    return text, False, step
