@@ -79,6 +79,16 @@ def test_distribution_transforms():
     assert top_k_filter(logits, 0) is logits
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324])
+def test_a_temperature_near_zero_samples_the_most_likely_token(temperature):
+    """Logits over a tiny temperature overflow float32 (a request may send 1e-40):
+    the distribution is still one, all its mass on the largest logit."""
+    logits = np.array([2.0, 9.0, -3.0, 8.5], dtype=np.float32)
+    probs = distribution(logits, GenerationParams(temperature=temperature))
+    assert probs.tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert sample(probs, np.random.default_rng(0)) == 1
+
+
 def test_top_p_on_a_large_flat_vocabulary_keeps_the_right_count():
     probs = np.full(100_000, 1e-5)
     kept = top_p_filter(probs, 0.5)

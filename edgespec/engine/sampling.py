@@ -60,7 +60,10 @@ def top_p_filter(probs: np.ndarray, p: float) -> np.ndarray:
 
 def distribution(logits: np.ndarray, params: GenerationParams) -> np.ndarray:
     """Temperature, then top-k, then top-p: the distribution tokens are drawn from."""
-    scaled = logits / params.temperature
+    # Shifted so that the largest is 0 before dividing, in float64: a tiny temperature then gives
+    # -inf (probability 0) below the largest logit, where float32 logits overflowed to inf and NaN.
+    with np.errstate(over="ignore"):
+        scaled = (logits.astype(np.float64) - logits.max()) / params.temperature
     return top_p_filter(softmax(top_k_filter(scaled, params.top_k)), params.top_p)
 
 
