@@ -237,6 +237,33 @@ def test_paths_from_models_yaml_stay_inside_their_folder(tmp_path, source, field
     assert "user.yaml" in message and "model 'my-model'" in message and f"field 'source.{field}'" in message
 
 
+HUB_REFUSES = ["a--b/c", "a/b--c", "-a/b", "a/b-", ".a/b", "a/b.", "a/b.git", "a/" + "x" * 97, "a/b..c"]
+HUB_ACCEPTS = ["a/b", "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", "a_/_b", "a/" + "x" * 96, "a/b.gitx", "a-b/c.d"]
+
+
+@pytest.mark.parametrize("repo", HUB_REFUSES)
+def test_a_repo_id_the_hub_refuses_is_refused_naming_the_entry(tmp_path, repo):
+    """huggingface_hub refuses these ids itself: taken into the registry, each broke every
+    `edgespec models`, `path` and `rm` with its bare message, naming no file or entry."""
+    message = error_for(tmp_path, {"models": {"my-model": {"source": {"kind": "hub", "repo": repo,
+                                                                      "file": "x.gguf"}}}})
+    assert "user.yaml" in message and "model 'my-model'" in message and "field 'source.repo'" in message
+
+
+@pytest.mark.parametrize("repo", HUB_REFUSES + HUB_ACCEPTS)
+def test_repo_ids_are_checked_by_the_hub_s_own_rule(repo):
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from edgespec.models.schema import repo_problem
+
+    try:
+        validate_repo_id(repo)
+        hub_accepts = True
+    except HFValidationError:
+        hub_accepts = False
+    assert (repo_problem(repo) is None) == hub_accepts == (repo in HUB_ACCEPTS)
+
+
 def test_hub_files_may_sit_in_a_folder_of_the_repo(tmp_path):
     user = write(tmp_path / "user.yaml", {"models": {"m": {"source": {
         "kind": "hub", "repo": "me/x-GGUF", "file": "Q4_K_M/x-00001-of-00002.gguf"}}}})

@@ -22,16 +22,20 @@ from edgespec.modes import DEFAULT_MODE, MODES
 ROLES = ("target", "draft")
 
 
-_HUB_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_HUB_NAME = re.compile(r"(?!.*(?:--|\.\.))\w(?:[\w.-]{0,94}\w)?", re.ASCII)
+"""One part of a hub repository id, as huggingface_hub's validate_repo_id has it (ASCII here): at
+most 96 letters, digits, '-', '_' and '.', starting and ending with a letter, digit or '_', never
+'--' or '..'. The hub refuses any other id, and '--' is what joins owner and name into the
+download folder's name, so two repos never share one."""
 
 
 def repo_problem(repo: str) -> str | None:
-    """What is wrong with a hub repository id, or None: 'owner/name', each part
-    the hub's letters, digits, '-', '_' and '.' (never '..': the repo names a
-    folder under the models folder)."""
+    """What is wrong with a hub repository id, or None: 'owner/name', each part a _HUB_NAME,
+    the name not ending in '.git' (the hub's rule too)."""
     parts = repo.split("/")
-    if len(parts) != 2 or not all(_HUB_NAME.fullmatch(p) and ".." not in p for p in parts):
-        return "must look like 'owner/name' (letters, digits, '-', '_', '.')"
+    if len(parts) != 2 or not all(_HUB_NAME.fullmatch(p) for p in parts) or repo.endswith(".git"):
+        return ("must look like 'owner/name': letters, digits, '-', '_' and '.', each part starting and "
+                "ending with a letter, digit or '_', without '--' or '..'")
     return None
 
 
