@@ -212,6 +212,26 @@ def test_a_body_that_is_not_a_json_object_says_so(body):
         served.stop()
 
 
+@pytest.mark.parametrize("body, words", [
+    (b'{"prompt": "caf\xe9", "max_tokens": 3}', "not UTF-8 text (byte 0xe9 at offset 15)"),
+    (b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}", "a number has more than 4300 digits"),
+    (b'{"prompt": "hi", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+])
+def test_a_body_json_cannot_read_says_why(body, words):
+    """A body in Latin-1 (a script that skips .encode()), a number past Python's digit
+    limit, or nesting past its recursion limit: each got "There was an error parsing the
+    body", which names none of them."""
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        status, answer = http("POST", served.url + "/v1/completions", body)
+        assert status == 400 and answer["error"]["type"] == "invalid_request_error", answer
+        assert words in answer["error"]["message"] and "set_int_max_str_digits" not in answer["error"]["message"]
+        assert http("POST", served.url + "/v1/completions", completion_body(max_tokens=3))[0] == 200
+    finally:
+        served.stop()
+
+
 def test_a_wrong_method_says_which_are_allowed_and_head_works_where_get_does():
     served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
     try:

@@ -87,6 +87,21 @@ def validation_error(exc: RequestValidationError) -> ApiError:
     return ApiError(400, message + more, param=param)
 
 
+def unreadable_body(cause: ValueError | RecursionError) -> ApiError:
+    """400 for a body that json.loads refused with other than a syntax error (that one is
+    a validation error): bytes that are not UTF-8, or past Python's limits."""
+    if isinstance(cause, UnicodeDecodeError):
+        why = (f"is not UTF-8 text (byte 0x{cause.object[cause.start]:02x} at offset {cause.start}): "
+               f"JSON is sent in UTF-8")
+    elif isinstance(cause, RecursionError):
+        why = "is nested too deeply to read"
+    elif limit := re.search(r"limit \((\d+) digits\)", str(cause)):  # int("9" * 5000): Python's digit limit
+        why = f"is not JSON this server reads: a number has more than {limit[1]} digits"
+    else:
+        why = f"could not be read as JSON ({cause})"
+    return ApiError(400, f"The body {why}.")
+
+
 def _field(error: dict) -> list[str]:
     return [str(part) for part in error.get("loc", ()) if part != "body" and not _is_type_tag(part)]
 
@@ -107,6 +122,8 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
+        if exc.status_code == 400 and isinstance(exc.__cause__, (ValueError, RecursionError)):
+            return unreadable_body(exc.__cause__).response()  # FastAPI's own words name no cause
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         response = ApiError(exc.status_code, str(exc.detail), type=kind).response()
         response.headers.update(exc.headers or {})  # a 405's Allow, as HTTP asks
