@@ -41,6 +41,8 @@ class FakeHub:
     """Answer every GET with something that is not HTTP (a broken proxy)."""
     portal: bytes | None = None
     """Answer every GET with 200 and this HTML page (a captive portal that wants a sign-in)."""
+    redirect_to: str | None = None
+    """Answer every GET with a 302 to the same path under this base URL (the hub's CDN)."""
 
     def add(self, repo: str, filename: str, content: bytes, revision: str = "main") -> str:
         if revision == "main":
@@ -70,6 +72,12 @@ class FakeHub:
                     if hub.garbled:
                         self.wfile.write(b"NOT HTTP AT ALL\r\n\r\n")
                         self.close_connection = True
+                        return
+                    if hub.redirect_to is not None:
+                        self.send_response(302)
+                        self.send_header("Location", hub.redirect_to + self.path)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
                         return
                     if hub.portal is not None:
                         self.send_response(200)

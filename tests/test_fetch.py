@@ -233,6 +233,34 @@ def test_the_token_goes_to_the_hub(hub, monkeypatch):
     assert hub.authorizations == ["Bearer hf_secret"]
 
 
+def test_the_token_does_not_follow_a_redirect_to_another_host(hub, monkeypatch):
+    cdn = FakeHub()
+    hub.redirect_to = cdn.start()
+    try:
+        cdn.add(REPO, "tiny-q4.gguf", CONTENT)
+        monkeypatch.setenv("HF_TOKEN", "hf_secret")
+        assert fetch(hub_entry()).read_bytes() == CONTENT
+        assert hub.authorizations == ["Bearer hf_secret"] and cdn.authorizations == [None]
+    finally:
+        cdn.stop()
+
+
+@pytest.mark.parametrize("new_url, kept", [
+    ("https://huggingface.co/b", True),
+    ("http://huggingface.co/b", False),  # the same host without TLS: the token would travel in clear
+    ("https://cdn.example/b", False),
+    ("https://huggingface.co:8443/b", False),
+])
+def test_the_token_follows_a_redirect_only_to_the_same_host_over_the_same_scheme(new_url, kept):
+    from urllib.request import Request
+
+    from edgespec.models.download import _DropAuthOnOtherHosts
+
+    req = Request("https://huggingface.co/a", headers={"Authorization": "Bearer hf_secret", "Range": "bytes=5-"})
+    new = _DropAuthOnOtherHosts().redirect_request(req, None, 302, "Found", {}, new_url)
+    assert new.has_header("Authorization") == kept and new.get_header("Range") == "bytes=5-"
+
+
 def test_a_dropped_connection_resumes_where_it_stopped(hub):
     """A broken transfer is retried within the same call, asking only for the missing bytes."""
     hub.add(REPO, "tiny-q4.gguf", CONTENT)

@@ -331,11 +331,13 @@ def _lock(f, part: Path) -> bool:
 
 
 class _DropAuthOnOtherHosts(HTTPRedirectHandler):
-    """Follow redirects (the hub sends files from a CDN) without handing the token to another host."""
+    """Follow redirects (the hub sends files from a CDN) without handing the token to another host,
+    nor to the same host over another scheme (from https to http it would travel in clear)."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and urlsplit(newurl).netloc != urlsplit(req.full_url).netloc:
+        old_url, new_url = urlsplit(req.full_url), urlsplit(newurl)
+        if new is not None and (new_url.scheme, new_url.netloc) != (old_url.scheme, old_url.netloc):
             new.remove_header("Authorization")
         return new
 
