@@ -232,6 +232,33 @@ def test_a_body_json_cannot_read_says_why(body, words):
         served.stop()
 
 
+@pytest.mark.parametrize("path, fields, param", [
+    ("/v1/chat/completions", {"logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
+    ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
+    ("/v1/chat/completions", {"function_call": "auto"}, "function_call"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/completions", {"echo": True}, "echo"),
+    ("/v1/completions", {"suffix": "}"}, "suffix"),
+    ("/v1/completions", {"logprobs": 2}, "logprobs"),
+    ("/v1/completions", {"best_of": 3}, "best_of"),
+])
+def test_an_unsupported_feature_is_refused_naming_its_field(path, fields, param):
+    """OpenAI's error names the offending field in `param`, which a client shows or
+    acts on; these refusals came with param null."""
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", template="chatml")))
+    try:
+        served.wait_ready(30)
+        base = {"messages": QUESTION} if "chat" in path else {"prompt": "hi"}
+        status, answer = http("POST", served.url + path, json.dumps({**base, **fields, "max_tokens": 3}).encode())
+        assert status == 400 and answer["error"]["param"] == param, answer
+        assert "not supported" in answer["error"]["message"]
+    finally:
+        served.stop()
+
+
 def test_a_wrong_method_says_which_are_allowed_and_head_works_where_get_does():
     served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
     try:

@@ -171,18 +171,35 @@ class ChatCompletionRequest(_Generation):
     function_call: StrictStr | dict | None = None
     response_format: dict | None = None
 
-    @model_validator(mode="after")
-    def _no_unsupported_features(self):
-        if self.logprobs or self.top_logprobs:
-            raise _unsupported("'logprobs'")
-        if self.tools or self.functions or self.tool_choice not in (None, "none"):
-            raise _unsupported("'tools'", "this server does not call tools")
-        if self.function_call not in (None, "none"):
-            raise _unsupported("'function_call'", "this server does not call tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise _unsupported(f"response_format {self.response_format.get('type')!r}",
+    # Each refusal is a field's own validator, so that the error's `param` names the field.
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value, info):
+        if value:
+            raise _unsupported(f"'{info.field_name}'")
+        return value
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, value, info):
+        if value:
+            raise _unsupported(f"'{info.field_name}'", "this server does not call tools")
+        return value
+
+    @field_validator("tool_choice", "function_call")
+    @classmethod
+    def _no_tool_choice(cls, value, info):
+        if value not in (None, "none"):
+            raise _unsupported(f"'{info.field_name}'", "this server does not call tools")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value):
+        if value and value.get("type", "text") != "text":
+            raise _unsupported(f"response_format {value.get('type')!r}",
                                "replies are free text (no JSON mode or schema)")
-        return self
+        return value
 
     def reply_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -208,17 +225,27 @@ class CompletionRequest(_Generation):
             raise ValueError("the prompt is empty")
         return prompt
 
-    @model_validator(mode="after")
-    def _no_unsupported_features(self):
-        if self.echo:
-            raise _unsupported("'echo'")
-        if self.suffix:
+    # Each refusal is a field's own validator, so that the error's `param` names the field.
+    @field_validator("echo", "logprobs")
+    @classmethod
+    def _not_implemented(cls, value, info):
+        if value:
+            raise _unsupported(f"'{info.field_name}'")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value):
+        if value:
             raise _unsupported("'suffix'", "put the model's fill-in-the-middle tokens in the prompt instead")
-        if self.logprobs:
-            raise _unsupported("'logprobs'")
-        if self.best_of not in (None, 1):
-            raise _unsupported(f"best_of={self.best_of}", "one choice per request")
-        return self
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_of_one(cls, value):
+        if value not in (None, 1):
+            raise _unsupported(f"best_of={value}", "one choice per request")
+        return value
 
     def reply_limit(self) -> int | None:
         return self.max_tokens
