@@ -511,3 +511,22 @@ def test_the_diff_of_a_file_deleted_since_the_reply_is_against_what_it_saw_and_s
     diff, problem = review(Workspace(project), pending)
     assert diff == pending.diff
     assert problem is not None and "deleted" in problem
+
+
+async def test_a_file_whose_name_reads_as_markup_is_named_as_written_in_the_notice(store, project):
+    """A notice names the user's file (not attached: binary); its path was read as
+    markup: `[bold]x.bin` was shown as `x.bin`, and `[/]x.bin` (a folder `[` with a file
+    `]x.bin`) raised MarkupError as the notice was drawn, ending the app."""
+    from textual import events
+    from textual.widgets._toast import Toast
+
+    (project / "[").mkdir()
+    for name in ("[/]x.bin", "[bold]y.bin"):
+        (project / name).write_bytes(b"\x00\x01" * 8)
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test(notifications=True) as pilot:
+        await _focused_prompt(pilot)
+        for name in ("[/]x.bin", "[bold]y.bin"):
+            app.post_message(events.Paste(name))
+            await wait_for(pilot, lambda n=name: any(n in str(t.render()) for t in app.screen.query(Toast)))
+        assert app.is_running

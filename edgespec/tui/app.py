@@ -156,6 +156,15 @@ class EdgespecApp(App):
     def get_default_screen(self) -> ChatScreen:
         return self._chat
 
+    def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None,
+               markup: bool = False) -> None:
+        """A notice, always shown as written: notices name the user's files, titles and
+        errors (`[/]x.py`, `list[int]`), which Textual would read as markup (changed, or a
+        MarkupError as the notice is drawn, ending the app); none of edgespec's is markup.
+        Widgets pass markup=True by default (Widget.notify), so it is not taken from them."""
+        del markup
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+
     def check_action(self, action: str, parameters) -> bool | None:
         """The models and settings screens open from the chat, not over a dialog."""
         if action in ("settings", "models"):
