@@ -259,6 +259,34 @@ def test_an_unsupported_feature_is_refused_naming_its_field(path, fields, param)
         served.stop()
 
 
+def test_an_allowed_origin_may_send_the_headers_the_openai_sdk_adds_without_the_key_in_its_preflight():
+    """The openai JavaScript SDK in a browser sends X-Stainless-* headers with every request:
+    a preflight that names them was refused ("Disallowed CORS headers"), so no browser
+    client built on it could call the server from an allowed origin."""
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", api_key=KEY,
+                                                                cors_origins=("http://app.example",))))
+    try:
+        served.wait_ready(30)
+        port = served.sock.getsockname()[1]
+
+        def preflight(origin):
+            connection = http_client.HTTPConnection("127.0.0.1", port, timeout=30)
+            connection.request("OPTIONS", "/v1/chat/completions", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os,x-stainless-retry-count"})
+            response = connection.getresponse()
+            response.read()
+            connection.close()
+            return response
+
+        allowed = preflight("http://app.example")
+        assert allowed.status == 200 and allowed.headers["Access-Control-Allow-Origin"] == "http://app.example"
+        assert "x-stainless-os" in allowed.headers["Access-Control-Allow-Headers"].lower()
+        assert "Access-Control-Allow-Origin" not in preflight("http://other.example").headers
+    finally:
+        served.stop()
+
+
 def test_a_wrong_method_says_which_are_allowed_and_head_works_where_get_does():
     served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
     try:

@@ -179,8 +179,10 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
 
     app.add_middleware(_Guard, api_key=settings.api_key, max_body=settings.max_body_bytes)
     if settings.cors_origins:  # outermost, so that preflight requests need no key
+        # Any request header: the origin is what is trusted, and browser clients add their own
+        # (the openai JavaScript SDK's X-Stainless-*).
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
-                           allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])
+                           allow_methods=["GET", "POST"], allow_headers=["*"])
     return app
 
 
