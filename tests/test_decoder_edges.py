@@ -133,3 +133,20 @@ def test_an_end_of_generation_token_inside_an_accepted_draft_ends_the_reply_befo
     text = [*prompt, *ids("Hel", "lo", "</s>", " more", " text", "!")]
     tokens, _, shown, last = same_as_plain(text, prompt, max_tokens=20)
     assert (tokens, shown, last.finish_reason) == (ids("Hel", "lo"), "Hello", "eog")
+
+
+@pytest.mark.parametrize("n_ctx", [2, 3, 4, 5, 9])
+def test_a_draft_longer_than_the_room_left_fills_the_context_exactly_as_plain_decoding(n_ctx):
+    prompt = ids("<s>")
+    text = [*prompt, *ids("Hel", "lo", " more", " text", "!", " x", " y", "Hel", "lo", " more")]
+    plain = decode(text, prompt, GenerationParams(mode="plain", max_tokens=None), n_ctx=n_ctx)
+    spec = decode(text, prompt, GenerationParams(mode="draft", max_tokens=None), k=8, n_ctx=n_ctx)
+    assert spec[0] == plain[0] == text[1:n_ctx]
+    assert spec[3].finish_reason == plain[3].finish_reason == "context"
+
+
+def test_an_end_of_generation_token_first_ends_the_reply_with_nothing_in_it():
+    prompt = ids("<s>")
+    for mode, k in (("plain", 0), ("draft", 8)):
+        tokens, _, shown, last = decode([*prompt, EOS, *ids("Hel", "lo")], prompt, GenerationParams(mode=mode), k=k)
+        assert (tokens, shown, last.finish_reason, last.stats.generated_tokens) == ([], "", "eog", 0)
