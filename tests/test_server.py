@@ -287,6 +287,22 @@ def test_an_allowed_origin_may_send_the_headers_the_openai_sdk_adds_without_the_
         served.stop()
 
 
+@pytest.mark.parametrize("field, value", [("temperature", b"NaN"), ("top_p", b"NaN"), ("temperature", b"Infinity"),
+                                          ("top_p", b"-Infinity")])
+def test_a_number_that_is_not_finite_is_named_as_such(field, value):
+    """Python's json reads NaN and Infinity (JavaScript's JSON.stringify never writes them,
+    but Python clients do): NaN was refused as not "less than or equal to 2"."""
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        body = b'{"prompt": "hi", "max_tokens": 3, "' + field.encode() + b'": ' + value + b"}"
+        status, answer = http("POST", served.url + "/v1/completions", body)
+        assert status == 400 and answer["error"]["param"] == field, answer
+        assert "finite" in answer["error"]["message"]
+    finally:
+        served.stop()
+
+
 def test_a_wrong_method_says_which_are_allowed_and_head_works_where_get_does():
     served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
     try:

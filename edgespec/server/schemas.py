@@ -16,8 +16,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 from edgespec.engine.events import MODES
 from edgespec.limits import LIMITS
 
-Number = Annotated[float, Field(strict=True)]
-"""A JSON number (an integer is a number too; a string is not)."""
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+"""A finite JSON number (an integer is a number too; a string is not, nor Python's NaN or Infinity)."""
 
 
 def _limited(name: str):
