@@ -41,6 +41,9 @@ class FakeHub:
     """Answer every GET with something that is not HTTP (a broken proxy)."""
     portal: bytes | None = None
     """Answer every GET with 200 and this HTML page (a captive portal that wants a sign-in)."""
+    busy: list[tuple[int, str | None]] = field(default_factory=list)
+    """Answer the next GETs, one each, with this status and Retry-After (None: without one): a hub
+    under load (429, 503)."""
     redirect_to: str | None = None
     """Answer every GET with a 302 to the same path under this base URL (the hub's CDN)."""
 
@@ -72,6 +75,14 @@ class FakeHub:
                     if hub.garbled:
                         self.wfile.write(b"NOT HTTP AT ALL\r\n\r\n")
                         self.close_connection = True
+                        return
+                    if hub.busy:
+                        code, retry_after = hub.busy.pop(0)
+                        self.send_response(code)
+                        if retry_after is not None:
+                            self.send_header("Retry-After", retry_after)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
                         return
                     if hub.redirect_to is not None:
                         self.send_response(302)

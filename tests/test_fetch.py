@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -268,6 +269,53 @@ def test_a_dropped_connection_resumes_where_it_stopped(hub):
     path = fetch(hub_entry())
     assert path.read_bytes() == CONTENT
     assert [r for _, _, r in hub.gets()] == [None, f"bytes={len(CONTENT) // 3}-"]
+
+
+def test_a_busy_hub_is_asked_again_after_the_wait_it_names(hub, home):
+    """429 and 503 say "come back later", as a dropped connection does: the download waits
+    (what Retry-After asks, if it asks for little) and goes on, rather than failing the pull."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.drop_after = len(CONTENT) // 3
+    hub.busy = [(503, "0"), (429, None)]
+    assert fetch(hub_entry()).read_bytes() == CONTENT
+    assert [r for _, _, r in hub.gets()] == [None, None, None, f"bytes={len(CONTENT) // 3}-"]
+
+
+def test_a_hub_busy_for_longer_than_a_pull_waits_says_so_at_once_and_keeps_the_partial_download(hub, home):
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    part_file(home).parent.mkdir(parents=True)
+    part_file(home).write_bytes(CONTENT[:1000])
+    hub.busy = [(429, "7200")]
+    with pytest.raises(DownloadError, match=r"busy \(HTTP 429 Too Many Requests\) and asks to wait 2 h.*resumes") as e:
+        fetch(hub_entry())
+    assert "\n" not in str(e.value) and len(hub.gets()) == 1
+    assert part_file(home).read_bytes() == CONTENT[:1000]
+
+
+@pytest.mark.parametrize("header, seconds", [
+    ("120", 120), (" 5 ", 5), ("Wed, 21 Oct 2015 07:28:00 GMT", 0), ("soon", None), ("-5", None), (None, None)])
+def test_retry_after_is_read_as_seconds_or_a_date(header, seconds):
+    from email.message import Message
+    from urllib.error import HTTPError
+
+    from edgespec.models.download import retry_after
+
+    headers = Message()
+    if header is not None:
+        headers["Retry-After"] = header
+    assert retry_after(HTTPError("http://h/x", 503, "busy", headers, None)) == seconds
+
+
+def test_retry_after_reads_a_date_to_come():
+    from email.message import Message
+    from email.utils import formatdate
+    from urllib.error import HTTPError
+
+    from edgespec.models.download import retry_after
+
+    headers = Message()
+    headers["Retry-After"] = formatdate(time.time() + 600, usegmt=True)
+    assert 590 <= retry_after(HTTPError("http://h/x", 503, "busy", headers, None)) <= 600
 
 
 def test_a_garbled_answer_is_a_download_error(hub, home, monkeypatch):

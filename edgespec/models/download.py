@@ -28,7 +28,10 @@ helper thread while this one asks the progress callback every POLL seconds, so
 a cancel raised from it is seen while the server stalls. HTTP errors
 (urllib.error.HTTPError) and network errors that outlast the retries (OSErrors
 such as URLError and TimeoutError, and http.client's HTTPException for a garbled
-answer) are raised as they are; the caller turns them into messages.
+answer) are raised as they are; the caller turns them into messages. A server
+that says it is busy (429, 503, ...) counts as a failed try, as a dropped
+connection does: the next waits at least what its Retry-After asks, and one that
+asks for more than LONGEST_WAIT is raised at once (`retry_after` reads it).
 
 Why not huggingface_hub's hf_hub_download: it downloads to a temporary file
 that it deletes whenever the transfer stops (Ctrl+C, a dropped connection), so
@@ -37,11 +40,13 @@ an interrupted multi-GB model starts over from byte 0. Here it resumes.
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import os
 import queue
 import threading
 import time
+from datetime import timezone
 from pathlib import Path
 from typing import IO, Callable, Mapping
 from urllib.error import HTTPError, URLError
@@ -51,7 +56,7 @@ from urllib.request import HTTPRedirectHandler, Request, build_opener
 from edgespec.errors import EdgespecError
 from edgespec.models.progress import Meter, ProgressCallback
 
-__all__ = ["NotTheFile", "download", "part_path", "remove_part"]
+__all__ = ["BUSY", "NotTheFile", "download", "part_path", "remove_part", "retry_after"]
 
 CHUNK = 1 << 20
 """The most bytes one read asks for (it returns what has come, however little)."""
@@ -60,6 +65,11 @@ RETRIES = 5
 POLL = 1.0
 """Seconds between calls of the progress callback while nothing comes (a stalled server, a pause
 between tries): the callback may stop the download (the app's Cancel raises from it)."""
+BUSY = frozenset({429, 502, 503, 504})
+"""HTTP statuses that say "try again later" (too many requests, a gateway or the server overloaded)."""
+LONGEST_WAIT = 60.0
+"""The longest Retry-After a download waits out; a server that asks for more is left at once,
+with the .part kept, rather than holding the command for hours."""
 
 
 class NotTheFile(Exception):
@@ -138,6 +148,7 @@ def _fill(f, url: str, headers: dict[str, str], size: int | None, etag: Path, me
             _restart(f, meter, etag)
             continue
         error: Exception | None = None
+        asked = 0.0  # what a busy server's Retry-After asks to wait before the next try
         try:
             total = _transfer(f, url, dict(headers), size, etag, meter, worker, timeout)
             if total is not None and f.tell() < total:
@@ -146,7 +157,11 @@ def _fill(f, url: str, headers: dict[str, str], size: int | None, etag: Path, me
             if e.code == 416 and have:  # nothing to send from `have` on: the .part is not this file
                 _restart(f, meter, etag)
                 continue
-            raise
+            asked = retry_after(e) or 0.0
+            if e.code not in BUSY or asked > LONGEST_WAIT:
+                raise
+            e.close()
+            error = e
         except (URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
             error = e
         if error is None:
@@ -157,7 +172,22 @@ def _fill(f, url: str, headers: dict[str, str], size: int | None, etag: Path, me
         failures += 1
         if failures >= RETRIES:
             raise error
-        _wait(min(8.0, 0.25 * 2 ** (failures - 1)), meter)
+        _wait(max(asked, min(8.0, 0.25 * 2 ** (failures - 1))), meter)
+
+
+def retry_after(error: HTTPError) -> float | None:
+    """The seconds a busy server's Retry-After header asks to wait (a number of seconds or an
+    HTTP date), or None where it names none."""
+    value = (error.headers.get("Retry-After") or "").strip() if error.headers is not None else ""
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # HTTP dates are in GMT ("-0000" reads as no zone)
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _transfer(f, url: str, headers: dict[str, str], size: int | None, etag: Path, meter: Meter,

@@ -24,10 +24,10 @@ from edgespec.config import dirs
 from edgespec.errors import DownloadError
 from edgespec.models.bundled import DEFAULT_PAIR
 from edgespec.models.checksum import forget_verified, record_verified, verify_file
-from edgespec.models.download import NotTheFile, part_path, remove_part
+from edgespec.models.download import BUSY, NotTheFile, part_path, remove_part, retry_after
 from edgespec.models.download import download as download_file
 from edgespec.models.gguf_header import check_magic
-from edgespec.models.progress import ProgressCallback, human_bytes
+from edgespec.models.progress import ProgressCallback, human_bytes, human_seconds
 from edgespec.models.source import REMOTE, Fetch, ModelEntry, Source, check_inside_models, delete_in_models
 
 
@@ -161,6 +161,11 @@ def _http_error(entry: ModelEntry, source: HubSource, e: HTTPError) -> DownloadE
         return DownloadError(
             f"{source.repo} has no file {source.file!r} at revision {source.revision!r}: the entry "
             f"{entry.name!r} in models.yaml may be outdated; pass a local .gguf path instead.")
+    if e.code in BUSY:
+        wait = retry_after(e)
+        asks = f" and asks to wait {human_seconds(wait)}" if wait else ""
+        return DownloadError(f"the hub is busy (HTTP {e.code} {e.reason}){asks}. Run the same command again "
+                             f"later: the download of {source.file} resumes where it stopped.")
     return DownloadError(f"downloading {source.file} from {source.repo} failed: HTTP {e.code} {e.reason}. "
                          f"Run the same command again: the download resumes where it stopped.")
 

@@ -96,3 +96,12 @@ def human_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+def human_seconds(s: float) -> str:
+    """90 -> "2 min", 7200 -> "2 h" (rounded: for a wait a person plans around)."""
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 90 * 60:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.0f} h"
