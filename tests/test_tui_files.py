@@ -530,3 +530,18 @@ async def test_a_file_whose_name_reads_as_markup_is_named_as_written_in_the_noti
             app.post_message(events.Paste(name))
             await wait_for(pilot, lambda n=name: any(n in str(t.render()) for t in app.screen.query(Toast)))
         assert app.is_running
+
+
+async def test_the_picker_names_a_project_folder_whose_name_reads_as_markup_as_written(store, tmp_path):
+    """The picker's title read the project folder as markup: `[WIP] app` was shown as ` app`."""
+    from textual.widgets import Label
+
+    root = tmp_path / "[WIP] app"
+    root.mkdir()
+    (root / "notes.txt").write_text("notes\n")
+    app = make_app(store, reply="ok", root=root)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: isinstance(app.screen, FilePickerScreen))
+        assert f"from {root.resolve()} " in str(app.screen.query_one(Label).render())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
@@ -32,7 +33,8 @@ class FilePickerScreen(ModalScreen[str | None]):
 
     def compose(self):
         with Vertical(classes="dialog-box picker"):
-            yield Label(f"Attach a file from {self.workspace.root}  (Enter attaches, Esc cancels)")
+            # Text, not a str: a str is read as markup, and a folder may be named `[WIP] app`
+            yield Label(Text(f"Attach a file from {self.workspace.root}  (Enter attaches, Esc cancels)"))
             yield ProjectTree(self.workspace.root, id="tree")
 
     def on_mount(self) -> None:
