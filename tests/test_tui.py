@@ -672,6 +672,40 @@ async def test_failed_download_says_why(store):
         assert "checksum mismatch" in str(screen.query_one("#download-status").render())
 
 
+async def test_the_library_shows_names_and_descriptions_as_written_not_read_as_markup(store):
+    """A model of the user's models.yaml described as `beta [/]` ended the app as the
+    library was drawn (Rich's MarkupError in a table cell), and `[Q4]` or `[bold]` went
+    missing from a title or a source; the pull's status line read the name as markup too."""
+    from textual.widgets import DataTable
+
+    from edgespec.tui.library import LibraryRow
+
+    row = ["my[/]model", "Qwen [Q4]", "model", "[bold]local", "beta [/] [experimental]"]
+
+    class Library(FakeLibrary):
+        def rows(self):
+            name, title, kind, source, description = row
+            return [LibraryRow(name, kind, False, 10, source, description, title=title)]
+
+    library = Library(step_s=0.2)
+    app = make_app(store, library=library)
+    async with app.run_test(size=(160, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await pilot.press("ctrl+o")
+        screen = app.screen
+        assert isinstance(screen, ModelsScreen)
+        await pilot.pause()
+        assert [str(cell) for cell in screen.query_one(DataTable).get_row_at(0)[1:]] == [*row[:2], row[2],
+                                                                                          "10 B", *row[3:]]
+        await pilot.press("p")
+        status = screen.query_one("#download-status")
+        await wait_for(pilot, lambda: "Pulling my[/]model" in str(status.render()))
+        await wait_for(pilot, lambda: "MB/s" in str(status.render()))
+        assert str(status.render()).startswith("my[/]model · ")
+        await pilot.press("c")
+        await wait_for(pilot, lambda: screen.pulling is None)
+
+
 async def test_the_status_line_shows_the_files_assembled_and_verified_while_the_models_load(store):
     checked = threading.Event()  # the load waits half way until the test has looked
 

@@ -110,8 +110,10 @@ class ModelsScreen(Screen[ModelChoice | None]):
         for row in self.rows:
             mark = "✔" if row.installed else " "
             name = Text(row.name, style="bold" if row.name == current else "")
-            table.add_row(mark, name, row.title or row.name, row.kind, human_bytes(row.size), row.source,
-                          row.description, key=row.name)
+            # Text, not a str: a table reads a str as markup, and these are the words of a
+            # models.yaml ("beta [/]" raised MarkupError as the table was drawn)
+            table.add_row(mark, name, *map(Text, (row.title or row.name, row.kind, human_bytes(row.size), row.source,
+                                                  row.description)), key=row.name)
         names = [row.name for row in self.rows]
         if chosen is not None and chosen.name in names:
             table.move_cursor(row=names.index(chosen.name))
@@ -144,7 +146,7 @@ class ModelsScreen(Screen[ModelChoice | None]):
         self.pulling = row.name
         self._cancel.clear()
         self.query_one("#download").display = True
-        self.query_one("#download-status", Static).update(f"Pulling {row.name}…")
+        self.query_one("#download-status", Static).update(Text(f"Pulling {row.name}…"))
         self.query_one("#download-progress", ProgressBar).update(total=None, progress=0)
         self.query_one("#cancel", Button).disabled = False
         self._pull_worker(row.name)
@@ -174,7 +176,7 @@ class ModelsScreen(Screen[ModelChoice | None]):
     def _show_progress(self, event: Progressed) -> None:
         p = event.progress
         self.query_one("#download-progress", ProgressBar).update(total=p.total, progress=p.done)
-        self.query_one("#download-status", Static).update(describe_progress(p))
+        self.query_one("#download-status", Static).update(Text(describe_progress(p)))
 
     @on(PullEnded)
     def _pull_done(self, event: PullEnded) -> None:
