@@ -120,6 +120,23 @@ def test_a_message_without_its_text_is_a_400_that_says_so(message, param, words)
         served.stop()
 
 
+def test_a_messages_text_parts_reach_the_model_on_lines_of_their_own():
+    """Agents send a message as several text parts (the task, then the environment's
+    details): joined with nothing, "Fix this:" and "def f()" became "Fix this:def f()".
+    llama-server joins them with a newline."""
+    engine = FakeEngine()
+    served = ServerThread(create_app(lambda: engine, ServerSettings(model_id="fake", template="chatml")))
+    try:
+        served.wait_ready(30)
+        parts = [{"type": "text", "text": "Fix this:"}, {"type": "text", "text": "def f(): pass"}]
+        status, answer = http("POST", served.url + "/v1/chat/completions",
+                              json.dumps({"messages": [{"role": "user", "content": parts}], "max_tokens": 3}).encode())
+        assert status == 200, answer
+        assert "Fix this:\ndef f(): pass" in engine.detokenize(engine.prompts[-1])
+    finally:
+        served.stop()
+
+
 @pytest.mark.parametrize("path, body, param", [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages.0.content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},

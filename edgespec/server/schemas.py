@@ -105,8 +105,9 @@ class ChatMessage(_Body):
         return role
 
     def text(self) -> str:
+        """The message's text; text parts each on lines of their own (as llama-server joins them)."""
         if isinstance(self.content, list):
-            return "".join(part.text or "" for part in self.content)
+            return "\n".join(part.text or "" for part in self.content)
         return self.content or ""
 
 
