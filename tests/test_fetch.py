@@ -708,6 +708,21 @@ def test_a_cancel_is_seen_between_retries(hub, monkeypatch):
     assert time.monotonic() - t0 < 1.0
 
 
+@pytest.mark.parametrize("size", [len(CONTENT), None])
+def test_a_web_page_answering_a_first_download_is_said_to_be_a_page_not_an_outdated_entry(hub, home, size):
+    """A captive portal answers the very first request too: that is a page, not a file the hub
+    changed ('models.yaml may be outdated') nor a file to 'fetch again' at a path just deleted."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.portal = b"<!DOCTYPE html><html><body>Please sign in to the Wi-Fi</body></html>"
+    entry = ModelEntry(name="tiny-q4", source=HubSource(repo=REPO, file="tiny-q4.gguf"), size=size)
+    with pytest.raises(DownloadError, match=r"answered with a web page \(text/html\).*Sign in") as e:
+        fetch(entry)
+    assert "outdated" not in str(e.value) and ".part" not in str(e.value)
+    assert not files_named(home, "tiny-q4.gguf") and not files_named(home, "tiny-q4.gguf.part")
+    hub.portal = None
+    assert fetch(entry).read_bytes() == CONTENT
+
+
 def test_a_web_page_answering_a_resume_keeps_the_partial_download_of_an_entry_without_a_size(hub, home):
     """The shipped hub entries give no exact size to compare with, but a page (text/html) is never the file."""
     hub.add(REPO, "tiny-q4.gguf", CONTENT)

@@ -9,8 +9,9 @@ Range request). The resume names the file it continues (If-Range with the first
 answer's ETag, kept in `x.gguf.part.etag` beside the .part): a file that changed
 on the server in between is sent whole (200) and started over, never spliced
 onto the old bytes, and so is the file from a server that ignores Range. An
-answer to a resume that is visibly not the file (another length than `size`, a
-web page: a captive portal's) raises NotTheFile and leaves the .part as it was.
+answer that is visibly not the file (a web page: a captive portal's; to a resume,
+also another length than `size`) raises NotTheFile and leaves the .part as it
+was. A download that stops before its first byte leaves no .part.
 
 `check` sees the complete .part before it is renamed to the destination, so a
 file under the final name is always whole. A check says the file is wrong by
@@ -40,6 +41,7 @@ an interrupted multi-GB model starts over from byte 0. Here it resumes.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import http.client
 import os
@@ -73,9 +75,14 @@ with the .part kept, rather than holding the command for hours."""
 
 
 class NotTheFile(Exception):
-    """The server answered a resume with something that is visibly not the file (another length
-    than the file's, a web page): a captive portal's sign-in page, a proxy's error page. The
-    .part is left as it was."""
+    """The server answered with something that is visibly not the file (a web page; to a resume,
+    another length than the file's): a captive portal's sign-in page, a proxy's error page. The
+    .part is left as it was (none, if this was the first request)."""
+
+    def __init__(self, message: str, *, start: int):
+        super().__init__(message)
+        self.start = start
+        """The byte the request asked for the file from (0: the whole file)."""
 
 
 def download(url: str, dest: Path, *, headers: Mapping[str, str] | None = None, size: int | None = None,
@@ -95,6 +102,12 @@ def download(url: str, dest: Path, *, headers: Mapping[str, str] | None = None, 
         worker = _Worker(meter)
         try:
             _fill(f, url, dict(headers or {}), size, _etag_path(dest), meter, worker, timeout)
+        except BaseException:
+            if f.tell() == 0:  # nothing came (a 404, a page, no network): nothing to resume, no .part
+                with contextlib.suppress(OSError):
+                    part.unlink()
+                    _etag_path(dest).unlink(missing_ok=True)
+            raise
         finally:
             worker.close()
         meter.close()
@@ -201,10 +214,11 @@ def _transfer(f, url: str, headers: dict[str, str], size: int | None, etag: Path
             headers["If-Range"] = validator  # the file changed since: the server sends all of it (200)
     response = worker.call(_opener.open, Request(url, headers=headers), timeout=timeout)
     try:
-        if start and response.status != 206:  # Range ignored, or another file: the body is a whole file
+        if response.status != 206:  # the whole file: asked for, or Range ignored, or another file
             _check_whole(response, size, start)
-            _restart(f, meter, etag)
-            start = 0
+            if start:
+                _restart(f, meter, etag)
+                start = 0
         if not start:
             _write_etag(etag, response)
         total = _full_length(response, start)
@@ -221,19 +235,20 @@ def _transfer(f, url: str, headers: dict[str, str], size: int | None, etag: Path
 
 
 def _check_whole(response, size: int | None, start: int) -> None:
-    """Raise NotTheFile if a 200 answer to a resume is visibly not the file: its length is not
-    the file's, or it is a web page (a model file is never text/html; this also guards a file
-    whose size is not known). Anything else is taken for the whole file, changed or not."""
+    """Raise NotTheFile if a 200 answer is visibly not the file: a web page (a model file is
+    never text/html; this also guards a file whose size is not known), or, to a resume, another
+    length than the file's. Anything else is taken for the whole file, changed or not (a first
+    answer of another length is left to the check of the finished file)."""
     length = response.headers.get("Content-Length")
     kind = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-    if size is not None and length is not None and length.isdigit() and int(length) != size:
+    if start and size is not None and length is not None and length.isdigit() and int(length) != size:
         what = f"{length} bytes{f' ({kind})' if kind else ''} where the file has {size}"
     elif kind == "text/html":
         what = f"a web page ({kind})"
     else:
         return
-    raise NotTheFile(f"asked for the rest of the file from byte {start}, the server answered with {what}: "
-                     f"that is not the file")
+    asked = f"the rest of the file from byte {start}" if start else "the file"
+    raise NotTheFile(f"asked for {asked}, the server answered with {what}: that is not the file", start=start)
 
 
 def _full_length(response, start: int) -> int | None:

@@ -126,12 +126,16 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
     except BlockingIOError as e:
         raise DownloadError(f"{e}: wait for it to finish (or stop it), then run the same command again.") from e
     except NotTheFile as e:
+        portal = "(a Wi-Fi network's sign-in page, or a proxy's answer?)"
+        if not e.start:
+            raise DownloadError(f"downloading {source.file} from {source.repo}: {e} {portal}. Sign in to the "
+                                f"network if it asks, then run the same command again.") from e
         outdated = (f" If the hub itself answers so, the file changed there and the entry {entry.name!r} in "
                     f"models.yaml may be outdated." if entry.size is not None else "")
         raise DownloadError(
-            f"resuming {source.file} from {source.repo}: {e} (a Wi-Fi network's sign-in page, or a proxy's "
-            f"answer?). The partial download is kept: sign in to the network if it asks, then run the same "
-            f"command again.{outdated} To start over instead, delete it with `edgespec rm {entry.name}`.") from e
+            f"resuming {source.file} from {source.repo}: {e} {portal}. The partial download is kept: sign in "
+            f"to the network if it asks, then run the same command again.{outdated} To start over instead, "
+            f"delete it with `edgespec rm {entry.name}`.") from e
     except (OSError, http.client.HTTPException) as e:
         # What download() raises past its retries (no connection, a timeout, a garbled answer), or a full disk.
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
