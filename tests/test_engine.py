@@ -258,6 +258,19 @@ def test_calibration_measures_costs_and_leaves_the_caches_as_they_were(engines, 
         assert costs.per_catch_up_token["draft"] > 0
 
 
+def test_a_first_auto_reply_at_a_nearly_full_context_does_not_keep_auto_from_drafting_later(synth_target):
+    """Its calibration measures only the passes that fit then; the sizes it could not
+    measure are measured by a later reply that has room for them (auto priced every
+    draft from one-token passes for the rest of the process, and never drafted)."""
+    with Engine.load(settings(synth_target), settings(synth_target)) as engine:
+        params = GenerationParams(mode="auto", k=8, max_tokens=None)
+        run(engine, [1] + [W + i % 7 for i in range(engine.n_ctx - 3)], **vars(params))
+        params.max_tokens = 40
+        drafted = sum(run(engine, PROMPTS[3], **vars(params))[2].stats.drafted for _ in range(3))
+        assert set(pass_sizes(8)) <= set(engine.auto(params).costs.calibrated)
+        assert drafted > 0  # the draft is the target: every guess is right
+
+
 def test_reset_with_learnt_starts_auto_over_as_a_new_process_would(engines):
     """Engine.reset(learnt=True) (bench --first-replies): the caches emptied, and auto
     back at its priors with no reply seen, on the calibration it measured."""

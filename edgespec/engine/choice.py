@@ -92,10 +92,17 @@ class Policies:
 
     def _auto_policy(self, params: GenerationParams, k_cap: int) -> Policy:
         k_max = min(params.k, k_cap)
-        if self._auto is None:  # made after the first reply's first token: calibrating takes a second or two
+        if self._auto is None or self._unmeasured(k_max):
+            # made, or its calibration completed, after the reply's first token: measuring takes a second or two
             return Deferred(lambda: self._make_auto(k_max))
         self._auto.k_max = k_max
         return self._auto
+
+    def _unmeasured(self, k_max: int) -> set[int]:
+        """The passes auto prices drafts of up to k_max with that its calibration has not
+        measured: it measures only those the context has room for, and one made at a
+        nearly full context would price every draft from one-token passes for good."""
+        return set(pass_sizes(k_max)) - set(self._auto.costs.calibrated)
 
     def forget_learnt(self) -> None:
         """Auto mode starts over as a new process would: every drafter at its prior, no
@@ -117,4 +124,12 @@ class Policies:
                 if kept:
                     save_costs(costs, kept)
             self._auto = AutoPolicy(costs, self.drafters, k_max=k_max, priors=ACCEPTANCE_PRIORS)
+        elif {n for n in self._unmeasured(k_max) if n <= self.target.seq.room}:
+            costs = self._auto.costs
+            measured = calibrate(self.target.seq, None, k_max, measured=costs.calibrated).calibrated
+            costs.add_calibrated({n: s for n, s in measured.items() if n not in costs.calibrated})
+            kept = self.costs_path(k_max)
+            if kept:
+                save_costs(costs, kept)
+        self._auto.k_max = k_max
         return self._auto

@@ -54,6 +54,13 @@ class Costs:
         self.per_catch_up_token = dict(per_catch_up_token or {})
         """Seconds per token a drafter takes to read the history it missed (in a batch)."""
 
+    def add_calibrated(self, measured: dict[int, float]) -> None:
+        """Pass costs measured after the calibration: sizes it left out because the
+        context had no room for them then (calibrate measures only what fits)."""
+        self.calibrated.update(measured)
+        self.calibrated_sizes = tuple(sorted(self.calibrated))
+        self.target = {**self.target, **measured}
+
     def restart(self) -> None:
         """Pass costs back to the calibration's, for a new reply. A pass costs
         more at a longer context, but the estimates are kept by size only: sizes
