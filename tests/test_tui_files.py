@@ -545,3 +545,25 @@ async def test_the_picker_names_a_project_folder_whose_name_reads_as_markup_as_w
         await pilot.press("f4")
         await wait_for(pilot, lambda: isinstance(app.screen, FilePickerScreen))
         assert f"from {root.resolve()} " in str(app.screen.query_one(Label).render())
+
+
+async def test_a_replys_statistics_name_an_attached_file_as_written(store, project):
+    """The line under a reply names the files its accepted tokens were looked up in;
+    it was read as markup: a file at `[/]x.py` (a folder `[`) raised MarkupError as the
+    reply ended, ending the app, and `[bold]y.py` was named `y.py`."""
+    from tests.fakes import SpecFakeEngine
+
+    class Sourced(SpecFakeEngine):
+        sources = True
+
+    (project / "[").mkdir()
+    for name in ("[/]x.py", "[bold]y.py"):
+        (project / name).write_text("x = 1\n")
+    app = make_app(store, reply="word " * 12, root=project, engine_cls=Sourced)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        for n, name in enumerate(("[/]x.py", "[bold]y.py"), start=1):
+            await send(pilot, f"About @{name}")
+            await wait_for(pilot, lambda n=n: not app.chat.generating and len(boxes(app)) == 2 * n)
+            await pilot.pause()
+            assert f"lookup in file {name}" in str(boxes(app)[-1].query_one(".stats").render())

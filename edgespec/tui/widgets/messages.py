@@ -70,7 +70,8 @@ class MessageBox(Vertical, can_focus=True):
         else:
             yield Markdown(self.content, classes="body")
         yield Static(origin.render(self.runs or [(self.content, False)]), classes="origin")
-        yield Static(reply_stats(self.stats), classes="stats")
+        # not markup: the line names the files tokens were looked up in (`[/]x.py`)
+        yield Static(reply_stats(self.stats), classes="stats", markup=False)
 
     def on_mount(self) -> None:
         self._apply_origin_view()
