@@ -320,6 +320,21 @@ def test_a_number_that_is_not_finite_is_named_as_such(field, value):
         served.stop()
 
 
+@pytest.mark.parametrize("path, hint", [("/chat/completions", "/v1/chat/completions"), ("/v1/chat/completion", "/v1"),
+                                        ("/", "/v1")])
+def test_a_path_not_served_is_named_with_where_the_api_is(path, hint):
+    """A client given the base URL without /v1 (or a path with a typo) got "Not Found":
+    as OpenAI's, the answer names the method and path, and here also where the API is."""
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        status, answer = http("POST", served.url + path, completion_body())
+        assert status == 404 and answer["error"]["type"] == "invalid_request_error", answer
+        assert f"POST {path}" in answer["error"]["message"] and hint in answer["error"]["message"]
+    finally:
+        served.stop()
+
+
 def test_a_wrong_method_says_which_are_allowed_and_head_works_where_get_does():
     served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
     try:

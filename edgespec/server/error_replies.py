@@ -13,6 +13,7 @@ import re
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from edgespec.errors import (ContextFullError, EdgespecError, InvalidTokenError, TemplateError, WorkerLostError,
@@ -111,6 +112,14 @@ def _is_type_tag(part) -> bool:
     return isinstance(part, str) and (part in ("str", "int", "float", "bool", "dict", "list") or "[" in part)
 
 
+def _where_the_api_is(app: FastAPI) -> str:
+    """The API's routes, for a client that asked for a path not served (often a base URL without /v1)."""
+    routes = [f"{method} {route.path}" for route in app.routes if isinstance(route, APIRoute)
+              and route.path.startswith("/v1/") and "{" not in route.path
+              for method in sorted(route.methods - {"HEAD"})]
+    return f"the API is under /v1 ({', '.join(routes)}), so a client's base URL ends in /v1."
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api(request: Request, exc: ApiError):
@@ -124,8 +133,10 @@ def install_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: HTTPException):
         if exc.status_code == 400 and isinstance(exc.__cause__, (ValueError, RecursionError)):
             return unreadable_body(exc.__cause__).response()  # FastAPI's own words name no cause
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        response = ApiError(exc.status_code, str(exc.detail), type=kind).response()
+        message = str(exc.detail)
+        if exc.status_code == 404:  # no such route (a model not served is an ApiError of its own)
+            message = f"Invalid URL ({request.method} {request.url.path}): {_where_the_api_is(request.app)}"
+        response = ApiError(exc.status_code, message).response()
         response.headers.update(exc.headers or {})  # a 405's Allow, as HTTP asks
         return response
 
