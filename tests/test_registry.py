@@ -182,6 +182,18 @@ def test_a_name_given_twice_in_models_yaml_is_refused_naming_its_lines(tmp_path)
     assert "user.yaml" in message and "'my-model'" in message and "twice" in message and "line 4" in message
 
 
+def test_a_name_that_is_both_a_model_and_a_pair_is_refused_naming_the_user_file(tmp_path):
+    """`pull` and `rm` take a pair first, `--target` a model: a user model named like the bundled
+    pair was pulled as that pair, and `rm` of it deleted the pair's two files instead."""
+    shipped_model = next(iter(load_registry().models))
+    for doc in ({"models": {DEFAULT_PAIR: GOOD_MODEL}},
+                {"models": {"my-model": GOOD_MODEL}, "pairs": {shipped_model: {"target": "my-model"}}},
+                {"models": {"m": GOOD_MODEL}, "pairs": {"m": {"target": "m"}}}):
+        name = next(iter(doc.get("pairs") or doc["models"]))
+        message = error_for(tmp_path, doc)
+        assert "user.yaml" in message and repr(name) in message and "both a model and a pair" in message
+
+
 def test_a_pair_may_leave_out_mode_and_k_and_gets_the_defaults(tmp_path):
     from edgespec.modes import DEFAULT_MODE
 

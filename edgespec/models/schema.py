@@ -211,7 +211,13 @@ def _pair_fields(raw: Any, where: _Where) -> dict:
 
 
 def check_pairs(pairs: dict[str, PairEntry], models: dict[str, ModelEntry], path: Path) -> None:
-    """Every pair names known models, and every requantized model another model that is not requantized."""
+    """No name is both a model and a pair (`pull` and `rm` would take the pair, `--target` the
+    model), every pair names known models, and every requantized model another model that is
+    not requantized."""
+    both = sorted(set(models) & set(pairs))
+    if both:
+        raise RegistryError(f"{path}: {_shown(both[0])} is both a model and a pair (`pull` and `rm` would take "
+                            f"the pair, --target the model); give one of them another name")
     for model in models.values():
         source = model.source
         if isinstance(source, RequantizeSource) and (source.model not in models or source.model == model.name
