@@ -335,6 +335,25 @@ def test_a_path_not_served_is_named_with_where_the_api_is(path, hint):
         served.stop()
 
 
+@pytest.mark.parametrize("content, param, words", [
+    ([{"text": "a"}], "messages.0.content.0.type", "'messages.0.content.0.type' is required"),
+    (["a"], "messages.0.content.0", "should be a JSON object"),
+])
+def test_a_wrong_content_part_is_named_not_the_other_shape_content_may_have(content, param, words):
+    """Content is a text or a list of parts: a part without its type, or a bare string in
+    the list, was answered "messages.0.content: Input should be a valid string", the other
+    shape's complaint, which does not say what to fix."""
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", template="chatml")))
+    try:
+        served.wait_ready(30)
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 3}
+        status, answer = http("POST", served.url + "/v1/chat/completions", json.dumps(body).encode())
+        assert status == 400 and answer["error"]["param"] == param, answer
+        assert words in answer["error"]["message"] and "ContentPart" not in answer["error"]["message"]
+    finally:
+        served.stop()
+
+
 def test_a_wrong_method_says_which_are_allowed_and_head_works_where_get_does():
     served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
     try:

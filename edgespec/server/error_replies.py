@@ -68,8 +68,11 @@ def api_error(exc: BaseException, *, prompt_param: str = "messages") -> ApiError
 def validation_error(exc: RequestValidationError) -> ApiError:
     """400 for a body that is not JSON, or whose fields have the wrong type or value."""
     errors = exc.errors()
-    # Our own refusals (value errors) say more than the type errors of the other members of a union.
-    first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
+    # Our own refusals (value errors) say more than the type errors of the other members of a union,
+    # and of those the deepest says what to fix: a content part without its type, not "content
+    # should be a string".
+    first = next((e for e in errors if e.get("type") == "value_error"),
+                 max(errors, key=lambda e: len(_field(e)), default={}))
     if first.get("type") == "json_invalid":
         return ApiError(400, f"The body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')}).")
     loc = _field(first)
@@ -79,6 +82,8 @@ def validation_error(exc: RequestValidationError) -> ApiError:
         return ApiError(400, f"The request body must be a JSON object ({sent}).")
     param = ".".join(loc) or None
     message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    message = re.sub(r"a valid dictionary( or (object to extract fields from|instance of \w+))?", "a JSON object",
+                     message)  # pydantic's words for a JSON object, and our class names
     if first.get("type") == "missing":
         message = f"'{param}' is required"
     elif param and not re.search(rf"\b{re.escape(loc[-1])}\b", message):  # ("n" is in "Input")
