@@ -63,6 +63,18 @@ def test_one_lookup_follows_a_growing_history_and_a_new_one_alike():
     same(history)
 
 
+def test_a_new_history_in_a_freed_ones_place_is_not_taken_for_it_grown():
+    """A reply's history list is freed when it ends, and the next reply's list may get
+    its id: lookup must not read it as the old one grown, even where it agrees at the
+    old one's end (its proposals were the old text's, and a seeded reply another)."""
+    lookup = PromptLookup()
+    old = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
+    lookup.match(old, 4)
+    del old  # (CPython gives the next list the freed one's place)
+    new = [9, 9, 9, 9, 5, 6, 7, 8, 1, 2, 3, 9, 9]
+    assert lookup.match(new, 4) == PromptLookup().match(new, 4)
+
+
 def reference_match(history, k, *, ngram_max=4, ngram_min=2, context_max=32, kinds_max=8):
     """Prompt lookup's rule, spelled out: the longest n-gram ending the history that
     occurred before; of its occurrences the one whose preceding tokens agree longest

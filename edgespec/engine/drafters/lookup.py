@@ -144,7 +144,8 @@ class _GrowingArray:
     lookup proposes, the target verifies."""
 
     def __init__(self) -> None:
-        self._list_id: int | None = None
+        self._list: Sequence[int] | None = None
+        """The list last read, held so that no new list can take its id while it is compared."""
         self._buf = np.empty(0, dtype=np.int64)
         self._n = 0
         self._places: dict[int, list[int]] = {}
@@ -157,7 +158,7 @@ class _GrowingArray:
 
     def of(self, history: Sequence[int]) -> np.ndarray:
         n, have = len(history), self._n
-        grown = (id(history) == self._list_id and have <= n
+        grown = (history is self._list and have <= n
                  and (have == 0 or history[have - 1] == self._buf[have - 1]))
         if not grown:
             have = 0
@@ -171,5 +172,5 @@ class _GrowingArray:
             places = self._places
             for i in range(have, n):
                 places.setdefault(history[i], []).append(i)
-        self._list_id, self._n = id(history), n
+        self._list, self._n = history, n
         return self._buf[:n]
