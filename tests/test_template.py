@@ -128,6 +128,9 @@ def _render_in_time(source: str, messages=CONVERSATION, *, limit_s: float = 20.0
     "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
     "{% for m in messages %}{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}{% endfor %}",
     "{% macro f(n) %}{% for i in range(30) %}{{ f(n + 1) if n < 40 else '' }}{% endfor %}{% endmacro %}{{ f(1) }}",
+    # a recursive loop's inner levels iterate what loop() is given, not the for's own iterable
+    "{% set twos = [2] * 99999 %}{% set ones = [1] * 999999 %}{% for x in [3] recursive %}"
+    "{% if x == 3 %}{{ loop(twos) }}{% elif x == 2 %}{{ loop(ones) }}{% endif %}{% endfor %}",
 ])
 def test_a_template_that_runs_too_long_is_stopped_naming_the_model(source):
     error = _render_in_time(source)

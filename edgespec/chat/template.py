@@ -25,7 +25,7 @@ import jinja2
 import jinja2.ext
 from jinja2 import nodes
 from jinja2.nodes import EvalContext
-from jinja2.runtime import Context
+from jinja2.runtime import Context, LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
@@ -416,6 +416,8 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's signature)
         _step()
+        if isinstance(__obj, LoopContext) and args:  # a recursive loop's loop(items): each item is a step too
+            args = (_bounded_iter(args[0]), *args[1:])
         _check_args(args, kwargs)
         _check_call(__obj, args)
         return _sized(super().call(__context, __obj, *args, **kwargs))
