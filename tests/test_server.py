@@ -143,6 +143,7 @@ def test_a_messages_text_parts_reach_the_model_on_lines_of_their_own():
      "messages.0.content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stop": ["\ud83d"]}, "stop"),
     ("/v1/completions", {"prompt": "x\udc80"}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": "gpt\udfff"}, "model"),
 ])
 def test_a_lone_surrogate_in_a_text_is_a_400_that_names_it(path, body, param):
     served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", template="chatml")))

@@ -114,7 +114,7 @@ class ChatMessage(_Body):
 class _Generation(_Body):
     """What chat and text completions share."""
 
-    model: StrictStr | None = None
+    model: Text | None = None
     """None: the model loaded (there is only one)."""
     max_tokens: StrictInt | None = _limited("max_tokens")
     temperature: Number | None = _limited("temperature")
