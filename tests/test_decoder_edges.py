@@ -3,6 +3,7 @@ whatever a cycle drafts and accepts, the reply is the one plain decoding gives."
 
 from __future__ import annotations
 
+import random
 from typing import Callable, Sequence
 
 import numpy as np
@@ -150,3 +151,39 @@ def test_an_end_of_generation_token_first_ends_the_reply_with_nothing_in_it():
     for mode, k in (("plain", 0), ("draft", 8)):
         tokens, _, shown, last = decode([*prompt, EOS, *ids("Hel", "lo")], prompt, GenerationParams(mode=mode), k=k)
         assert (tokens, shown, last.finish_reason, last.stats.generated_tokens) == ([], "", "eog", 0)
+
+
+class Guesser(Drafter):
+    """Drafts up to k tokens of the script, each wrong one time in five (any token: an
+    end of generation too)."""
+
+    name = "draft"
+
+    def __init__(self, text: Sequence[int], rng: random.Random):
+        self.text, self.rng = list(text), rng
+
+    def propose(self, history, k, params, rng):
+        right = self.text[len(history): len(history) + self.rng.randint(0, k)]
+        return Draft([t if self.rng.random() < 0.8 else self.rng.randrange(VOCAB) for t in right])
+
+
+def test_whatever_is_drafted_greedy_replies_are_plain_decodings_token_for_token():
+    """Random scripts, drafts, stop strings, max_tokens and contexts: the reply's tokens,
+    text, end and count are plain decoding's, and every token has its origin flag."""
+    for trial in range(300):
+        r = random.Random(trial)
+        prompt = [ID["<s>"], *(r.randrange(2, VOCAB) for _ in range(r.randint(0, 3)))]
+        text = [*prompt, *(r.randrange(1 if r.random() < 0.1 else 2, VOCAB) for _ in range(r.randint(0, 25)))]
+        stop = tuple(r.choice(PIECES[2:])[: r.randint(1, 3)] for _ in range(r.randint(0, 2)))
+        params = dict(stop=stop, max_tokens=r.choice([None, 1, 2, 3, 5, 10, 40]))
+        n_ctx = r.randint(len(prompt) + 1, len(prompt) + 30)
+        replies = []
+        for drafter, k in ((None, 0), (Guesser(text, r), r.randint(1, 8))):
+            target = ScriptedTarget(scripted(text), n_ctx=n_ctx)
+            chunks = list(generate(target, prompt, GenerationParams(mode="draft", k=k, **params),
+                                   FixedPolicy(drafter, k), is_eog=lambda t: t == EOS,
+                                   piece=lambda t: PIECES[t].encode()))
+            tokens = [t for c in chunks for t in c.tokens]
+            assert len(tokens) == sum(len(c.from_draft) for c in chunks) == chunks[-1].stats.generated_tokens
+            replies.append((tokens, "".join(c.text for c in chunks), chunks[-1].finish_reason))
+        assert replies[1] == replies[0], (trial, params, n_ctx)
