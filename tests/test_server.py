@@ -351,6 +351,21 @@ def test_a_wrong_content_part_is_named_not_the_other_shape_content_may_have(cont
         status, answer = http("POST", served.url + "/v1/chat/completions", json.dumps(body).encode())
         assert status == 400 and answer["error"]["param"] == param, answer
         assert words in answer["error"]["message"] and "ContentPart" not in answer["error"]["message"]
+        assert "more)" not in answer["error"]["message"]  # the other shape's complaint is no second error
+    finally:
+        served.stop()
+
+
+def test_an_image_part_is_refused_as_one_error_and_two_wrong_fields_as_two():
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", template="chatml")))
+    try:
+        served.wait_ready(30)
+        image = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+        for fields, more in (({"messages": [{"role": "user", "content": image}]}, ""),
+                             ({"messages": QUESTION, "temperature": "hot", "top_p": 5}, " (and 1 more)")):
+            status, answer = http("POST", served.url + "/v1/chat/completions", json.dumps(fields).encode())
+            message = answer["error"]["message"]
+            assert status == 400 and message.endswith(more) and ("more)" in message) == bool(more), answer
     finally:
         served.stop()
 

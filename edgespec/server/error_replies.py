@@ -88,7 +88,8 @@ def validation_error(exc: RequestValidationError) -> ApiError:
         message = f"'{param}' is required"
     elif param and not re.search(rf"\b{re.escape(loc[-1])}\b", message):  # ("n" is in "Input")
         message = f"{param}: {message}"
-    others = {tuple(_field(e)) for e in errors} - {tuple(loc)}  # a union's members each report the same field
+    # A union's members each report the field, or a place above the one chosen: no other error.
+    others = {field for field in map(tuple, map(_field, errors)) if tuple(loc[:len(field)]) != field}
     more = f" (and {len(others)} more)" if others else ""
     return ApiError(400, message + more, param=param)
 
