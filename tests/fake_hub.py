@@ -44,6 +44,9 @@ class FakeHub:
     busy: list[tuple[int, str | None]] = field(default_factory=list)
     """Answer the next GETs, one each, with this status and Retry-After (None: without one): a hub
     under load (429, 503)."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """Headers sent instead of the true ones with a file's body (a broken proxy's: a Content-Range
+    that names other bytes than those sent, a Content-Length that is no number)."""
     redirect_to: str | None = None
     """Answer every GET with a 302 to the same path under this base URL (the hub's CDN)."""
 
@@ -121,16 +124,16 @@ class FakeHub:
                 if_range = self.headers.get("If-Range")
                 if if_range is not None and if_range != etag:  # the file changed: all of it, afresh
                     rng = None
+                headers = {"X-Repo-Commit": COMMIT, "ETag": etag, "Accept-Ranges": "bytes"}
                 if body and rng and not hub.ignore_range:
                     start = int(re.match(r"bytes=(\d+)-", rng).group(1))
                     self.send_response(206)
-                    self.send_header("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}")
+                    headers["Content-Range"] = f"bytes {start}-{len(content) - 1}/{len(content)}"
                 else:
                     self.send_response(200)
-                self.send_header("X-Repo-Commit", COMMIT)
-                self.send_header("ETag", etag)
-                self.send_header("Accept-Ranges", "bytes")
-                self.send_header("Content-Length", str(len(content) - start))
+                headers["Content-Length"] = str(len(content) - start)
+                for name, value in {**headers, **hub.headers}.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 if not body:
                     return

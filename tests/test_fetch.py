@@ -616,6 +616,28 @@ def test_a_resume_answered_with_something_else_keeps_the_partial_download(hub, h
     assert [r for _, _, r in hub.gets()][-1] == "bytes=2000000-"
 
 
+@pytest.mark.parametrize("content_range", [f"bytes 0-{len(CONTENT) - 1}/{len(CONTENT)}", "bytes */*", "octets"])
+def test_a_resume_answered_with_other_bytes_than_asked_keeps_the_partial_download(hub, home, content_range):
+    """A proxy's 206 whose Content-Range starts elsewhere than the .part ends: its bytes were
+    appended all the same, and a hub file without a sha256 was taken with them spliced in."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.headers = {"Content-Range": content_range}
+    part_file(home).parent.mkdir(parents=True)
+    part_file(home).write_bytes(CONTENT[:2_000_000])
+    with pytest.raises(DownloadError, match=r"from byte 2000000, the server answered with .*partial download is kept"):
+        resolve_model(f"hf:{REPO}/tiny-q4.gguf", registry=registry())
+    assert part_file(home).read_bytes() == CONTENT[:2_000_000]
+    hub.headers = {}
+    assert resolve_model(f"hf:{REPO}/tiny-q4.gguf", registry=registry()).read_bytes() == CONTENT
+
+
+def test_a_length_that_is_no_number_is_taken_as_unknown(hub):
+    """As http.client takes it: the body is read to its end and the file checked, not a ValueError."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    hub.headers = {"Content-Length": "many"}
+    assert fetch(hub_entry()).read_bytes() == CONTENT
+
+
 def test_a_file_changed_on_the_hub_is_downloaded_afresh_not_spliced(hub, home):
     """A resume names the file it continues (If-Range: the first answer's ETag): a file uploaded anew
     in between comes whole (200), so no entry without a checksum keeps half of each."""

@@ -10,8 +10,9 @@ answer's ETag, kept in `x.gguf.part.etag` beside the .part): a file that changed
 on the server in between is sent whole (200) and started over, never spliced
 onto the old bytes, and so is the file from a server that ignores Range. An
 answer that is visibly not the file (a web page: a captive portal's; to a resume,
-also another length than `size`) raises NotTheFile and leaves the .part as it
-was. A download that stops before its first byte leaves no .part.
+also another length than `size`, or bytes from elsewhere than where the .part
+ends) raises NotTheFile and leaves the .part as it was. A download that stops
+before its first byte leaves no .part.
 
 `check` sees the complete .part before it is renamed to the destination, so a
 file under the final name is always whole. A check says the file is wrong by
@@ -46,6 +47,7 @@ import email.utils
 import http.client
 import os
 import queue
+import re
 import threading
 import time
 from datetime import timezone
@@ -219,6 +221,8 @@ def _transfer(f, url: str, headers: dict[str, str], size: int | None, etag: Path
             if start:
                 _restart(f, meter, etag)
                 start = 0
+        else:
+            _check_rest(response, start)
         if not start:
             _write_etag(etag, response)
         total = _full_length(response, start)
@@ -251,12 +255,29 @@ def _check_whole(response, size: int | None, start: int) -> None:
     raise NotTheFile(f"asked for {asked}, the server answered with {what}: that is not the file", start=start)
 
 
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-\d+/(\d+|\*)")
+
+
+def _check_rest(response, start: int) -> None:
+    """Raise NotTheFile if a 206 answer's bytes do not start where the .part ends (a proxy that
+    answers Range its own way): appended, they would splice another part of the file in."""
+    value = (response.headers.get("Content-Range") or "").strip()
+    match = _CONTENT_RANGE.fullmatch(value)
+    if match and int(match[1]) == start:
+        return
+    what = f"bytes from {match[1]} on" if match else f"a Content-Range of {value[:60]!r}"
+    raise NotTheFile(f"asked for the rest of the file from byte {start}, the server answered with {what}: "
+                     f"that is not what was asked", start=start)
+
+
 def _full_length(response, start: int) -> int | None:
-    content_range = response.headers.get("Content-Range") or ""
-    if "/" in content_range and not content_range.endswith("/*"):
-        return int(content_range.rsplit("/", 1)[1])
-    length = response.headers.get("Content-Length")
-    return start + int(length) if length is not None else None
+    """The whole file's length, from Content-Range (checked by _check_rest) or Content-Length;
+    None where neither says (a Content-Length that is no number counts as none, as in http.client)."""
+    match = _CONTENT_RANGE.fullmatch((response.headers.get("Content-Range") or "").strip())
+    if response.status == 206 and match and match[2] != "*":
+        return int(match[2])
+    length = (response.headers.get("Content-Length") or "").strip()
+    return start + int(length) if length.isdigit() else None
 
 
 def _restart(f, meter: Meter, etag: Path) -> None:
