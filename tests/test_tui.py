@@ -982,6 +982,22 @@ async def test_a_paste_typed_as_keys_costs_no_whole_text_work_per_key(store, mon
         await wait_for(pilot, lambda: not app.is_running)
 
 
+@pytest.mark.parametrize("height", [5, 7])
+async def test_in_a_terminal_a_few_rows_high_what_is_typed_is_seen(store, height):
+    """Five rows high, the header, the status line and the footer left the prompt its
+    top border: the status line and the footer covered the row being typed in."""
+    app = make_app(store)
+    async with app.run_test(size=(60, height)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press("h", "i")
+        row = prompt.content_region
+        assert row.height >= 1 and app.screen.get_widget_at(row.x, row.y)[0] is prompt
+        await send(pilot, "hello")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+
+
 async def test_undoing_a_long_line_lets_the_prompt_wrap_again(store):
     app = make_app(store)
     async with app.run_test():

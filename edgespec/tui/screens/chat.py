@@ -90,6 +90,10 @@ class ChatScreen(Screen):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (60, "-wide")]
     """Below 60 columns the sidebar gives its 30 to the chat (app.tcss); ctrl+b still shows it."""
 
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (10, "-tall")]
+    """Below 10 rows the header and the footer give their rows to the chat (app.tcss):
+    at 5 rows they and the status line covered the prompt's row being typed in."""
+
     generating: reactive[bool] = reactive(False)
     """Whether a reply is being generated."""
 
