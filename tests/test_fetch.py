@@ -328,6 +328,24 @@ def test_a_garbled_answer_is_a_download_error(hub, home, monkeypatch):
         fetch(hub_entry())
 
 
+def test_a_file_the_disk_has_no_room_for_is_refused_before_the_disk_is_filled(hub, home, monkeypatch):
+    """What the hub says the rest of the file needs is compared with the free space first: the
+    download wrote until the disk was full to its last byte (every other program's writes failing
+    meanwhile), then stopped."""
+    import shutil
+    from collections import namedtuple
+
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    part_file(home).parent.mkdir(parents=True)
+    part_file(home).write_bytes(CONTENT[:1_000_000])
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1_000_000, 1_000_000))
+    entry = ModelEntry(name="tiny-q4", source=HubSource(repo=REPO, file="tiny-q4.gguf"))  # no size: the hub says it
+    with pytest.raises(DownloadError, match=r"not enough disk space.*needs 2.1 MB more.*has 1.0 MB free.*resumes"):
+        fetch(entry)
+    assert part_file(home).read_bytes() == CONTENT[:1_000_000]
+
+
 def interrupted_within(size: int):
     """A progress callback that stops a download of `size` bytes part way, as Ctrl+C does."""
     def interrupt(p: Progress) -> None:

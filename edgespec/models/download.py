@@ -44,10 +44,12 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import errno
 import http.client
 import os
 import queue
 import re
+import shutil
 import threading
 import time
 from datetime import timezone
@@ -60,7 +62,7 @@ from urllib.request import HTTPRedirectHandler, Request, build_opener
 from edgespec.errors import EdgespecError
 from edgespec.models.progress import Meter, ProgressCallback
 
-__all__ = ["BUSY", "NotTheFile", "download", "part_path", "remove_part", "retry_after"]
+__all__ = ["BUSY", "NoRoom", "NotTheFile", "download", "part_path", "remove_part", "retry_after"]
 
 CHUNK = 1 << 20
 """The most bytes one read asks for (it returns what has come, however little)."""
@@ -85,6 +87,16 @@ class NotTheFile(Exception):
         super().__init__(message)
         self.start = start
         """The byte the request asked for the file from (0: the whole file)."""
+
+
+class NoRoom(OSError):
+    """The disk has less free space than the rest of the file needs, as the server gives its
+    length: found before writing any of it, so the disk is never filled to its last byte (which
+    every other program's writes need too). The .part is left as it was."""
+
+    def __init__(self, needed: int, free: int):
+        super().__init__(errno.ENOSPC, f"the rest of the file needs {needed} bytes and the disk has {free} free")
+        self.needed, self.free = needed, free
 
 
 def download(url: str, dest: Path, *, headers: Mapping[str, str] | None = None, size: int | None = None,
@@ -226,6 +238,10 @@ def _transfer(f, url: str, headers: dict[str, str], size: int | None, etag: Path
         if not start:
             _write_etag(etag, response)
         total = _full_length(response, start)
+        if total is not None:
+            free = shutil.disk_usage(os.path.dirname(f.name)).free
+            if free < total - start:
+                raise NoRoom(total - start, free)
         if total is not None and meter.total is None:
             meter.total = total
         read = getattr(response, "read1", response.read)  # what has come: progress on a slow link too

@@ -24,7 +24,7 @@ from edgespec.config import dirs
 from edgespec.errors import DownloadError
 from edgespec.models.bundled import DEFAULT_PAIR
 from edgespec.models.checksum import forget_verified, record_verified, verify_file
-from edgespec.models.download import BUSY, NotTheFile, part_path, remove_part, retry_after
+from edgespec.models.download import BUSY, NoRoom, NotTheFile, part_path, remove_part, retry_after
 from edgespec.models.download import download as download_file
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import ProgressCallback, human_bytes, human_seconds
@@ -139,9 +139,13 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
     except (OSError, http.client.HTTPException) as e:
         # What download() raises past its retries (no connection, a timeout, a garbled answer), or a full disk.
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            raise DownloadError(f"the disk filled up while downloading {source.file} "
-                                f"({human_bytes(entry.display_size)}). Free some space and run the "
-                                f"same command again: the download resumes.") from e
+            folder = _hub_dest(source).parent
+            what = (f"not enough disk space for {source.file} in {folder}: it needs {human_bytes(e.needed)} "
+                    f"more and has {human_bytes(e.free)} free" if isinstance(e, NoRoom) else
+                    f"the disk holding {folder} filled up while downloading {source.file} "
+                    f"({human_bytes(entry.display_size)})")
+            raise DownloadError(f"{what}. Free some space (or set EDGESPEC_HOME to a directory on a larger "
+                                f"disk) and run the same command again: the download resumes.") from e
         why = f"{type(e).__name__}: {str(e).strip()}"
         raise DownloadError(f"downloading {source.file} from {source.repo} failed ({why}). Run the same "
                             f"command again: the download resumes where it stopped.") from e
