@@ -276,6 +276,15 @@ def test_repo_ids_are_checked_by_the_hub_s_own_rule(repo):
     assert (repo_problem(repo) is None) == hub_accepts == (repo in HUB_ACCEPTS)
 
 
+@pytest.mark.parametrize("bad", ["x.gguf.part", "sub/x.gguf.part.etag"])
+def test_a_hub_file_cannot_take_the_name_of_another_file_s_unfinished_download(tmp_path, bad):
+    """x.gguf.part is where x.gguf is downloaded: an entry naming it was 'installed' while that
+    download ran, got its bytes, and its `rm` deleted them under the download's lock."""
+    message = error_for(tmp_path, {"models": {"my-model": {"source": {"kind": "hub", "repo": "me/x-GGUF",
+                                                                      "file": bad}}}})
+    assert "model 'my-model'" in message and "field 'source.file'" in message and ".part" in message
+
+
 def test_hub_files_may_sit_in_a_folder_of_the_repo(tmp_path):
     user = write(tmp_path / "user.yaml", {"models": {"m": {"source": {
         "kind": "hub", "repo": "me/x-GGUF", "file": "Q4_K_M/x-00001-of-00002.gguf"}}}})

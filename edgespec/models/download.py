@@ -62,8 +62,13 @@ from urllib.request import HTTPRedirectHandler, Request, build_opener
 from edgespec.errors import EdgespecError
 from edgespec.models.progress import Meter, ProgressCallback
 
-__all__ = ["BUSY", "NoRoom", "NotTheFile", "download", "part_path", "remove_part", "retry_after"]
+__all__ = ["BUSY", "ETAG_SUFFIX", "NoRoom", "NotTheFile", "PART_SUFFIX", "download", "part_path", "remove_part",
+           "retry_after"]
 
+PART_SUFFIX = ".part"
+"""Added to a file's name for its unfinished download, beside it."""
+ETAG_SUFFIX = PART_SUFFIX + ".etag"
+"""Added to a file's name for the ETag of the file its .part holds the start of."""
 CHUNK = 1 << 20
 """The most bytes one read asks for (it returns what has come, however little)."""
 RETRIES = 5
@@ -143,7 +148,7 @@ def download(url: str, dest: Path, *, headers: Mapping[str, str] | None = None, 
 
 def part_path(dest: Path) -> Path:
     """Where the partial download of `dest` lives."""
-    return dest.with_name(dest.name + ".part")
+    return dest.with_name(dest.name + PART_SUFFIX)
 
 
 def remove_part(dest: Path) -> Path | None:
@@ -305,7 +310,7 @@ def _restart(f, meter: Meter, etag: Path) -> None:
 
 def _etag_path(dest: Path) -> Path:
     """Where the ETag of the file that `dest`'s .part holds the start of is kept."""
-    return dest.with_name(dest.name + ".part.etag")
+    return dest.with_name(dest.name + ETAG_SUFFIX)
 
 
 def _write_etag(etag: Path, response) -> None:

