@@ -481,6 +481,19 @@ def test_a_full_disk_keeps_the_old_file(tmp_path, caplog, monkeypatch):
     assert "chat:2" in Pool.open(tmp_path, VOCAB).index
 
 
+def test_a_save_cut_short_by_a_kill_leaves_no_file_past_the_next_save(tmp_path):
+    """SIGKILL while the pool is written leaves its temporary file: the next save deletes
+    one that old, and leaves one still being written by another process."""
+    killed = tmp_path / f".{VOCAB}.pool.99999.tmp"
+    writing = tmp_path / f".{OTHER_VOCAB}.pool.99998.tmp"
+    for path in (killed, writing):
+        path.write_bytes(b"x" * 1000)
+    hours_ago = time.time() - 2 * 3600
+    os.utime(killed, (hours_ago, hours_ago))
+    _saved_pool(tmp_path)
+    assert not killed.exists() and writing.exists()
+
+
 def test_a_failed_write_keeps_the_old_file(tmp_path, caplog, monkeypatch):
     path = _saved_pool(tmp_path)
     before = path.read_bytes()

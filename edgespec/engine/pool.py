@@ -8,7 +8,9 @@ a tombstone in the file, so that another process that still holds it drops it
 at its next save instead of writing it back. A file that is damaged, truncated,
 from another vocabulary or another format version is not used, with a line in
 the log, and is replaced at the next save; a failed save (a full disk) keeps
-the old file, with a line in the log. Nothing here raises for a file's sake.
+the old file, with a line in the log, and one killed while writing leaves a
+temporary file that a later save deletes (snapshots.remove_left_over). Nothing
+here raises for a file's sake.
 
 The file: MAGIC, FORMAT and the header's length (struct _HEAD), the header
 (JSON: vocabulary id, edgespec version, documents as [name, tokens, last used],
@@ -36,6 +38,7 @@ from filelock import FileLock, Timeout
 
 from edgespec import __version__
 from edgespec.config import open_kept
+from edgespec.engine.snapshots import remove_left_over
 from edgespec.engine.suffix import MAX_TOKEN, SuffixIndex
 from edgespec.models.compat import VocabInfo
 
@@ -161,6 +164,7 @@ class Pool:
             stored = _read(self.path, self.vocab_id, self.index.vocab_size)
             if stored is not None:
                 self._merge(stored)
+            remove_left_over(self.path.parent, ".*.pool.*.tmp")
             if not _write(self.path, self._contents()):
                 return False
             self._changed = False

@@ -312,15 +312,21 @@ class SnapshotCache:
 
 
     def _remove_left_over(self) -> None:
-        """Delete the temporary files of saves that were killed (SIGKILL runs no cleanup)."""
-        if self.disk is None or not self.disk.is_dir():
-            return
-        for p in self.disk.glob("*/.*.kv.*.tmp"):
-            try:
-                if _is_file(p) and time.time() - p.lstat().st_mtime > LEFT_OVER_S:
-                    p.unlink()
-            except OSError:
-                continue
+        if self.disk is not None:
+            remove_left_over(self.disk, "*/.*.kv.*.tmp")
+
+
+def remove_left_over(folder: Path, pattern: str) -> None:
+    """Delete the temporary files matching `pattern` in `folder` that saves killed while
+    writing left (SIGKILL runs no cleanup): regular files older than LEFT_OVER_S."""
+    if not folder.is_dir():
+        return
+    for p in folder.glob(pattern):
+        try:
+            if _is_file(p) and time.time() - p.lstat().st_mtime > LEFT_OVER_S:
+                p.unlink()
+        except OSError:
+            continue
 
 
 def _is_file(path: Path) -> bool:
