@@ -18,6 +18,7 @@ whole text; one whose contents do gets those texts as text.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -154,8 +155,14 @@ class PrefixTokenizer:
 
     def _edge(self, text: str, tokenized: Tokenized, pos: int, *, at_start: bool) -> int:
         """The token where a span starting (or ending) at character `pos` starts (or ends)."""
-        run = next((r for r in tokenized.runs if (r.start <= pos < r.end if at_start else r.start < pos <= r.end)),
-                   None)
+        # Runs are in order: a search, since a prompt's every content asks (a scan was quadratic in messages).
+        runs = tokenized.runs
+        if at_start:
+            i = bisect.bisect_right(runs, pos, key=lambda r: r.start) - 1
+            run = runs[i] if i >= 0 and runs[i].start <= pos < runs[i].end else None
+        else:
+            i = bisect.bisect_left(runs, pos, key=lambda r: r.end)
+            run = runs[i] if i < len(runs) and runs[i].start < pos <= runs[i].end else None
         if run is None:  # before the first run (BOS) or after the last
             return len(tokenized.tokens) if pos > 0 else (tokenized.runs[0].first if tokenized.runs else 0)
         if pos == (run.start if at_start else run.end):
