@@ -122,6 +122,31 @@ def test_a_damaged_measurement_is_measured_again_with_a_log_line(probe, tmp_path
     assert FlashAttnTimes.from_json(json.loads(path.read_text())) == ON_READS_FASTER
 
 
+def test_two_processes_keeping_a_measurement_at_once_both_keep_it(probe, tmp_path, monkeypatch, caplog):
+    """Each process writes its own temporary file: another's save between this one's
+    write and rename does not make this one fail or leave a file behind."""
+    import os
+    from pathlib import Path
+
+    kept = tmp_path / "attention"
+    real_replace, others = os.replace, []
+
+    def replace(src, dst):
+        if not others:  # another process saves the same measurement now
+            others.append(dst)
+            with monkeypatch.context() as m:
+                m.setattr(os, "getpid", lambda: 4_000_000)
+                attention._save(kept, Path(dst).stem, probe.times)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with caplog.at_level(logging.INFO, logger="edgespec.attention"):
+        choose_cpu_flash_attn(SHAPE, n_ctx=4096, n_batch=512, kept=kept)
+    assert others and "could not keep" not in caplog.text
+    [path] = kept.iterdir()
+    assert FlashAttnTimes.from_json(json.loads(path.read_text())) == probe.times
+
+
 def test_a_fifo_in_place_of_a_measurement_is_measured_again_without_waiting(probe, tmp_path):
     """Only a regular file is read: a FIFO in its place blocked the load until a writer came."""
     import os

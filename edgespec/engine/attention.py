@@ -4,6 +4,7 @@ no cost."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -261,10 +262,12 @@ def _save(kept: Path | None, key: str, times: FlashAttnTimes) -> None:
     if kept is None:
         return
     path = kept / f"{key}.json"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one per process: two may measure at once
     try:
         kept.mkdir(parents=True, exist_ok=True)
-        part = path.with_suffix(".part")
-        part.write_text(json.dumps(times.to_json()))
-        part.replace(path)
+        tmp.write_text(json.dumps(times.to_json()))
+        os.replace(tmp, path)
     except OSError as e:
         log.info("could not keep the flash attention measurement in %s: %s", kept, e)
+        with contextlib.suppress(OSError):  # (no folder to clean: a file in its place)
+            tmp.unlink(missing_ok=True)
