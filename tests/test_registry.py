@@ -3,6 +3,7 @@ and the user's override file."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -301,6 +302,17 @@ def test_a_hub_name_on_the_command_line_cannot_leave_the_models_folder(spec):
 def test_a_binary_models_yaml_is_reported_with_the_file(tmp_path):
     message = error_for(tmp_path, b"\xff\xfe\x00\x01models")
     assert "user.yaml" in message and "not a text file" in message
+
+
+def test_a_fifo_in_place_of_the_user_file_is_reported_not_waited_on(home):
+    """Every command reads the user's models.yaml: a FIFO there hung each of them until a writer came."""
+    from tests.blocking import returns_without_blocking
+
+    user = home / "config" / "models.yaml"
+    user.parent.mkdir(parents=True)
+    os.mkfifo(user)
+    with pytest.raises(RegistryError, match=r"models.yaml: cannot read it \(not a regular file\)"):
+        returns_without_blocking(user, load_registry)
 
 
 def test_broken_yaml_is_reported_with_the_file(tmp_path):

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from edgespec.config import dirs
+from edgespec.config import dirs, open_kept
 from edgespec.errors import RegistryError, yaml_problem
 from edgespec.models.bundled import DEFAULT_PAIR
 from edgespec.models.hub import HubSource
@@ -129,7 +129,8 @@ def _shipped_file() -> Path:
 
 def _read(path: Path) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
+        with open_kept(path) as f:  # never blocks: every command reads it, and a FIFO would hang them all
+            text = f.read().decode("utf-8")
     except OSError as e:
         raise RegistryError(f"{path}: cannot read it ({e.strerror or e})") from e
     except UnicodeDecodeError as e:
