@@ -390,6 +390,19 @@ def test_a_partial_file_restarts_cleanly_when_the_server_ignores_range(hub, home
     assert [r for _, _, r in hub.gets()] == ["bytes=4000-"]
 
 
+@pytest.mark.parametrize("where", ["tiny-q4.gguf.part", "tiny-q4.gguf"])
+def test_a_folder_where_the_download_goes_is_named_with_what_to_do(hub, home, where):
+    """Running the command again cannot help: the message names the folder and says to remove it."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    folder = part_file(home).parent / where
+    folder.mkdir(parents=True)
+    with pytest.raises(DownloadError) as e:
+        fetch(hub_entry())
+    message = str(e.value)
+    assert str(folder) in message and "is a folder" in message and "remove it" in message
+    assert "resumes" not in message and folder.is_dir() and not hub.requests
+
+
 def test_a_download_asks_the_hub_for_the_file_and_nothing_else(hub, home, monkeypatch):
     """huggingface_hub's headers look up, once a process, a registry of coding agents on the hub
     (telemetry in the User-Agent, written under HF_HOME): edgespec sends no telemetry."""

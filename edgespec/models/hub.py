@@ -118,6 +118,10 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
         check_magic(part)  # all there is to check for a hub file without a registry entry
         forget_verified(part)
 
+    for there in (part_path(_hub_dest(source)), _hub_dest(source)):
+        if there.is_dir():  # not ours to delete, and no run of the command gets past it
+            raise DownloadError(f"{there} is a folder, where the download of {source.file} goes: remove it "
+                                f"(or move it elsewhere), then run the same command again.")
     try:
         path = download_file(url, _hub_dest(source), headers=build_hf_headers(), size=entry.size,
                              progress=progress, check=check)
