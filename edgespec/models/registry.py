@@ -17,10 +17,11 @@ from typing import Any
 
 import yaml
 
-from edgespec.config import dirs, open_kept
+from edgespec.config import dirs, read_kept
 from edgespec.errors import RegistryError, yaml_problem
 from edgespec.models.bundled import DEFAULT_PAIR
 from edgespec.models.hub import HubSource
+from edgespec.models.progress import human_bytes
 from edgespec.models.schema import check_pairs, parse, path_problem, repo_problem
 from edgespec.models.source import ModelEntry, PairEntry
 
@@ -127,12 +128,20 @@ def _shipped_file() -> Path:
     return Path(__file__).resolve().parents[2] / "models.yaml"  # a source checkout
 
 
+MAX_BYTES = 1 << 20
+"""The largest models.yaml read (some 5,000 entries; the shipped one is 20 kB): YAML is parsed at
+about 300 kB a second, and every command reads it."""
+
+
 def _read(path: Path) -> Any:
     try:
-        with open_kept(path) as f:  # never blocks: every command reads it, and a FIFO would hang them all
-            text = f.read().decode("utf-8")
+        data = read_kept(path, limit=MAX_BYTES)  # never blocks: every command reads it, a FIFO would hang them all
     except OSError as e:
         raise RegistryError(f"{path}: cannot read it ({e.strerror or e})") from e
+    except ValueError:
+        raise RegistryError(f"{path}: more than a models.yaml holds (at most {human_bytes(MAX_BYTES)})") from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise RegistryError(f"{path}: not a text file (byte {e.start} is not UTF-8); "
                             f"models.yaml must be YAML text") from e
