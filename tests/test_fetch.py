@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import time
 from pathlib import Path
 
@@ -21,7 +22,17 @@ from tests.fake_hub import FakeHub
 from tests.blocking import returns_without_blocking
 
 REPO = "someone/Tiny-GGUF"
-CONTENT = b"GGUF" + bytes(range(256)) * 12_000  # about 3 MB
+
+
+def gguf(data: bytes, *, floats: int = 0) -> bytes:
+    """A GGUF file: a header (version 3, no metadata) listing one tensor of `floats` F32 values if
+    any, then `data` as its tensor data (however much of it there is)."""
+    tensors = struct.pack("<Q", 1) + b"t" + struct.pack("<IQIQ", 1, floats, 0, 0) if floats else b""
+    header = b"GGUF" + struct.pack("<IQQ", 3, 1 if floats else 0, 0) + tensors
+    return header + b"\0" * (-len(header) % 32) + data
+
+
+CONTENT = gguf(bytes(range(256)) * 12_000)  # about 3 MB
 
 
 pytestmark = pytest.mark.usefixtures("home")  # each test gets its own EDGESPEC_HOME
@@ -125,6 +136,16 @@ def test_a_hub_file_that_is_not_gguf_is_deleted(hub, home):
     with pytest.raises(ModelFileError, match="GGUF"):
         resolve_model(f"hf:{REPO}/page.gguf", registry=registry())
     assert files_named(home, "page.gguf") == [] and files_named(home, "page.gguf.part") == []
+
+
+def test_a_hub_file_cut_short_is_deleted_when_nothing_else_can_check_it(hub, home):
+    """A file without a sha256 (every hf: name, every shipped hub entry) is checked for all its
+    header says it holds: one that ends before its tensors do (a proxy that cut it and its
+    Content-Length short) was taken as downloaded, and failed only when it was loaded."""
+    hub.add(REPO, "cut.gguf", gguf(b"\1" * 1000, floats=100_000))
+    with pytest.raises(ModelFileError, match=r"truncated or corrupt \(its tensors need \d+ bytes"):
+        resolve_model(f"hf:{REPO}/cut.gguf", registry=registry())
+    assert files_named(home, "cut.gguf") == [] and files_named(home, "cut.gguf.part") == []
 
 
 def test_a_malformed_hub_name_shows_the_form():
@@ -493,7 +514,7 @@ def test_remove_deletes_the_file_and_an_unfinished_download(hub, home):
 
 
 def test_resolve_pair_fetches_target_and_draft(hub):
-    draft_content = b"GGUF" + b"d" * 5000
+    draft_content = gguf(b"d" * 5000)
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     hub.add(REPO, "draft.gguf", draft_content)
     draft = ModelEntry(name="tiny-draft", source=HubSource(repo=REPO, file="draft.gguf"), size=len(draft_content))
@@ -568,7 +589,7 @@ def test_a_cancel_while_verifying_keeps_the_finished_download(hub, home):
 
 def test_each_revision_has_its_own_file(hub, home):
     """hf:...@v2 after @v1 is v2's file, and main keeps the path it always had."""
-    v1, v2 = b"GGUF" + b"1" * 50_000, b"GGUF" + b"2" * 50_000
+    v1, v2 = gguf(b"1" * 50_000), gguf(b"2" * 50_000)
     hub.add(REPO, "m.gguf", CONTENT)
     hub.add(REPO, "m.gguf", v1, revision="v1")
     hub.add(REPO, "m.gguf", v2, revision="refs/pr/2")
@@ -583,7 +604,7 @@ def test_each_revision_has_its_own_file(hub, home):
 
 
 def test_an_interrupted_revision_is_not_resumed_as_another(hub, home):
-    v1, v2 = b"GGUF" + b"1" * 500_000, b"GGUF" + b"2" * 500_000
+    v1, v2 = gguf(b"1" * 500_000), gguf(b"2" * 500_000)
     hub.add(REPO, "m.gguf", v1, revision="v1")
     hub.add(REPO, "m.gguf", v2, revision="v2")
     hub.chunk, hub.delay = 32 << 10, 0.01
@@ -672,7 +693,7 @@ def test_a_length_that_is_no_number_is_taken_as_unknown(hub):
 def test_a_file_changed_on_the_hub_is_downloaded_afresh_not_spliced(hub, home):
     """A resume names the file it continues (If-Range: the first answer's ETag): a file uploaded anew
     in between comes whole (200), so no entry without a checksum keeps half of each."""
-    old, new = b"GGUF" + b"o" * 400_000, b"GGUF" + b"n" * 400_000
+    old, new = gguf(b"o" * 400_000), gguf(b"n" * 400_000)
     entry = ModelEntry(name="m", source=HubSource(repo=REPO, file="m.gguf"), approx_size=len(old))
     hub.add(REPO, "m.gguf", old)
     hub.chunk, hub.delay = 32 << 10, 0.01

@@ -16,7 +16,7 @@ before its first byte leaves no .part.
 
 `check` sees the complete .part before it is renamed to the destination, so a
 file under the final name is always whole. A check says the file is wrong by
-raising an EdgespecError (verify_file's DownloadError, check_magic's
+raising an EdgespecError (verify_file's DownloadError, the GGUF header's
 ModelFileError): then the .part is deleted. Anything else that stops it (Ctrl+C,
 the app's Cancel raised from a progress callback, a read error) keeps the .part,
 whose bytes are as good as they were: the next call only checks it again.

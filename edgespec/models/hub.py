@@ -26,7 +26,7 @@ from edgespec.models.bundled import DEFAULT_PAIR
 from edgespec.models.checksum import forget_verified, record_verified, verify_file
 from edgespec.models.download import BUSY, NoRoom, NotTheFile, part_path, remove_part, retry_after
 from edgespec.models.download import download as download_file
-from edgespec.models.gguf_header import check_magic
+from edgespec.models.gguf_header import read_metadata
 from edgespec.models.progress import ProgressCallback, human_bytes, human_seconds
 from edgespec.models.source import REMOTE, Fetch, ModelEntry, Source, check_inside_models, delete_in_models
 
@@ -115,7 +115,8 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
         verify_file(part, name=entry.name, size=entry.size, sha256=entry.sha256, progress=progress,
                     fix=f"The download was deleted. {again}; if it fails the same way, the entry "
                         f"{entry.name!r} in models.yaml may be outdated (or pass a local .gguf path instead).")
-        check_magic(part)  # all there is to check for a hub file without a registry entry
+        if entry.sha256 is None:  # nothing else checks it: its header, and that it holds every tensor's bytes
+            read_metadata(part)
         forget_verified(part)
 
     for there in (part_path(_hub_dest(source)), _hub_dest(source)):
