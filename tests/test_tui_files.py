@@ -567,3 +567,20 @@ async def test_a_replys_statistics_name_an_attached_file_as_written(store, proje
             await wait_for(pilot, lambda n=n: not app.chat.generating and len(boxes(app)) == 2 * n)
             await pilot.pause()
             assert f"lookup in file {name}" in str(boxes(app)[-1].query_one(".stats").render())
+
+
+async def test_enter_with_files_and_no_words_says_what_is_missing(store, project):
+    """Enter with a file attached and nothing written did nothing, silently: the user
+    waited for a reply about the file."""
+    from textual import events
+
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        await _focused_prompt(pilot)
+        await pilot.press("enter")  # nothing written, nothing attached: nothing to say
+        app.post_message(events.Paste("notes.txt"))
+        await wait_for(pilot, lambda: _chips(app) == ["notes.txt"])
+        await pilot.press("space", "enter")
+        await wait_for(pilot, lambda: app.notes)
+        assert app.notes == ["Write what to ask about notes.txt, then Enter sends it."]
+        assert _chips(app) == ["notes.txt"] and boxes(app) == []

@@ -384,9 +384,15 @@ class ChatScreen(Screen):
 
     @on(PromptInput.Submitted)
     async def _send(self, event: PromptInput.Submitted) -> None:
+        text = event.text
+        if not text:
+            paths = self.query_one(AttachmentBar).paths
+            if paths:  # a message is the words: the files alone ask nothing
+                self.notify(f"Write what to ask about {', '.join(paths)}, then Enter sends "
+                            f"{'it' if len(paths) == 1 else 'them'}.")
+            return
         if not self._ready_to_generate():
             return
-        text = event.text
         named = self._at_files(text)
         refused = next((why for _, why in named if why is not None), None)
         if refused is not None:  # sent without it, the model would answer about a file it never saw

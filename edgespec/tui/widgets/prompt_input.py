@@ -25,6 +25,8 @@ class PromptInput(LongTextArea):
         """The user pressed Enter."""
 
         text: str
+        """What was written, without the blank around it (empty: nothing was; the screen
+        says so where files are attached)."""
 
     @dataclass
     class CompletionChosen(Message):
@@ -62,9 +64,7 @@ class PromptInput(LongTextArea):
         if event.key == "enter":
             event.stop()
             event.prevent_default()
-            text = self.text.strip()
-            if text:
-                self.post_message(self.Submitted(text))
+            self.post_message(self.Submitted(self.text.strip()))
             return
         if event.key == "up" and self.cursor_location[0] == 0 and self._walk(-1):
             event.stop()
