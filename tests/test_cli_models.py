@@ -259,3 +259,18 @@ def test_rm_keeps_an_unfinished_download_another_entry_shares(capsys, home, hub_
     assert part.read_bytes() == CONTENT[:1000] and etag.read_text() == '"v1"'
     code, out, _ = run(capsys, "rm", "alias", "mine", "tiny")
     assert code == 0 and f"removed {part}" in out and not part.exists() and not etag.exists()
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:99999", "http://[::1"])
+def test_a_malformed_hf_endpoint_is_named_in_one_line(capsys, monkeypatch, endpoint):
+    """huggingface_hub parses HF_ENDPOINT when it is imported and fails with a bare ValueError
+    ('Port out of range 0-65535'), after a line of its own, for every command that looks at the
+    hub: `models` as a user runs it (a new process), `pull` once it is imported."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    code, _, err = run(capsys, "pull", "hf:me/Tiny-GGUF/tiny.gguf")
+    assert code != 0 and "HF_ENDPOINT" in err and err.count("\n") == 1
+    done = subprocess.run([sys.executable, "-m", "edgespec", "models"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "HF_ENDPOINT" in done.stderr and done.stderr.count("\n") == 1

