@@ -170,16 +170,54 @@ def test_a_template_that_grows_too_large_is_stopped_before_it_allocates(source):
 def test_a_join_replace_or_indent_too_large_is_stopped_before_it_is_built(source):
     """Their results were sized after they were built: 1.6 GB from a template whose budget
     is 8 MB (an empty separator's join was sized at nothing), and 16 GB one step further."""
+    error, peak = _render_measured(source)
+    assert isinstance(error, TemplateError), type(error)
+    assert peak < 64 << 20, f"{peak:,} bytes at the peak"
+
+
+@pytest.mark.parametrize("source", [
+    "{{ range(99999) | list | tojson(indent=3000) }}",
+    "{{ ('\t' * 100).expandtabs(3000000) }}",
+    "{{ ('a' * 100).translate({97: 'y' * 3000000}) }}",
+    "{{ ('x ' * 100) | wordwrap(2, wrapstring='y' * 3000000) }}",
+    "{{ ('%999999s' * 300) % (('a',) * 300) }}",
+    "{{ ('%999999s' * 300) | format(*(['a'] * 300)) }}",
+    "{{ '%0299999999d' | format(1) }}",
+    "{{ ('{0:>999999}' * 300).format(1) }}",
+    "{{ ('{:{}}' * 100).format(*(['a', 3000000] * 100)) }}",
+    "{{ lipsum(n=100000) }}",
+])
+def test_a_widened_or_wrapped_text_too_large_is_stopped_before_it_is_built(source):
+    """Each asks for its size in a way the checks did not read: an indent repeated on every
+    line, a tab's width, a mapping or wrapping string, many widths of under a million."""
+    error, peak = _render_measured(source)
+    assert isinstance(error, TemplateError), type(error)
+    assert peak < 64 << 20, f"{peak:,} bytes at the peak"
+
+
+@pytest.mark.parametrize("use", [
+    "{{ many | tojson | length }}", "{{ many | string | length }}", "{{ many | map('upper') | list | length }}",
+    "{{ many }}", "{{ many ~ '' }}", "{{ '%s' % (many,) }}",
+])
+@pytest.mark.parametrize("made", ["['x' * 7000000] * 40", "[big, big, big, big, big, big, big, big] * 5",
+                                  "[" + ", ".join(["big"] * 40) + "]"])
+def test_a_list_holding_one_large_text_many_times_counts_all_of_it(made, use):
+    """A list of 40 items is small, but each holds the same 7 MB text: turned into text
+    it was 280 MB before its size was checked (a thousand such items: 16 GB as JSON)."""
+    error, peak = _render_measured(f"{{% set big = 'x' * 7000000 %}}{{% set many = {made} %}}{use}")
+    assert isinstance(error, TemplateError), type(error)
+    assert peak < 128 << 20, f"{peak:,} bytes at the peak"
+
+
+def _render_measured(source: str):
+    """The outcome of rendering `source` (see _render_in_time) and the most memory it took."""
     import tracemalloc
 
     tracemalloc.start()
     try:
-        error = _render_in_time(source)
-        peak = tracemalloc.get_traced_memory()[1]
+        return _render_in_time(source), tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert isinstance(error, TemplateError), type(error)
-    assert peak < 64 << 20, f"{peak:,} bytes at the peak"
 
 
 def test_bounds_leave_real_templates_on_long_conversations_alone():

@@ -23,10 +23,11 @@ from typing import Mapping, Sequence
 
 import jinja2
 import jinja2.ext
+from jinja2 import Environment
 from jinja2 import nodes
 from jinja2.nodes import EvalContext
 from jinja2.runtime import Context, LoopContext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from jinja2.visitor import NodeTransformer
 
 from edgespec.engine.protocol import ChatEngine
@@ -287,7 +288,9 @@ def chat_template(engine: ChatEngine, *, template: str | None = None, model: str
 # from hanging the app or exhausting memory. Every render gets a budget: a
 # deadline, a number of loop steps and calls, and a size no value or output may
 # pass, checked before an operation that could allocate past it (`'x' * 10**10`,
-# `ljust(10**9)`, `'%0999999999d'`) and after any other.
+# `ljust(10**9)`, `'%0999999999d'`, an indent or a tab's width) and after any other.
+# A list, tuple or dict counts all it holds, as often as it holds it: written out,
+# a list of one large text a thousand times is a thousand large texts.
 
 RENDER_SECONDS = 10.0
 """Wall-clock time one render may take (a chat turn renders a few times)."""
@@ -305,6 +308,8 @@ class _Budget(threading.local):
     deadline: float = 0.0
     steps: int = 0
     max_size: int = RENDER_CHARS
+    sizes: dict | None = None
+    """The size of each list, tuple and dict sized in this render, by id (with the value, which keeps the id its own)."""
 
 
 _budget = _Budget()
@@ -313,14 +318,15 @@ _budget = _Budget()
 @contextmanager
 def _budgeted(messages: Sequence[Mapping[str, str]]):
     """The budget of one render (of `messages`), for this thread."""
-    saved = (_budget.deadline, _budget.steps, _budget.max_size)
+    saved = (_budget.deadline, _budget.steps, _budget.max_size, _budget.sizes)
     _budget.deadline = time.monotonic() + RENDER_SECONDS
     _budget.steps = RENDER_STEPS
     _budget.max_size = RENDER_CHARS + 2 * sum(len(m["content"]) for m in messages)
+    _budget.sizes = {}
     try:
         yield
     finally:
-        _budget.deadline, _budget.steps, _budget.max_size = saved
+        _budget.deadline, _budget.steps, _budget.max_size, _budget.sizes = saved
 
 
 def _step() -> None:
@@ -331,10 +337,36 @@ def _step() -> None:
         raise _TooCostly(f"it ran for more than {RENDER_SECONDS:g} s")
 
 
+_HOLDERS = (str, bytes, list, tuple, dict)
+
+
+def _size(value) -> int:
+    """The characters and items `value` holds, a list, tuple or dict counting all it holds
+    as often as it holds it: a list of one text a thousand times is a thousand texts once
+    written out. Counting stops past the budget; each list, tuple or dict is counted
+    once per render."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if not isinstance(value, _HOLDERS):
+        return 0
+    sizes = _budget.sizes if _budget.sizes is not None else {}
+    known = sizes.get(id(value))
+    if known is not None and known[0] is value:
+        return known[1]
+    items = (*value.keys(), *value.values()) if isinstance(value, dict) else value
+    size = len(items)
+    for item in items:
+        if size > _budget.max_size:
+            break
+        size += _size(item)
+    sizes[id(value)] = (value, size)
+    return size
+
+
 def _sized(value):
-    """`value`, unless it is larger than a render may hold."""
-    if isinstance(value, (str, bytes, list, tuple, dict)) and len(value) > _budget.max_size:
-        raise _TooCostly(f"it built a value of {len(value):,} characters or items")
+    """`value`, unless it holds more than a render may."""
+    if isinstance(value, _HOLDERS) and _size(value) > _budget.max_size:
+        raise _TooCostly(f"it built a value of more than {_budget.max_size:,} characters or items")
     return value
 
 
@@ -343,29 +375,45 @@ def _check_size(n: int) -> None:
         raise _TooCostly(f"it asked for {n:,} characters or items")
 
 
-_WIDTH = re.compile(r"\d{7,}")
-"""A width or precision of a million or more in a format string."""
-
-
 def _check_args(args, kwargs) -> None:
     """Refuse, before the call, arguments that make a result too large to hold."""
     for a in (*args, *kwargs.values()):
         if isinstance(a, int) and not isinstance(a, bool) and abs(a) > _budget.max_size:
             _check_size(abs(a))  # a width, a count, a repeat: ljust(10**9), indent(10**9), range(10**9)
-        elif isinstance(a, str) and _WIDTH.search(a) and ("{" in a or "%" in a):
-            raise _TooCostly("its format string asks for a width of a million or more")
 
 
-def _check_call(obj, args) -> None:
+_PRINTF_FIELD = re.compile(r"%(?:\([^)]*\))?[#0 +-]*(\*|\d+)?(?:\.(\*|\d+))?")
+"""A printf-style field up to its width and precision, each a number or `*`."""
+
+
+def _printf_size(text: str, values) -> int:
+    """At most how long `text % values` is: the text, each field's width and precision,
+    and the values (an int may be a `*` width; a float is at most a few hundred digits)."""
+    values = values if isinstance(values, tuple) else (values,)
+    widths = sum(int(n) for m in _PRINTF_FIELD.finditer(text) for n in m.groups() if n and n != "*")
+    shown = sum(abs(v) if isinstance(v, int) else 400 if isinstance(v, float) else _size(v) for v in values)
+    return len(text) + widths + shown
+
+
+def _check_call(obj, args, kwargs) -> None:
     """Size checks for the calls whose result can be far larger than their arguments."""
     self = getattr(obj, "__self__", None)
     name = getattr(obj, "__name__", "")
-    if isinstance(self, str) and name == "replace" and len(args) >= 2:
+    if not isinstance(self, str):
+        return
+    if name == "replace" and len(args) >= 2:
         old, new = str(args[0]), str(args[1])
         count = self.count(old) if old else len(self) + 1
         _check_size(len(self) + count * max(len(new) - len(old), 0))
-    elif isinstance(self, str) and name == "join" and args:
+    elif name == "join" and args:
         _check_size(_joined_size(self, args[0]))
+    elif name == "expandtabs":
+        tab = args[0] if args else kwargs.get("tabsize", 8)
+        if isinstance(tab, int):
+            _check_size(len(self) + self.count("\t") * tab)
+    elif name == "translate" and args and isinstance(args[0], dict):
+        longest = max((_size(v) for v in args[0].values()), default=1)
+        _check_size(len(self) * max(longest, 1))
 
 
 def _joined_size(separator, items) -> int:
@@ -380,7 +428,7 @@ def _joined_size(separator, items) -> int:
 def _check_filter(name: str, args, kwargs) -> None:
     """Size checks, before the call, for the filters whose result can be far larger than
     their arguments (join, replace, indent); args as the filter gets them."""
-    values = [a for a in args if not isinstance(a, (EvalContext, Context))]  # a filter may be given its context
+    values = [a for a in args if not isinstance(a, (EvalContext, Context, Environment))]  # a filter's context
     if name == "do_join" and values:
         _check_size(_joined_size(kwargs.get("d", values[1] if len(values) > 1 else ""), values[0]))
     elif name == "do_replace" and len(values) >= 3 and isinstance(values[0], str):
@@ -391,6 +439,14 @@ def _check_filter(name: str, args, kwargs) -> None:
         width = kwargs.get("width", values[1] if len(values) > 1 else 4)
         prefix = len(width) if isinstance(width, str) else abs(width) if isinstance(width, int) else 0
         _check_size(len(values[0]) + prefix * (values[0].count("\n") + 1))
+    elif name == "do_wordwrap" and values and isinstance(values[0], str):
+        text, width = values[0], kwargs.get("width", values[1] if len(values) > 1 else 79)
+        wrap = kwargs.get("wrapstring", values[3] if len(values) > 3 else None)
+        if isinstance(wrap, str) and isinstance(width, int):  # a line per width, and at most one per space
+            lines = len(text) // max(width, 1) + text.count(" ") + text.count("\n") + 1
+            _check_size(len(text) + lines * len(wrap))
+    elif name == "do_format" and values and isinstance(values[0], str):
+        _check_size(_printf_size(values[0], kwargs or tuple(values[1:])))
 
 
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
@@ -404,14 +460,14 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
-                    _check_size(len(seq) * n)
+                    _check_size(_size(seq) * n)
         elif operator == "**" and isinstance(left, numbers) and isinstance(right, numbers):
             if abs(left) > 1 and right > 64 and right * math.log2(abs(left)) > 4096:
                 raise _TooCostly(f"it asked for {left} ** {right}")
         elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
-            _check_size(len(left) + len(right))
+            _check_size(_size(left) + _size(right))
         elif operator == "%" and isinstance(left, str):
-            _check_args((left, *(right if isinstance(right, tuple) else (right,))), {})
+            _check_size(_printf_size(left, right))
         return _sized(super().call_binop(context, operator, left, right))
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's signature)
@@ -419,18 +475,42 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         if isinstance(__obj, LoopContext) and args:  # a recursive loop's loop(items): each item is a step too
             args = (_bounded_iter(args[0]), *args[1:])
         _check_args(args, kwargs)
-        _check_call(__obj, args)
+        _check_call(__obj, args, kwargs)
         return _sized(super().call(__context, __obj, *args, **kwargs))
 
     def getattr(self, obj, attribute):
         _step()
-        if isinstance(obj, str) and attribute in ("format", "format_map"):
-            _check_args((obj,), {})  # the sandbox wraps these methods: check the format string here
         return _sized(super().getattr(obj, attribute))
 
     def getitem(self, obj, argument):
         _step()
         return _sized(super().getitem(obj, argument))
+
+    def wrap_str_format(self, value):
+        """A text's format and format_map, with each field held to the budget."""
+        if super().wrap_str_format(value) is None:
+            return None
+        text, formatter = value.__self__, _BoundedFormatter(self)
+        if value.__name__ == "format_map":
+            return lambda mapping: formatter.vformat(text, (), mapping)
+        return lambda *args, **kwargs: formatter.vformat(text, args, kwargs)
+
+
+class _BoundedFormatter(SandboxedFormatter):
+    """str.format in the sandbox, each field checked before it is written (its width and
+    precision, whether given in the text or by an argument) and the text so far after."""
+
+    def vformat(self, format_string, args, kwargs):
+        self._written = len(format_string)
+        return super().vformat(format_string, args, kwargs)
+
+    def format_field(self, value, format_spec):
+        _step()
+        _check_size(self._written + sum(int(n) for n in re.findall(r"\d+", format_spec)) + _size(value))
+        text = super().format_field(value, format_spec)
+        self._written += len(text)
+        _check_size(self._written)
+        return text
 
 
 def _bounded_filter(f):
@@ -453,14 +533,40 @@ def _bounded_iter(iterable):
 
 def _bounded_concat(parts) -> str:
     """The `~` operator, refusing a result larger than a render may hold."""
+    _check_size(sum(map(_size, parts)))
     texts = [str(p) for p in parts]
     _check_size(sum(map(len, texts)))
     return "".join(texts)
 
 
+def _within_budget(pieces) -> str:
+    """The text of `pieces`, checked as it grows."""
+    out, size = [], 0
+    for piece in pieces:
+        size += len(piece)
+        _check_size(size)
+        out.append(piece)
+    return "".join(out)
+
+
 class _Bound(NodeTransformer):
-    """Routes the two operations the sandbox does not intercept through the budget:
-    for loops (each item is a step) and `~` (its result is sized)."""
+    """Routes the operations the sandbox does not intercept through the budget: for
+    loops (each item is a step), `~` (its result is sized) and the lists, tuples and
+    dicts a template writes (sized with all they hold, like a call's result)."""
+
+    def visit_List(self, node: nodes.List) -> nodes.Call:
+        return self._sized(self.generic_visit(node))
+
+    def visit_Dict(self, node: nodes.Dict) -> nodes.Call:
+        return self._sized(self.generic_visit(node))
+
+    def visit_Tuple(self, node: nodes.Tuple) -> nodes.Expr:
+        node = self.generic_visit(node)
+        return self._sized(node) if node.ctx == "load" else node  # not a target: `for a, b in ...`
+
+    @staticmethod
+    def _sized(node: nodes.Expr) -> nodes.Call:
+        return nodes.Call(nodes.Name("_es_sized", "load"), [node], [], None, None, lineno=node.lineno)
 
     def visit_For(self, node: nodes.For) -> nodes.For:
         node = self.generic_visit(node)
@@ -479,7 +585,9 @@ def _raise_exception(message: str):
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    """json.dumps, checked as it is written: an indent is repeated on every line."""
+    encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return _within_budget(encoder.iterencode(value))
 
 
 def _strftime_now(fmt: str) -> str:
@@ -493,6 +601,8 @@ _ENV.globals["raise_exception"] = _raise_exception
 _ENV.globals["strftime_now"] = _strftime_now
 _ENV.globals["_es_bounded_iter"] = _bounded_iter
 _ENV.globals["_es_bounded_concat"] = _bounded_concat
+_ENV.globals["_es_sized"] = _sized
+del _ENV.globals["lipsum"]  # no chat template writes lorem ipsum, and one call may write gigabytes of it
 _COMPILED: dict[str, jinja2.Template] = {}
 
 
@@ -506,10 +616,5 @@ def _compile(source: str) -> jinja2.Template:
 
 def _render(template: jinja2.Template, messages, **context) -> str:
     """Render within the budget; the output is checked as it grows."""
-    out, size = [], 0
     with _budgeted(messages):
-        for piece in template.generate(messages=messages, **context):
-            size += len(piece)
-            _check_size(size)
-            out.append(piece)
-    return "".join(out)
+        return _within_budget(template.generate(messages=messages, **context))
