@@ -585,6 +585,14 @@ def test_unified_diff_marks_a_missing_final_newline():
     assert diff.endswith("-y\n\\ No newline at end of file\n+z\n\\ No newline at end of file\n")
 
 
+def test_unified_diff_shows_the_lines_of_a_file_ending_them_in_cr_alone():
+    """A classic Mac OS file (no LF at all) is seen line by line, as the model reads it."""
+    old, new = "x\ry\rz\r", "x\rY\rz\r"
+    diff = unified_diff("a.txt", old, new)
+    assert diff.split("\n") == ["--- a/a.txt", "+++ b/a.txt", "@@ -1,3 +1,3 @@", " x", "-y", "+Y", " z", ""]
+    assert parse_edits(f"```diff\n{diff}```\n", {"a.txt": old}) == [FileEdit("a.txt", new, "diff")]
+
+
 def test_an_edit_over_the_size_limit_is_not_written(project, backups):
     ws = Workspace(project)
     target = project / "src" / "main.py"
@@ -618,6 +626,7 @@ FILE_SHAPES = {  # the bytes before, and after a reply changes "a = 1" into "a =
     "lf": (b"a = 1\nb = 2\n", b"a = 9\nb = 2\n"),
     "crlf": (b"a = 1\r\nb = 2\r\n", b"a = 9\r\nb = 2\r\n"),
     "mixed crlf and lf": (b"x = 0\na = 1\r\nb = 2\nc = 3\n", b"x = 0\na = 9\r\nb = 2\nc = 3\n"),
+    "cr only (classic mac os)": (b"a = 1\rb = 2\r", b"a = 9\rb = 2\r"),
     "no final newline": (b"a = 1\nb = 2", b"a = 9\nb = 2"),
     "utf-8 bom": (b"\xef\xbb\xbfa = 1\nb = 2\n", b"\xef\xbb\xbfa = 9\nb = 2\n"),
     "bom and crlf": (b"\xef\xbb\xbfa = 1\r\nb = 2\r\n", b"\xef\xbb\xbfa = 9\r\nb = 2\r\n"),
@@ -630,7 +639,8 @@ FILE_SHAPES = {  # the bytes before, and after a reply changes "a = 1" into "a =
 def _reply(form: str, data: bytes) -> str:
     """A reply changing "a = 1" into "a = 9" as a model writes it: LF lines, no BOM; the
     whole form copies every line, the others give their context without trailing spaces."""
-    lines = data.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n").removesuffix("\n").split("\n")
+    text = data.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    lines = text.removesuffix("\n").split("\n")
     index = next(i for i, line in enumerate(lines) if line.startswith("a = 1"))
     new = [*lines[:index], lines[index].replace("a = 1", "a = 9", 1), *lines[index + 1 :]]
     if form == "whole":

@@ -8,9 +8,10 @@ Three forms are read, whichever the model wrote:
     so wrong line numbers in @@ headers do no harm.
   - replace: a path line, then <<<<<<< SEARCH / ======= / >>>>>>> REPLACE blocks.
 An edit that cannot be applied exactly as meant raises EditError; nothing is half-applied.
-Every edit keeps the file's newline style (CRLF stays CRLF; in a file that mixes them, each
-line its own), its BOM and its final-newline state, and the lines a search/replace block or
-a diff hunk keeps stay as the file has them (trailing spaces the model dropped included).
+Every edit keeps the file's newline style (CRLF stays CRLF, CR alone stays CR; in a file
+that mixes CRLF and LF, each line its own), its BOM and its final-newline state, and the
+lines a search/replace block or a diff hunk keeps stay as the file has them (trailing
+spaces the model dropped included).
 """
 
 from __future__ import annotations
@@ -109,8 +110,9 @@ def unified_diff(path: str, old: str, new: str) -> str:
 
 def _with_ends(text: str) -> list[str]:
     """A text's lines with their ends, split at "\\n" alone as the parser splits (str.splitlines
-    also ends a line at a form feed, U+2028 and other separators, which are inside lines here)."""
-    lines = [line + "\n" for line in text.split("\n")]
+    also ends a line at a form feed, U+2028 and other separators, which are inside lines here);
+    a file that ends its lines in CR alone is shown with LF ends, line by line."""
+    lines = [line + "\n" for line in (text.replace("\r", "\n") if _cr_only(text) else text).split("\n")]
     lines[-1] = lines[-1][:-1]
     return lines if lines[-1] else lines[:-1]
 
@@ -609,8 +611,8 @@ def _echoes_example(path: str, text: str) -> bool:
 
 
 def _split(text: str) -> list[str]:
-    """A text's lines without their ends (CRLF read as LF)."""
-    text = text.replace("\r\n", "\n")
+    """A text's lines without their ends (CRLF read as LF, and CR in a file that ends its lines in CR alone)."""
+    text = text.replace("\r", "\n") if _cr_only(text) else text.replace("\r\n", "\n")
     if text.endswith("\n"):
         text = text[:-1]
     return text.split("\n") if text else []
@@ -624,13 +626,19 @@ def _finish(original: str | None, lines: list[str]) -> str:
     if not lines:
         return ""
     crlf = bool(original) and original.count("\r\n") * 2 > original.count("\n")
-    newline = "\r\n" if crlf else "\n"
-    final = original.endswith("\n") if original else True
+    newline = "\r" if _cr_only(original) else "\r\n" if crlf else "\n"
+    final = original.endswith(newline[-1]) if original else True
     ends = [newline] * len(lines)
     if original and 0 < original.count("\r\n") < original.count("\n"):
         ends = _line_ends(original, lines, newline)
     ends[-1] = ends[-1] if final else ""
     return "".join(line + end for line, end in zip(lines, ends))
+
+
+def _cr_only(text: str | None) -> bool:
+    """Whether a text ends its lines in CR alone (classic Mac OS): a CR and no LF anywhere. Such a
+    text is lines split at each CR, so reading it and joining it again gives back the same text."""
+    return bool(text) and "\r" in text and "\n" not in text
 
 
 def _line_ends(original: str, lines: list[str], newline: str) -> list[str]:
