@@ -367,6 +367,32 @@ def test_a_file_the_disk_has_no_room_for_is_refused_before_the_disk_is_filled(hu
     assert part_file(home).read_bytes() == CONTENT[:1_000_000]
 
 
+def test_a_models_folder_that_cannot_be_written_is_named_not_retried(hub, home):
+    """A file where the repo's folder belongs (or a folder not one's own, read-only): running the
+    same command again, as the message said ('the download resumes'), failed the same way."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    part_file(home).parent.parent.mkdir(parents=True)
+    part_file(home).parent.write_bytes(b"")
+    with pytest.raises(DownloadError, match=r"cannot write .*someone--Tiny-GGUF.*File exists.*EDGESPEC_HOME") as e:
+        fetch(hub_entry())
+    assert "resumes" not in str(e.value)
+
+
+def test_a_token_file_that_cannot_be_read_is_named_as_the_token(hub, home, monkeypatch, tmp_path):
+    """huggingface_hub reads its login's token file for every download: one it cannot read (a folder
+    there, another user's HF_HOME) was reported as the download failing, then as a models folder
+    that cannot be written."""
+    from huggingface_hub import constants
+
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    (tmp_path / "token").mkdir()
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with pytest.raises(DownloadError, match=r"cannot read the Hugging Face token at .*token.*HF_TOKEN") as e:
+        fetch(hub_entry())
+    assert "models folder" not in str(e.value) and "resumes" not in str(e.value)
+
+
 def interrupted_within(size: int):
     """A progress callback that stops a download of `size` bytes part way, as Ctrl+C does."""
     def interrupt(p: Progress) -> None:

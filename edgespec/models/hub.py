@@ -124,8 +124,13 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
             raise DownloadError(f"{there} is a folder, where the download of {source.file} goes: remove it "
                                 f"(or move it elsewhere), then run the same command again.")
     try:
-        path = download_file(url, _hub_dest(source), headers=build_hf_headers(), size=entry.size,
-                             progress=progress, check=check)
+        headers = build_hf_headers()  # HF_TOKEN, else the token file of `hf auth login`
+    except OSError as e:
+        raise DownloadError(f"cannot read the Hugging Face token at {e.filename}: {e.strerror or e}. Make it a "
+                            f"file you can read (`hf auth login` writes it), or set HF_TOKEN instead.") from e
+    try:
+        path = download_file(url, _hub_dest(source), headers=headers, size=entry.size, progress=progress,
+                             check=check)
     except HTTPError as e:
         raise _http_error(entry, source, e) from e
     except BlockingIOError as e:
@@ -142,7 +147,12 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
             f"to the network if it asks, then run the same command again.{outdated} To start over instead, "
             f"delete it with `edgespec rm {entry.name}`.") from e
     except (OSError, http.client.HTTPException) as e:
-        # What download() raises past its retries (no connection, a timeout, a garbled answer), or a full disk.
+        # What download() raises past its retries (no connection, a timeout, a garbled answer), a full
+        # disk, or a file it cannot make (an OSError naming its path): the same command would fail alike.
+        if isinstance(e, OSError) and e.filename is not None and e.errno != errno.ENOSPC:
+            raise DownloadError(f"cannot write the download of {source.file} at {e.filename}: {e.strerror or e}. "
+                                f"edgespec's models folder ({dirs().models}, see `edgespec paths`) must be a "
+                                f"folder you can write to; or set EDGESPEC_HOME to one.") from e
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             folder = _hub_dest(source).parent
             what = (f"not enough disk space for {source.file} in {folder}: it needs {human_bytes(e.needed)} "
