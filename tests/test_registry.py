@@ -195,6 +195,17 @@ def test_a_name_that_is_both_a_model_and_a_pair_is_refused_naming_the_user_file(
         assert "user.yaml" in message and repr(name) in message and "both a model and a pair" in message
 
 
+@pytest.mark.parametrize("name", ["mine.gguf", "me/mine", "~mine", ".mine", "hf:me/x-GGUF/x.gguf"])
+@pytest.mark.parametrize("kind", ["models", "pairs"])
+def test_a_name_that_reads_as_a_path_or_a_hub_file_is_refused(tmp_path, name, kind):
+    """`path`, `rm`, --target and --pair take such a name for a file: a model named 'mine.gguf'
+    could be pulled but was 'no such file' everywhere else."""
+    doc = {"models": {name: GOOD_MODEL}} if kind == "models" else \
+        {"models": {"my-model": GOOD_MODEL}, "pairs": {name: {"target": "my-model"}}}
+    message = error_for(tmp_path, doc)
+    assert "user.yaml" in message and repr(name) in message and "path" in message
+
+
 def test_a_pair_may_leave_out_mode_and_k_and_gets_the_defaults(tmp_path):
     from edgespec.modes import DEFAULT_MODE
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from edgespec.errors import RegistryError
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import ProgressCallback
-from edgespec.models.registry import DEFAULT_PAIR, HUB_PREFIX, ModelEntry, PairEntry, Registry, load_registry
+from edgespec.models.registry import (DEFAULT_PAIR, ModelEntry, PairEntry, Registry, is_path_like,
+                                      load_registry)
 from edgespec.models.source import Fetch
 
 __all__ = ["resolve_model", "resolve_pair", "fetch", "pull", "installed_path", "available_offline", "remove",
@@ -121,16 +122,6 @@ def _same_file(path: Path, other: Path | None) -> bool:
         return other is not None and os.path.samefile(path, other)
     except OSError:  # gone meanwhile, or unreadable: not a file both use
         return False
-
-
-def is_path_like(name_or_path: str) -> bool:
-    """True for things that can only be paths: *.gguf, or containing a directory separator
-    or ~ (registry names contain neither; hub repos are written owner/name only inside models.yaml)."""
-    s = str(name_or_path)
-    if s.startswith(HUB_PREFIX):
-        return False
-    return (s.lower().endswith(".gguf") or os.sep in s or (os.altsep is not None and os.altsep in s)
-            or s.startswith(("~", ".")))
 
 
 def pull(name: str, *, progress: ProgressCallback | None = None,

@@ -10,6 +10,7 @@ source.py, which every source kind imports (and this module hands on).
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -25,9 +26,20 @@ from edgespec.models.progress import human_bytes
 from edgespec.models.schema import check_pairs, parse, path_problem, repo_problem
 from edgespec.models.source import ModelEntry, PairEntry
 
-__all__ = ["DEFAULT_PAIR", "HUB_PREFIX", "ModelEntry", "PairEntry", "Registry", "hub_model", "load_registry"]
+__all__ = ["DEFAULT_PAIR", "HUB_PREFIX", "ModelEntry", "PairEntry", "Registry", "hub_model", "is_path_like",
+           "load_registry"]
 
 HUB_PREFIX = "hf:"
+
+
+def is_path_like(name_or_path: str) -> bool:
+    """True for things that can only be paths: *.gguf, or containing a directory separator
+    or ~ (registry names contain neither; hub repos are written owner/name only inside models.yaml)."""
+    s = str(name_or_path)
+    if s.startswith(HUB_PREFIX):
+        return False
+    return (s.lower().endswith(".gguf") or os.sep in s or (os.altsep is not None and os.altsep in s)
+            or s.startswith(("~", ".")))
 
 
 def hub_model(spec: str) -> ModelEntry:
@@ -172,5 +184,11 @@ class _UniqueKeys(yaml.SafeLoader):
 
 def _entries(doc: Any, path: Path) -> tuple[dict[str, ModelEntry], dict[str, PairEntry]]:
     models, pairs = parse(doc, path)
+    for kind, names in (("model", models), ("pair", pairs)):
+        for name in names:  # `path`, `rm`, --target and --pair would take it for a file
+            if is_path_like(name) or name.startswith(HUB_PREFIX):
+                raise RegistryError(f"{path}: {kind} {name!r}: the name reads as a path (a '.gguf' end, a '/', a "
+                                    f"leading '~' or '.') or a hub file ('hf:'), and would be taken for one; "
+                                    f"give it a plain name")
     return ({name: ModelEntry(name=name, **fields) for name, fields in models.items()},
             {name: PairEntry(name=name, **fields) for name, fields in pairs.items()})
