@@ -297,6 +297,15 @@ def test_a_hub_file_cannot_take_the_name_of_another_file_s_unfinished_download(t
     assert "model 'my-model'" in message and "field 'source.file'" in message and ".part" in message
 
 
+@pytest.mark.parametrize("revision", ["1.10", "0123", "[v1]", "true"])
+def test_a_revision_must_be_written_as_text(tmp_path, revision):
+    """YAML reads 1.10 as the number 1.1 and 0123 as 83: they were asked of the hub as those."""
+    doc = ("models:\n  my-model:\n    source: {kind: hub, repo: me/x-GGUF, file: x.gguf, "
+           f"revision: {revision}}}\n")
+    message = error_for(tmp_path, doc)
+    assert "model 'my-model'" in message and "field 'source.revision'" in message
+
+
 def test_hub_files_may_sit_in_a_folder_of_the_repo(tmp_path):
     user = write(tmp_path / "user.yaml", {"models": {"m": {"source": {
         "kind": "hub", "repo": "me/x-GGUF", "file": "Q4_K_M/x-00001-of-00002.gguf"}}}})

