@@ -93,6 +93,19 @@ def test_the_cli_the_server_and_the_session_send_the_same_tokens_and_stops(templ
     assert calls[0][1] == (() if template is None else PromptEncoder(engine, template=template).template.stop)
 
 
+def test_a_raw_prompt_is_the_same_tokens_from_the_cli_and_the_server_its_markers_control_tokens(monkeypatch, capsys):
+    """A raw prompt is the user's whole input, a chat written out by hand included, as
+    llama.cpp reads it: `generate --raw` tokenized the markers as text, the server as markers."""
+    raw = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    recording = Recording(FakeEngine())
+    monkeypatch.setattr(generate, "engine_from_args", lambda args, progress=None: recording)
+    assert main(["generate", "--raw", "--mode", "plain", "--max-tokens", "4", raw]) == 0, capsys.readouterr().err
+    server = Recording(FakeEngine())
+    list(Completer(server).complete(raw, GenerationParams(**PARAMS)))
+    engine = FakeEngine()
+    assert recording.calls[0][0] == server.calls[0][0] == engine.tokenize(raw, add_bos=True, special=True)
+
+
 def test_the_second_turn_reuses_the_first_turns_tokens():
     engine = FakeEngine(chat_template=GGUF_TEMPLATE)
     encoder = PromptEncoder(engine)
@@ -110,7 +123,7 @@ def test_without_a_template_raw_text_still_encodes_and_a_conversation_says_why_n
     with pytest.raises(TemplateError, match="tiny.gguf has no chat template"):
         encoder.encode([{"role": "user", "content": FIRST}])
     raw = encode_prompt(engine, "<s>hi", raw=True)
-    assert (raw.tokens, raw.stop, raw.regions) == (engine.tokenize("<s>hi", add_bos=True, special=False), (), ())
+    assert (raw.tokens, raw.stop, raw.regions) == (encoder.encode_text("<s>hi").tokens, (), ())
 
 
 @pytest.mark.slow

@@ -170,9 +170,10 @@ def encode_prompt(engine: ChatEngine, prompt: str, *, raw: bool = False, system:
                   template: str | None = None, model: str = "the model") -> Prompt:
     """A one-message chat: `prompt` as the user's message (after a `system` message
     if given), rendered with `engine`'s template or the built-in format `template`
-    names (`model`: its file, as errors name it); with `raw`, the prompt itself (no
-    stop strings, no regions)."""
+    names (`model`: its file, as errors name it); with `raw`, the prompt itself, as the
+    server's raw completions read it (`PromptEncoder.encode_text`)."""
+    encoder = PromptEncoder(engine, template=template, model=model)
     if raw:
-        return Prompt(prompt, engine.tokenize(prompt, add_bos=True, special=False))
+        return encoder.encode_text(prompt)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return PromptEncoder(engine, template=template, model=model).encode(messages)
+    return encoder.encode(messages)

@@ -36,7 +36,8 @@ def _add_generate(sub) -> None:
     add_model_options(p)
     add_sampling_options(p)
     add_template_option(p)
-    p.add_argument("--raw", action="store_true", help="no chat template: the prompt is the model's input")
+    p.add_argument("--raw", action="store_true",
+                   help="no chat template: the prompt is the model's input, special texts (<|im_end|>) its markers")
     p.add_argument("--system", metavar="TEXT", type=model_text("--system"), help="a system message (ignored with --raw)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: text, tokens, flags, the context size (n_ctx), statistics")
