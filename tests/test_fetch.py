@@ -378,6 +378,35 @@ def test_a_models_folder_that_cannot_be_written_is_named_not_retried(hub, home):
     assert "resumes" not in str(e.value)
 
 
+_TOO_LARGE = """
+import os, resource, signal, sys
+from tests.fake_hub import FakeHub
+from tests.test_fetch import CONTENT
+from edgespec.cli import main
+
+hub = FakeHub()
+hub.add("someone/Tiny-GGUF", "tiny-q4.gguf", CONTENT)
+os.environ["HF_ENDPOINT"] = hub.start()
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG, as on a file system's own limit
+resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, resource.RLIM_INFINITY))
+sys.exit(main(["pull", "hf:someone/Tiny-GGUF/tiny-q4.gguf"]))
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="RLIMIT_FSIZE is POSIX")
+def test_a_file_larger_than_the_file_system_holds_says_so_not_run_again(home):
+    """FAT32 (many USB sticks, where EDGESPEC_HOME may point) holds at most 4 GB a file: the write
+    past it failed with 'File too large. Run the same command again: the download resumes', which
+    failed at the same byte every time."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _TOO_LARGE], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, "EDGESPEC_HOME": str(home)})
+    assert done.returncode == 1 and "cannot hold a file" in done.stderr and "EDGESPEC_HOME" in done.stderr
+    assert "resumes" not in done.stderr
+
+
 def test_a_token_file_that_cannot_be_read_is_named_as_the_token(hub, home, monkeypatch, tmp_path):
     """huggingface_hub reads its login's token file for every download: one it cannot read (a folder
     there, another user's HF_HOME) was reported as the download failing, then as a models folder

@@ -153,6 +153,11 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
             raise DownloadError(f"cannot write the download of {source.file} at {e.filename}: {e.strerror or e}. "
                                 f"edgespec's models folder ({dirs().models}, see `edgespec paths`) must be a "
                                 f"folder you can write to; or set EDGESPEC_HOME to one.") from e
+        if isinstance(e, OSError) and e.errno == errno.EFBIG:  # the file system's own limit: again fails alike
+            size = f" ({human_bytes(entry.display_size)})" if entry.display_size else ""
+            raise DownloadError(f"the file system holding {_hub_dest(source).parent} cannot hold a file as large as "
+                                f"{source.file}{size} (FAT32, on many USB sticks, holds at most 4 GB a file). "
+                                f"Set EDGESPEC_HOME to a directory on another disk.") from e
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             folder = _hub_dest(source).parent
             what = (f"not enough disk space for {source.file} in {folder}: it needs {human_bytes(e.needed)} "
