@@ -422,6 +422,18 @@ def test_a_token_file_that_cannot_be_read_is_named_as_the_token(hub, home, monke
     assert "models folder" not in str(e.value) and "resumes" not in str(e.value)
 
 
+def test_a_file_system_that_cannot_tell_its_free_space_still_downloads(hub, monkeypatch):
+    import errno
+    import shutil
+
+    def cannot_tell(path):
+        raise OSError(errno.ENOSYS, "statvfs is not implemented")
+
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    monkeypatch.setattr(shutil, "disk_usage", cannot_tell)
+    assert fetch(hub_entry()).read_bytes() == CONTENT
+
+
 def interrupted_within(size: int):
     """A progress callback that stops a download of `size` bytes part way, as Ctrl+C does."""
     def interrupt(p: Progress) -> None:

@@ -244,9 +244,7 @@ def _transfer(f, url: str, headers: dict[str, str], size: int | None, etag: Path
             _write_etag(etag, response)
         total = _full_length(response, start)
         if total is not None:
-            free = shutil.disk_usage(os.path.dirname(f.name)).free
-            if free < total - start:
-                raise NoRoom(total - start, free)
+            _check_room(os.path.dirname(f.name), total - start)
         if total is not None and meter.total is None:
             meter.total = total
         read = getattr(response, "read1", response.read)  # what has come: progress on a slow link too
@@ -277,6 +275,17 @@ def _check_whole(response, size: int | None, start: int) -> None:
 
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-\d+/(\d+|\*)")
+
+
+def _check_room(folder: str, needed: int) -> None:
+    """Raise NoRoom if `folder`'s disk has less than `needed` bytes free (where it says: a file
+    system that cannot tell is left to report a full disk as it fills)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if free < needed:
+        raise NoRoom(needed, free)
 
 
 def _check_rest(response, start: int) -> None:
