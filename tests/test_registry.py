@@ -225,6 +225,7 @@ def test_a_pair_may_leave_out_mode_and_k_and_gets_the_defaults(tmp_path):
     ({"target": "my-model", "k": "four"}, "k", LIMITS["k"].range()),
     ({"target": "my-model", "draft": "my-modle"}, "draft", "did you mean 'my-model'"),
     ({"target": "nobody"}, "target", "unknown model 'nobody'"),
+    ({"target": "my-model", "mode": "draft"}, "mode", "needs a draft"),
 ])
 def test_pair_errors_name_the_file_entry_and_field(tmp_path, pair, field, words):
     message = error_for(tmp_path, {"models": {"my-model": GOOD_MODEL}, "pairs": {"my-pair": pair}})

@@ -213,6 +213,8 @@ def _pair_fields(raw: Any, where: _Where) -> dict:
     mode = raw.get("mode", DEFAULT_MODE)
     if mode not in MODES:
         raise where.error("mode", f"must be one of {list(MODES)} (got {_shown(mode)})")
+    if mode == "draft" and draft is None:  # every reply of the pair would be refused
+        raise where.error("mode", "'draft' needs a draft model: name one in 'draft', or use mode 'lookup' or 'auto'")
     k, limit = raw.get("k", LIMITS["k"].default), LIMITS["k"]
     if not isinstance(k, int) or isinstance(k, bool) or not limit.allows(k):
         raise where.error("k", f"must be a whole number {limit.range()} (got {_shown(k)})")
