@@ -85,6 +85,18 @@ def test_invalid_jinja_is_reported_when_the_template_is_chosen():
         chat_template(FakeEngine(chat_template="{% for m in messages %}"), model="odd.gguf")
 
 
+@pytest.mark.parametrize("source", [
+    "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}",
+    "{% if 1 %}" * 3000 + "x" + "{% endif %}" * 3000,
+    "{% for a in [1] %}" * 100 + "x" + "{% endfor %}" * 100,
+])
+def test_a_template_too_deeply_nested_to_compile_is_a_template_error_naming_the_fallback(source):
+    """Valid Jinja that Jinja's parser or Python's compiler cannot take (a RecursionError, an
+    IndentationError) came out of chat_template as itself: a traceback at every face."""
+    with pytest.raises(TemplateError, match="odd.gguf.*--template"):
+        chat_template(FakeEngine(chat_template=source), model="odd.gguf")
+
+
 def test_templates_run_in_a_sandbox():
     evil = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
     t = chat_template(FakeEngine(chat_template=evil), model="evil.gguf")

@@ -278,6 +278,11 @@ def chat_template(engine: ChatEngine, *, template: str | None = None, model: str
         _compile(source)
     except jinja2.TemplateSyntaxError as e:
         raise TemplateError(f"The chat template of {model} is not valid Jinja (line {e.lineno}: {e.message}).") from None
+    except Exception as e:  # an untrusted template may break the compiler too (RecursionError, IndentationError)
+        raise TemplateError(
+            f"The chat template of {model} could not be compiled ({type(e).__name__}: {e}). "
+            f"Choose a built-in format with --template instead: {', '.join(BUILTIN_FORMATS)}."
+        ) from None
     return ChatTemplate(source, name, model=model, bos_token=bos, eos_token=eos, stop=stop)
 
 
