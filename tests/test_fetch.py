@@ -542,6 +542,14 @@ def _assert_offline_help(message: str) -> None:
     assert f"edgespec --pair {DEFAULT_PAIR}" in message and "edgespec[bundled]" in message
 
 
+def test_a_hub_file_of_unknown_size_is_not_said_to_be_of_size_question_mark(hub):
+    """An hf: name has no size until the hub gives one: messages said '(?)'."""
+    name = f"hf:{REPO}/tiny-q4.gguf"
+    with pytest.raises(DownloadError) as e:
+        resolve_model(name, download=False, registry=registry())
+    assert "(?)" not in str(e.value) and f"`edgespec pull {name}`." in str(e.value)
+
+
 def test_offline_mode_names_the_file_and_the_ways_to_get_it(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")

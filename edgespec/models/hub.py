@@ -154,16 +154,14 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
                                 f"edgespec's models folder ({dirs().models}, see `edgespec paths`) must be a "
                                 f"folder you can write to; or set EDGESPEC_HOME to one.") from e
         if isinstance(e, OSError) and e.errno == errno.EFBIG:  # the file system's own limit: again fails alike
-            size = f" ({human_bytes(entry.display_size)})" if entry.display_size else ""
             raise DownloadError(f"the file system holding {_hub_dest(source).parent} cannot hold a file as large as "
-                                f"{source.file}{size} (FAT32, on many USB sticks, holds at most 4 GB a file). "
+                                f"{source.file}{_sized(entry)} (FAT32, on many USB sticks, holds at most 4 GB a file). "
                                 f"Set EDGESPEC_HOME to a directory on another disk.") from e
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             folder = _hub_dest(source).parent
             what = (f"not enough disk space for {source.file} in {folder}: it needs {human_bytes(e.needed)} "
                     f"more and has {human_bytes(e.free)} free" if isinstance(e, NoRoom) else
-                    f"the disk holding {folder} filled up while downloading {source.file} "
-                    f"({human_bytes(entry.display_size)})")
+                    f"the disk holding {folder} filled up while downloading {source.file}{_sized(entry)}")
             raise DownloadError(f"{what}. Free some space (or set EDGESPEC_HOME to a directory on a larger "
                                 f"disk) and run the same command again: the download resumes.") from e
         why = f"{type(e).__name__}: {str(e).strip()}"
@@ -198,16 +196,21 @@ def _http_error(entry: ModelEntry, source: HubSource, e: HTTPError) -> DownloadE
                          f"Run the same command again: the download resumes where it stopped.")
 
 
+def _sized(entry: ModelEntry) -> str:
+    """The entry's size for a message, ' (4.7 GB)'; nothing where it is not known (an hf: name)."""
+    return f" ({human_bytes(entry.display_size)})" if entry.display_size else ""
+
+
 def _not_here(entry: ModelEntry, source: HubSource, *, offline: bool, download: bool) -> DownloadError:
     if not download:
-        return DownloadError(f"{entry.name} is not downloaded yet. Get it with `edgespec pull {entry.name}` "
-                             f"({human_bytes(entry.display_size)}).")
+        return DownloadError(f"{entry.name} is not downloaded yet. Get it with `edgespec pull {entry.name}`"
+                             f"{_sized(entry)}.")
     endpoint = hub_endpoint()
     why = ("HF_HUB_OFFLINE is set, so the hub is not contacted" if offline
            else f"the Hugging Face hub ({endpoint}) cannot be reached")
     return DownloadError(
         f"cannot get {entry.name}: {why}, and the file is not in the download cache.\n"
-        f"  file: {source.file} from https://huggingface.co/{source.repo} ({human_bytes(entry.display_size)})\n"
+        f"  file: {source.file} from https://huggingface.co/{source.repo}{_sized(entry)}\n"
         f"  ways to get it:\n"
         f"  - on a machine with internet, download that file (`edgespec pull {entry.name}` or "
         f"`hf download {source.repo} {source.file}`), copy it here and pass its path instead of the name\n"
