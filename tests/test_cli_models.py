@@ -83,6 +83,15 @@ def test_the_apps_library_names_the_bundled_models_not_their_packages():
     assert rows[DEFAULT_PAIR].title == "Qwen2.5-Coder 1.5B Instruct Q4_K_M + Qwen2.5-Coder 0.5B Instruct Q4_0"
 
 
+def test_the_apps_library_words_sizes_as_edgespec_models_does():
+    """The library screen had its own human_bytes: '12.0 KB' where `edgespec models` says
+    '12.0 kB', and a 2 TB pull was '2000.0 GB'."""
+    from edgespec.tui.library import PullProgress
+    from edgespec.tui.screens.model_library import describe_progress
+
+    assert describe_progress(PullProgress(done=12_000, total=2 * 10**12)).startswith("12.0 kB / 2.0 TB")
+
+
 def test_pull_path_rm_round_trip(capsys, hub_model):
     code, out, err = run(capsys, "path", "tiny")
     assert code == 1 and "not downloaded yet" in err and "edgespec pull tiny" in err

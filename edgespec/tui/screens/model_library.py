@@ -15,17 +15,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Label, ProgressBar, Static
 
+from edgespec.models.progress import human_bytes
 from edgespec.tui.library import Library, LibraryRow, ModelChoice, PullCancelled, PullProgress, cancellable
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 def describe_progress(p: PullProgress) -> str:
