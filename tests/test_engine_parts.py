@@ -128,6 +128,46 @@ def test_detokenizer_holds_back_a_split_character():
     assert d.add([4]) + d.flush() == "b"
 
 
+def test_stop_strings_end_at_the_first_complete_one_and_hold_back_exactly_a_possible_start():
+    """Against the rule itself, on random texts fed in random pieces: what is shown is the
+    text up to the earliest stop string once one is complete, else all of it but the
+    longest tail that may begin one."""
+    rng = random.Random(7)
+    for trial in range(2000):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randrange(1, 5))) for _ in range(rng.randrange(1, 4))]
+        text = "".join(rng.choice("abc") for _ in range(rng.randrange(0, 12)))
+        s, fed, shown = StopStrings(stops), "", ""
+        while len(fed) < len(text):
+            piece = text[len(fed):len(fed) + rng.randrange(1, 4)]
+            fed += piece
+            out, stopped = s.feed(piece)
+            shown += out
+            first = min((i for i in (fed.find(stop) for stop in stops) if i >= 0), default=-1)
+            if first >= 0:
+                assert (shown, stopped) == (fed[:first], True), (stops, text, trial)
+                break
+            held = max((n for n in range(1, len(fed) + 1) for stop in stops if stop.startswith(fed[-n:])), default=0)
+            assert (shown, stopped) == (fed[:len(fed) - held], False), (stops, text, trial)
+        else:
+            assert shown + s.flush() == text
+
+
+def test_many_stop_strings_cost_little_per_token():
+    """A request may name a hundred thousand stop strings (4 MB of them): each was searched
+    for at every token, a fifth of a second a token, and a long reply kept the server for hours."""
+    import threading
+
+    s, done = StopStrings([f"stop {i}." for i in range(100_000)]), threading.Event()
+
+    def feed():
+        for _ in range(300):
+            s.feed(" word")
+        done.set()
+
+    threading.Thread(target=feed, daemon=True).start()
+    assert done.wait(10), "300 tokens took more than 10 s"
+
+
 def test_stop_strings_cut_the_text_and_hold_back_a_possible_start():
     s = StopStrings(["</end>"])
     assert s.feed("hello </e") == ("hello ", False)  # "</e" may begin "</end>": it waits
