@@ -84,6 +84,15 @@ def test_a_file_that_is_not_gguf_is_refused_with_what_it_starts_with(tmp_path):
         resolve_model(str(path))
 
 
+def test_a_fifo_named_as_a_model_is_refused_not_waited_on(tmp_path):
+    """A model file is mapped into memory, which only a regular file can be: a FIFO given as the
+    model (`check`, --target) hung the command until a writer came."""
+    fifo = tmp_path / "fifo.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(ModelFileError, match=r"fifo.gguf: cannot read it \(not a regular file\)"):
+        returns_without_blocking(fifo, lambda: resolve_model(str(fifo)))
+
+
 def test_an_empty_file_is_refused(tmp_path):
     path = tmp_path / "empty.gguf"
     path.write_bytes(b"")

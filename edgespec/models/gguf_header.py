@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
-from edgespec.config import expand_home
+from edgespec.config import expand_home, open_kept
 from edgespec.errors import ModelFileError
 from edgespec.models.compat import VocabInfo
 
@@ -51,7 +51,7 @@ def check_magic(path: str | Path) -> Path:
     if path.is_dir():
         raise ModelFileError(f"{path} is a directory; pass the .gguf file inside it.")
     try:
-        with path.open("rb") as f:
+        with open_kept(path) as f:  # a regular file, as llama.cpp maps it: a FIFO would block the open
             head = f.read(4)
     except OSError as e:
         raise ModelFileError(f"{path}: cannot read it ({e.strerror or e}).") from e
