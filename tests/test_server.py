@@ -370,6 +370,23 @@ def test_an_image_part_is_refused_as_one_error_and_two_wrong_fields_as_two():
         served.stop()
 
 
+@pytest.mark.parametrize("path, body, words", [
+    ("/v1/completions", {"messages": QUESTION}, "/v1/chat/completions"),
+    ("/v1/chat/completions", {"prompt": "hi"}, "/v1/completions"),
+])
+def test_a_body_sent_to_the_other_completions_route_says_where_it_goes(path, body, words):
+    """A chat's messages posted to /v1/completions (or a raw prompt to the chat route)
+    was only "'prompt' is required", which reads as a misspelt field."""
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake", template="chatml")))
+    try:
+        served.wait_ready(30)
+        status, answer = http("POST", served.url + path, json.dumps(body).encode())
+        assert status == 400 and answer["error"]["message"].endswith(f"goes to {words}."), answer
+        assert answer["error"]["param"] in ("prompt", "messages"), answer
+    finally:
+        served.stop()
+
+
 def test_a_wrong_method_says_which_are_allowed_and_head_works_where_get_does():
     served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
     try:

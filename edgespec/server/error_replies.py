@@ -65,6 +65,10 @@ def api_error(exc: BaseException, *, prompt_param: str = "messages") -> ApiError
                     type="server_error")
 
 
+_OTHER_ROUTE = {"prompt": ("messages", "/v1/chat/completions"), "messages": ("prompt", "/v1/completions")}
+"""For a field a completions route requires: the field of the other route's body, and that route."""
+
+
 def validation_error(exc: RequestValidationError) -> ApiError:
     """400 for a body that is not JSON, or whose fields have the wrong type or value."""
     errors = exc.errors()
@@ -86,6 +90,9 @@ def validation_error(exc: RequestValidationError) -> ApiError:
                      message)  # pydantic's words for a JSON object, and our class names
     if first.get("type") == "missing":
         message = f"'{param}' is required"
+        other = _OTHER_ROUTE.get(param or "")
+        if other and isinstance(exc.body, dict) and other[0] in exc.body:  # the body of the other route
+            message += f": a body with '{other[0]}' goes to {other[1]}."
     elif param and not re.search(rf"\b{re.escape(loc[-1])}\b", message):  # ("n" is in "Input")
         message = f"{param}: {message}"
     # A union's members each report the field, or a place above the one chosen: no other error.
