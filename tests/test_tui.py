@@ -1118,6 +1118,35 @@ async def test_a_reply_that_waits_for_another_edgespec_in_the_same_chat_says_so(
         assert "tok/pass" in status.detail  # the wait's words gave way to the reply's statistics
 
 
+@pytest.mark.parametrize("key", ["escape", "ctrl+q"])
+async def test_a_reply_waiting_for_another_edgespec_stops_on_escape_and_on_quitting(store, key):
+    """Waiting for another edgespec's reply in the same chat (minutes, for a long one),
+    Esc did nothing, and quitting waited QUIT_WAIT_S (30 s) for the models, then for
+    that reply to end before the process could. Now the wait gives up: the message
+    comes back to the prompt, stored nowhere."""
+    from edgespec.chat.reply_lock import reply_lock
+
+    cid = store.create(title="Shared")
+    store.append(cid, Message("user", "one"))
+    store.append(cid, Message("assistant", "uno"))
+    app = make_app(store, reply="dos")
+    with reply_lock(store.path, cid):  # another process is replying in this conversation
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.model_state == "ready")
+            await app.chat.open_conversation(cid)
+            await send(pilot, "two", key=False)
+            await wait_for(pilot, lambda: any("Another edgespec" in n for n in app.notes))
+            began = time.monotonic()
+            await pilot.press(key)
+            if key == "escape":
+                await wait_for(pilot, lambda: not app.chat.generating)
+                assert app.query_one(PromptInput).text == "two"
+                assert [b.content for b in boxes(app)] == ["one", "uno"]
+                assert "waiting" not in app.query_one(StatusLine).detail
+        assert time.monotonic() - began < 5
+        assert [m.content for m in store.messages(cid)] == ["one", "uno"]
+
+
 @pytest.mark.parametrize("width", [110, 120])
 async def test_the_quit_key_is_shown_in_the_footer_and_the_help(store, width):
     from textual.widgets import Markdown

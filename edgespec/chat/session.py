@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
@@ -74,16 +75,19 @@ class ChatSession:
     def __init__(self, engine: ChatEngine, *, store: ConversationStore | None = None, conversation_id: int | None = None,
                  system_prompt: str | None = None, params: GenerationParams | None = None,
                  template: str | None = None, model_name: str = "the model",
-                 on_wait: Callable[[], None] | None = None, workspace: Workspace | None = None):
+                 on_wait: Callable[[], None] | None = None, stop: threading.Event | None = None,
+                 workspace: Workspace | None = None):
         """`template`: a built-in format's name (or Jinja source) to use instead of the
         model's own; required when the GGUF has none. `system_prompt` starts new
         conversations. `on_wait` is called when a turn has to wait for another
-        process replying in the same conversation. `workspace`: the project folder
+        process replying in the same conversation, and `stop` set while it waits
+        gives that turn up (ReplyWaitStopped, nothing stored). `workspace`: the project folder
         files are attached from (none: a message cannot attach files). Raises
         TemplateError when there is no usable template."""
         self.engine = engine
         self.workspace = workspace
         self.on_wait = on_wait
+        self.stop = stop
         self.store = store
         self.params = params or GenerationParams()
         self._encoder = PromptEncoder(engine, template=template, model=model_name)
@@ -270,7 +274,8 @@ class ChatSession:
         meanwhile are read, so that the prompt holds finished turns only."""
         with ExitStack() as self._held:
             if self.store is not None and self.conversation_id is not None:
-                self._held.enter_context(reply_lock(self.store.path, self.conversation_id, on_wait=self.on_wait))
+                self._held.enter_context(reply_lock(self.store.path, self.conversation_id, on_wait=self.on_wait,
+                                                    stop=self.stop))
                 ours = max((m.id for m in self.messages if m.id is not None), default=None)
                 # A reply still being written when it was read ("interrupted" until it ends) is read again.
                 unfinished = any(m.status == "interrupted" for m in self.messages[-1:])

@@ -56,6 +56,9 @@ READ_AHEAD_PAUSE_S = 0.4
 that a message is read by the time it is sent; long enough that keystrokes do not
 each start a reading (the screen and the reading share the CPU)."""
 
+WAITING = "waiting for another edgespec replying in this conversation"
+"""The status line while a reply waits for another edgespec's in the same conversation."""
+
 
 class ChatScreen(Screen):
     """One conversation at a time, with the list of the others beside it."""
@@ -216,7 +219,8 @@ class ChatScreen(Screen):
                 system_prompt=self.settings.system_prompt or None,
                 params=self.settings.params(context.pair_decoding()),
                 template=context.template, model_name=models.name or "the model",
-                on_wait=lambda: self.post_message(self.ReplyWaits()), workspace=context.workspace,
+                on_wait=lambda: self.post_message(self.ReplyWaits()), stop=self.log_view.stopping,
+                workspace=context.workspace,
             )
         except EdgespecError as e:  # e.g. no chat template in the GGUF
             models.fail(str(e))
@@ -439,9 +443,9 @@ class ChatScreen(Screen):
 
     @on(ReplyWaits)
     def _reply_waits(self, event: ReplyWaits) -> None:
-        self.status.detail = "waiting for another edgespec replying in this conversation"
-        self.notify("Another edgespec is replying in this conversation: this reply starts once that one is stored.",
-                    title="Waiting", timeout=10)
+        self.status.detail = WAITING
+        self.notify("Another edgespec is replying in this conversation: this reply starts once that one is "
+                    "stored (Esc gives up).", title="Waiting", timeout=10)
 
     @on(Conversation.ReplyProgressed)
     def _reply_progressed(self, event: Conversation.ReplyProgressed) -> None:
@@ -465,6 +469,8 @@ class ChatScreen(Screen):
         if stats and stats.mode == "plain" and stats.tokens_per_s:
             self.plain_tps = stats.tokens_per_s
         self.generating = False
+        if self.status.detail == WAITING:  # the wait was given up: no reply, nothing to wait for
+            self.status.detail = ""
         self._follow_new_conversation()
         if self._settings_waiting:  # saved during the reply: the session and the models take them now
             self.use_settings(self.settings)

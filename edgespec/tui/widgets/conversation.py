@@ -85,6 +85,12 @@ class Conversation(VerticalScroll):
         """The screen's share of a CPU while a reply streams (tui/stream.py)."""
         self._stop = threading.Event()
 
+    @property
+    def stopping(self) -> threading.Event:
+        """Set when the reply is asked to stop (Esc, quitting): a session given it also gives up
+        waiting for another edgespec's reply (ChatSession's `stop`)."""
+        return self._stop
+
     # -- the messages ---------------------------------------------------------------------
     async def show(self, messages: Iterable) -> None:
         """Show `messages` (stored ones, system prompt left out) instead of those shown."""
