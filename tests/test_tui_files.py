@@ -584,3 +584,24 @@ async def test_enter_with_files_and_no_words_says_what_is_missing(store, project
         await wait_for(pilot, lambda: app.notes)
         assert app.notes == ["Write what to ask about notes.txt, then Enter sends it."]
         assert _chips(app) == ["notes.txt"] and boxes(app) == []
+
+
+async def test_at_completion_offers_paths_that_read_as_markup_as_written(store, project):
+    """`@` completion read the paths it offers as markup: `[bold]y.txt` was offered as
+    `y.txt`, and in a folder `[` the file `]z.txt` (offered as `[/]z.txt`) raised
+    MarkupError as the list was drawn, ending the app."""
+    (project / "[bold]y.txt").write_text("y\n")
+    (project / "[").mkdir()
+    (project / "[" / "]z.txt").write_text("z\n")
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        prompt = await _focused_prompt(pilot)
+        options = app.query_one("#completions", OptionList)
+        for keys, offered in ((["@", "[", "b"], "[bold]y.txt"), (["backspace", "/"], "[/]z.txt")):
+            await pilot.press(*keys)
+            await wait_for(pilot, lambda o=offered: [str(x.prompt) for x in options.options] == [o])
+            await pilot.pause()
+            assert offered in str(options.render_line(0).text)
+        await pilot.press("tab")
+        await wait_for(pilot, lambda: _chips(app) == ["[/]z.txt"])
+        assert prompt.text == ""

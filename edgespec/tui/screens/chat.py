@@ -145,7 +145,7 @@ class ChatScreen(Screen):
                 self._conversation = Conversation(self.context.decoding, id="log")
                 yield self._conversation
                 yield Static("", id="banner")
-                yield OptionList(id="completions")
+                yield OptionList(id="completions", markup=False)  # paths, as named: `[bold]y.txt`, `[/]z.txt`
                 yield AttachmentBar(id="attachments")
                 yield PromptInput(id="prompt", placeholder="Message (Enter sends; @path or F4 attaches a file)")
         yield StatusLine(id="status")
