@@ -809,6 +809,20 @@ def test_a_damaged_etag_beside_a_part_is_not_sent_and_the_download_completes(hub
     assert hub.if_ranges[-1] is None
 
 
+@pytest.mark.parametrize("have", [0, 1000], ids=["fresh", "resumed"])
+def test_a_fifo_in_place_of_the_etag_is_neither_waited_on_nor_kept(hub, home, have):
+    """The ETag beside a .part was read (a resume) or written (the first answer) as a plain file:
+    a FIFO there hung the pull until another program opened its other end."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    part_file(home).parent.mkdir(parents=True)
+    if have:
+        part_file(home).write_bytes(CONTENT[:have])
+    etag = part_file(home).with_name(part_file(home).name + ".etag")
+    os.mkfifo(etag)
+    assert returns_without_blocking(etag, lambda: fetch(hub_entry())).read_bytes() == CONTENT
+    assert not etag.exists()
+
+
 def test_an_unchanged_file_resumes_and_rm_leaves_nothing(hub, home):
     hub.add(REPO, "tiny-q4.gguf", CONTENT)
     hub.chunk, hub.delay = 32 << 10, 0.002

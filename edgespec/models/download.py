@@ -59,6 +59,7 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit
 from urllib.request import HTTPRedirectHandler, Request, build_opener
 
+from edgespec.config import read_kept
 from edgespec.errors import EdgespecError
 from edgespec.models.progress import Meter, ProgressCallback
 
@@ -327,18 +328,18 @@ def _write_etag(etag: Path, response) -> None:
     value = response.headers.get("ETag")
     if not value or value.startswith("W/"):  # a weak ETag cannot be used in If-Range
         value = response.headers.get("Last-Modified")
+    etag.unlink(missing_ok=True)  # whatever is in its place goes: a write into a FIFO would block
     if value:
         etag.write_text(value + "\n", encoding="latin-1")  # a header value's own encoding: read back as it came
-    else:
-        etag.unlink(missing_ok=True)
 
 
 def _read_etag(etag: Path) -> str | None:
     """The kept ETag, or None where there is none or what is kept cannot be a header value
     (damaged: a control character, a line break): the .part is resumed as one kept without it."""
     try:
-        value = etag.read_text(encoding="latin-1").strip()
-    except OSError:
+        # never blocks (a FIFO there); at most http.client's longest header line
+        value = read_kept(etag, limit=1 << 16).decode("latin-1").strip()
+    except (OSError, ValueError):
         return None
     return value if value and value.isprintable() else None
 
