@@ -348,8 +348,8 @@ _HOLDERS = (str, bytes, list, tuple, dict)
 def _size(value) -> int:
     """The characters and items `value` holds, a list, tuple or dict counting all it holds
     as often as it holds it: a list of one text a thousand times is a thousand texts once
-    written out. Counting stops past the budget; each list, tuple or dict is counted
-    once per render."""
+    written out. Counting stops past the budget; a list, tuple or dict of a thousand or
+    more is counted once per render."""
     if isinstance(value, (str, bytes)):
         return len(value)
     if not isinstance(value, _HOLDERS):
@@ -359,12 +359,16 @@ def _size(value) -> int:
     if known is not None and known[0] is value:
         return known[1]
     items = (*value.keys(), *value.values()) if isinstance(value, dict) else value
-    size = len(items)
+    size, limit = len(items), _budget.max_size
     for item in items:
-        if size > _budget.max_size:
+        if size > limit:
             break
-        size += _size(item)
-    sizes[id(value)] = (value, size)
+        if isinstance(item, str):  # the common case, without a call
+            size += len(item)
+        elif item and isinstance(item, _HOLDERS):
+            size += _size(item)
+    if size >= 1024:  # small ones are counted again as cheaply as they are looked up
+        sizes[id(value)] = (value, size)
     return size
 
 
