@@ -26,8 +26,8 @@ class StopStrings:
 
     The pending text never holds a whole stop string, so one found must end in the
     newest text: each of its ends is looked up in a set, once for each length the stop
-    strings have, and the held-back tail in the sorted stop strings. A token costs as
-    much for a hundred thousand stop strings as for one."""
+    strings have, and the held-back tail in the sorted stop strings. What a token costs
+    grows with the different lengths of the stop strings, not with their number."""
 
     def __init__(self, stops: Sequence[str]):
         self.stops = [s for s in stops if s]
