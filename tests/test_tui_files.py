@@ -605,3 +605,24 @@ async def test_at_completion_offers_paths_that_read_as_markup_as_written(store, 
         await pilot.press("tab")
         await wait_for(pilot, lambda: _chips(app) == ["[/]z.txt"])
         assert prompt.text == ""
+
+
+@pytest.mark.parametrize("pasted", ["'{root}/my notes.txt' ", '"my notes.txt"', "{root}/my\\ notes.txt",
+                                    "file://{root}/my%20notes.txt"],
+                         ids=["quoted", "double-quoted", "escaped", "uri"])
+async def test_a_dragged_file_pasted_quoted_escaped_or_as_a_uri_attaches(store, project, pasted):
+    """A file dragged into the terminal is pasted as the shell would take it, quoted or
+    with its spaces escaped, or as a file:// URI: such a path was pasted as text, and the
+    user believed the file attached. Quoted words that name no file stay text."""
+    from textual import events
+
+    (project / "my notes.txt").write_text("notes\n")
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        prompt = await _focused_prompt(pilot)
+        app.post_message(events.Paste(pasted.format(root=project.resolve())))
+        await wait_for(pilot, lambda: _chips(app) == ["my notes.txt"])
+        assert prompt.text == ""
+        app.post_message(events.Paste("'hello world'"))
+        await wait_for(pilot, lambda: prompt.text == "'hello world'")
+        assert _chips(app) == ["my notes.txt"] and app.notes == []

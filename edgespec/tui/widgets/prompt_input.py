@@ -5,8 +5,10 @@ completes a file's path with Tab, and a pasted path of a file attaches it."""
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Callable
+from urllib.parse import unquote, urlsplit
 
 from textual import events
 from textual.message import Message
@@ -15,6 +17,22 @@ from edgespec.tui.widgets.long_text import LongTextArea
 
 
 _AT_WORD = re.compile(r"(?:^|\s)@([^\s@]*)$")
+
+
+def dropped_path(line: str) -> str:
+    """`line` as the path a terminal pastes for a file dragged into it: quoted
+    (`'my notes.txt'`), its spaces escaped (`my\\ notes.txt`) or a file:// URI, each
+    one path; any other line as it is (a path with bare spaces, or only text)."""
+    if line.startswith("file://"):
+        parts = urlsplit(line)
+        return unquote(parts.path) if parts.netloc in ("", "localhost") else line
+    if not any(ch in line for ch in "'\"\\"):
+        return line
+    try:
+        words = shlex.split(line)
+    except ValueError:  # an unmatched quote: text
+        return line
+    return words[0] if len(words) == 1 else line
 
 
 class PromptInput(LongTextArea):
@@ -51,7 +69,7 @@ class PromptInput(LongTextArea):
     async def _on_paste(self, event: events.Paste) -> None:
         """A path of a file attaches it; other text goes on to TextArea's own handler (Textual calls it next)."""
         line = event.text.strip()
-        if self.attach_path is not None and line and "\n" not in line and self.attach_path(line):
+        if self.attach_path is not None and line and "\n" not in line and self.attach_path(dropped_path(line)):
             event.stop()
             event.prevent_default()
 
