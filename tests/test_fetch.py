@@ -487,6 +487,19 @@ def test_a_partial_file_restarts_cleanly_when_the_server_ignores_range(hub, home
     assert [r for _, _, r in hub.gets()] == ["bytes=4000-"]
 
 
+@pytest.mark.parametrize("command", ["pull", "rm"])
+def test_a_fifo_where_the_partial_download_goes_is_named_not_waited_on(hub, home, command):
+    """The .part is opened to append to (pull) or to take its lock (rm): a FIFO there hung both
+    until another program opened its other end."""
+    hub.add(REPO, "tiny-q4.gguf", CONTENT)
+    part_file(home).parent.mkdir(parents=True)
+    os.mkfifo(part_file(home))
+    call = (lambda: fetch(hub_entry())) if command == "pull" else (lambda: remove(hub_entry()))
+    with pytest.raises(DownloadError, match=r"tiny-q4.gguf.part is not a regular file.*remove it"):
+        returns_without_blocking(part_file(home), call)
+    assert not hub.requests
+
+
 @pytest.mark.parametrize("where", ["tiny-q4.gguf.part", "tiny-q4.gguf"])
 def test_a_folder_where_the_download_goes_is_named_with_what_to_do(hub, home, where):
     """Running the command again cannot help: the message names the folder and says to remove it."""

@@ -69,6 +69,7 @@ class HubSource(Source):
         path = self.installed_path(entry)
         removed = []
         check_inside_models(part_path(_hub_dest(self)), entry)
+        _check_places(self)
         try:
             part = remove_part(_hub_dest(self))
         except BlockingIOError as e:
@@ -119,10 +120,7 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
             read_metadata(part)
         forget_verified(part)
 
-    for there in (part_path(_hub_dest(source)), _hub_dest(source)):
-        if there.is_dir():  # not ours to delete, and no run of the command gets past it
-            raise DownloadError(f"{there} is a folder, where the download of {source.file} goes: remove it "
-                                f"(or move it elsewhere), then run the same command again.")
+    _check_places(source)
     try:
         headers = build_hf_headers()  # HF_TOKEN, else the token file of `hf auth login`
     except OSError as e:
@@ -170,6 +168,19 @@ def _hub_fetch(entry: ModelEntry, source: HubSource, *, download: bool,
     if entry.sha256:
         record_verified(path, entry.sha256)  # checked as the .part just now: fetch() need not hash it again
     return path
+
+
+def _check_places(source: HubSource) -> None:
+    """DownloadError where a folder or another file that is not a regular one (a FIFO) takes the
+    place of the file or its .part: not ours to delete, no run of the command gets past it, and a
+    FIFO would hang the open of the .part until another program opened its other end."""
+    for there in (part_path(_hub_dest(source)), _hub_dest(source)):
+        if there.is_dir():
+            raise DownloadError(f"{there} is a folder, where the download of {source.file} goes: remove it "
+                                f"(or move it elsewhere), then run the same command again.")
+        if there.exists() and not there.is_file():
+            raise DownloadError(f"{there} is not a regular file (a FIFO, a socket, a device), where the download "
+                                f"of {source.file} goes: remove it, then run the same command again.")
 
 
 def _http_error(entry: ModelEntry, source: HubSource, e: HTTPError) -> DownloadError:
