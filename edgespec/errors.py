@@ -6,6 +6,22 @@ command line stand here too, where the launcher (edgespec/__main__.py) and the
 command line (edgespec/cli/) both read them.
 """
 
+import unicodedata
+
+
+def one_line(text: str, limit: int) -> str:
+    """`text` as one line of plain text, fit for a terminal, for text a file or a peer
+    wrote: control characters (ANSI escapes, NUL, bell, C1 codes) and bidirectional
+    overrides removed, line breaks and tabs as single spaces, at most `limit` characters."""
+    text = " ".join(text.split())  # every kind of whitespace, line breaks included, as one space
+    return "".join(ch for ch in text if not _hidden(ch))[:limit].rstrip()
+
+
+def _hidden(ch: str) -> bool:
+    """A character a terminal acts on instead of showing, or that reorders the text around it."""
+    return unicodedata.category(ch) == "Cc" or "\u202a" <= ch <= "\u202e" or "\u2066" <= ch <= "\u2069"
+
+
 def yaml_problem(error: Exception) -> str:
     """A YAML parser's error (yaml.YAMLError) in one line: the line it is on and what is wrong.
     Its own message spans several lines, quoting the text with a caret under it."""

@@ -74,6 +74,21 @@ def test_raise_exception_becomes_a_template_error_naming_the_model():
         t.render(CONVERSATION)
 
 
+@pytest.mark.parametrize("source", [
+    "{{ raise_exception('\x1b]0;owned\x07\x1b[2Jfirst line\\nsecond line' + 'x' * 100000) }}",
+    "{{ raise_exception(['\x1b[2J', 'x' * 100000]) }}",
+])
+def test_a_templates_own_words_in_an_error_are_one_short_line_of_plain_text(source):
+    """raise_exception's message comes from the model file: it reached the terminal as it
+    was, line breaks, escape sequences (a window title, a cleared screen) and all."""
+    t = chat_template(FakeEngine(chat_template=source), model="evil.gguf")
+    with pytest.raises(TemplateError) as caught:
+        t.render(CONVERSATION)
+    message = str(caught.value)
+    assert message.startswith("The chat template of evil.gguf refused the conversation: ")
+    assert message.isprintable() and len(message) < 400, message[:400]
+
+
 def test_render_failures_name_the_model_and_the_fallback():
     t = chat_template(FakeEngine(chat_template="{{ messages[0].content + 1 }}"), model="odd.gguf")
     with pytest.raises(TemplateError, match="odd.gguf failed to render.*chatml"):

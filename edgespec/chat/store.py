@@ -14,7 +14,6 @@ import json
 import sqlite3
 import threading
 import time
-import unicodedata
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -23,7 +22,7 @@ from typing import Iterable, Iterator
 
 from edgespec.chat.attachments import Attachment
 from edgespec.engine.events import Stats
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, one_line
 
 ROLES = ("system", "user", "assistant")
 STATUSES = ("done", "stopped", "interrupted", "error")
@@ -98,17 +97,10 @@ class ConversationInfo:
 
 
 def clean_title(title: str) -> str:
-    """`title` as one line of plain text, fit for a terminal: control characters
-    (ANSI escapes, NUL, bell, C1 codes) and bidirectional overrides removed, line
-    breaks and tabs as single spaces, at most TITLE_MAX characters. Titles are
-    stored so; faces show stored ones through it too (older rows were not)."""
-    text = " ".join(title.split())  # every kind of whitespace, line breaks included, as one space
-    return "".join(ch for ch in text if not _hidden(ch))[:TITLE_MAX].rstrip()
-
-
-def _hidden(ch: str) -> bool:
-    """A character a terminal acts on instead of showing, or that reorders the text around it."""
-    return unicodedata.category(ch) == "Cc" or "\u202a" <= ch <= "\u202e" or "\u2066" <= ch <= "\u2069"
+    """`title` as one line of plain text, fit for a terminal (errors.one_line), at most
+    TITLE_MAX characters. Titles are stored so; faces show stored ones through it too
+    (older rows were not)."""
+    return one_line(title, TITLE_MAX)
 
 
 def default_path() -> Path:

@@ -31,7 +31,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from jinja2.visitor import NodeTransformer
 
 from edgespec.engine.protocol import ChatEngine
-from edgespec.errors import TemplateError
+from edgespec.errors import TemplateError, one_line
 
 BUILTIN_FORMATS: dict[str, str] = {
     "chatml": (
@@ -113,7 +113,8 @@ class ChatTemplate:
             raise TemplateError(f"The chat template of {self.model} refused the conversation: {e}") from None
         except Exception as e:  # an untrusted template may fail in any way
             raise TemplateError(
-                f"The chat template of {self.model} failed to render ({type(e).__name__}: {e}). "
+                f"The chat template of {self.model} failed to render "
+                f"({type(e).__name__}: {one_line(str(e), ERROR_CHARS)}). "
                 f"Choose a built-in format with --template instead: {', '.join(BUILTIN_FORMATS)}."
             ) from None
 
@@ -277,10 +278,11 @@ def chat_template(engine: ChatEngine, *, template: str | None = None, model: str
     try:
         _compile(source)
     except jinja2.TemplateSyntaxError as e:
-        raise TemplateError(f"The chat template of {model} is not valid Jinja (line {e.lineno}: {e.message}).") from None
+        raise TemplateError(f"The chat template of {model} is not valid Jinja "
+                            f"(line {e.lineno}: {one_line(e.message or '', ERROR_CHARS)}).") from None
     except Exception as e:  # an untrusted template may break the compiler too (RecursionError, IndentationError)
         raise TemplateError(
-            f"The chat template of {model} could not be compiled ({type(e).__name__}: {e}). "
+            f"The chat template of {model} could not be compiled ({type(e).__name__}: {one_line(str(e), ERROR_CHARS)}). "
             f"Choose a built-in format with --template instead: {', '.join(BUILTIN_FORMATS)}."
         ) from None
     return ChatTemplate(source, name, model=model, bos_token=bos, eos_token=eos, stop=stop)
@@ -589,8 +591,12 @@ class _Bound(NodeTransformer):
                           [], None, None, lineno=node.lineno)
 
 
+ERROR_CHARS = 300
+"""The most of a template's own words (raise_exception's message, an error it caused) an error shows."""
+
+
 def _raise_exception(message: str):
-    raise TemplateError(message)
+    raise TemplateError(one_line(str(message), ERROR_CHARS))  # the model file's words: one line, no escapes
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
