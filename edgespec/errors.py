@@ -17,9 +17,21 @@ def one_line(text: str, limit: int) -> str:
     return "".join(ch for ch in text if not _hidden(ch))[:limit].rstrip()
 
 
+def terminal_text(text: str) -> str:
+    """`text` fit for a terminal, its lines and tabs kept: the characters one_line
+    removes (ANSI escapes, NUL, bell, C1 codes, bidirectional overrides) removed, so a
+    pasted log, an attached file or a reply shows what it says and never acts on the
+    terminal (a title set, the clipboard written, the screen cleared)."""
+    return text.translate(_HIDDEN_IN_TEXT)  # at C speed: a paste may be a megabyte, a reply many small pieces
+
+
 def _hidden(ch: str) -> bool:
     """A character a terminal acts on instead of showing, or that reorders the text around it."""
     return unicodedata.category(ch) == "Cc" or "\u202a" <= ch <= "\u202e" or "\u2066" <= ch <= "\u2069"
+
+
+_HIDDEN_IN_TEXT = {code: None for code in range(0x2070) if _hidden(chr(code)) and chr(code) not in "\n\t"}
+"""terminal_text's table: every character _hidden names (none is above U+2069), but line breaks and tabs."""
 
 
 def yaml_problem(error: Exception) -> str:

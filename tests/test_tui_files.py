@@ -626,3 +626,43 @@ async def test_a_dragged_file_pasted_quoted_escaped_or_as_a_uri_attaches(store, 
         app.post_message(events.Paste("'hello world'"))
         await wait_for(pilot, lambda: prompt.text == "'hello world'")
         assert _chips(app) == ["my notes.txt"] and app.notes == []
+
+
+ESCAPE = "\x1b]0;PWNED\x1b\\"
+"""A terminal's command (set the window title), as a log file or a model may hold one."""
+
+
+def _shown_not_acted_on(app) -> bool:
+    """Whether what the app writes to the terminal for its whole screen now shows the
+    text around ESCAPE, and holds no escape but Textual's own (CSI: ESC then `[`)."""
+    import re
+
+    written = app.screen._compositor.render_update(full=True).render_segments(app.console)
+    return "PWNED" in written and re.search("\x1b(?!\\[)", written) is None
+
+
+async def test_escape_sequences_in_messages_replies_and_diffs_are_not_written_to_the_terminal(store, project):
+    """A pasted text, a reply or an attached file holding a terminal escape sequence
+    (a log's colours, or a model repeating one) was written to the terminal as it was:
+    the terminal acted on it (a title set, the clipboard written, the screen cleared)."""
+    from textual import events
+
+    (project / "src" / "app.py").write_bytes(f"# {ESCAPE}\n{APP}".encode())
+    reply = f"Renamed {ESCAPE}.\n\nsrc/app.py\n```python\n# {ESCAPE} new\n{RENAMED}```\n"
+    app = make_app(store, reply=reply, root=project)
+    async with app.run_test(size=(120, 50)) as pilot:
+        prompt = await _focused_prompt(pilot)
+        app.post_message(events.Paste(f"Rename name {ESCAPE} in @src/app.py"))
+        await wait_for(pilot, lambda: "PWNED" in prompt.text)
+        assert _shown_not_acted_on(app)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen))
+        await pilot.pause()
+        assert _shown_not_acted_on(app)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, DiffScreen))
+        await pilot.pause()
+        assert _shown_not_acted_on(app)
+        await pilot.press("ctrl+t")  # the reply coloured by token origin
+        await pilot.pause()
+        assert _shown_not_acted_on(app)

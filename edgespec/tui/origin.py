@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from edgespec.errors import terminal_text
+
 DRAFT_STYLE = "#e8f5e9 on #2e6b3a"
 """Accepted draft tokens."""
 TARGET_STYLE = ""
@@ -52,5 +54,5 @@ def render(runs: list[tuple[str, bool]]) -> Text:
     """The runs as Rich text: draft tokens highlighted, target tokens plain."""
     text = Text()
     for piece, drafted in runs:
-        text.append(piece, style=DRAFT_STYLE if drafted else TARGET_STYLE)
+        text.append(terminal_text(piece), style=DRAFT_STYLE if drafted else TARGET_STYLE)
     return text

@@ -12,6 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
 from edgespec.chat.attachments import PendingEdit
+from edgespec.errors import terminal_text
 from edgespec.workspace.edits import unified_diff
 from edgespec.workspace.root import Workspace
 
@@ -23,7 +24,7 @@ def coloured_diff(diff: str) -> Text:
     text = Text()
     for line in diff.splitlines(keepends=True):
         style = next((s for start, s in DIFF_STYLES if line.startswith(start)), "")
-        text.append(line, style=style)
+        text.append(terminal_text(line), style=style)
     return text
 
 

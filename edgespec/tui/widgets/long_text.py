@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from textual import events
 from textual.widgets import TextArea
 
+from edgespec.errors import terminal_text
+
 WRAP_MAX_LINE = 1_000
 """Soft wrap only while every line has at most this many characters. Textual's
 TextArea renders a wrapped line whole for each screen row it shows, so a redraw
@@ -58,8 +60,8 @@ class LongTextArea(TextArea):
     any other event, so that an arrow key or a click comes after what was typed
     before it). A human's keys each arrive alone and show at once."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, text: str = "", *args, **kwargs) -> None:
+        super().__init__(terminal_text(text), *args, **kwargs)
         self._shape = measure(self.document.lines)
         self._typed: list[str] = []
 
@@ -106,6 +108,8 @@ class LongTextArea(TextArea):
 
     # -- the text's shape ---------------------------------------------------------
     def edit(self, edit):
+        # What a terminal would act on (a pasted log's escapes) is left out: drawn, it would act.
+        edit.text = terminal_text(edit.text)
         top, bottom = sorted((edit.from_location, edit.to_location))
         before = measure(self.document.lines[top[0]:bottom[0] + 1])
         result = super().edit(edit)
@@ -125,7 +129,7 @@ class LongTextArea(TextArea):
 
     def load_text(self, text: str) -> None:
         self._typed = []
-        super().load_text(text)
+        super().load_text(terminal_text(text))
         self._remeasure()
 
     def _remeasure(self) -> None:

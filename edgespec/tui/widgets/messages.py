@@ -1,5 +1,6 @@
 """One message of the conversation on screen: a header, the text, the reply's statistics.
 
+What a terminal would act on (errors.terminal_text) is left out of what is shown.
 A user's text is shown as typed; a reply's is Markdown, streamed with `Markdown.get_stream()` while a reply is
 generated; with the origin view on, it is plain text coloured by where each
 token came from (accepted draft token or the target's own).
@@ -13,6 +14,7 @@ from textual.widgets import Markdown, Static
 
 from edgespec.chat.words import stats_line
 from edgespec.engine.events import Stats
+from edgespec.errors import terminal_text
 from edgespec.tui import origin
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -64,11 +66,12 @@ class MessageBox(Vertical, can_focus=True):
     def compose(self):
         yield Static(self._header_text(), classes="header")
         if self.attachments:
-            yield Static(Text("  ".join(f"📎 {path}" for path in self.attachments)), classes="attachments")
+            yield Static(Text(terminal_text("  ".join(f"📎 {path}" for path in self.attachments))),
+                         classes="attachments")
         if self.role == "user":  # as typed or pasted: code without a fence keeps its lines
-            yield Static(Text(self.content), classes="body")
+            yield Static(Text(terminal_text(self.content)), classes="body")
         else:
-            yield Markdown(self.content, classes="body")
+            yield Markdown(terminal_text(self.content), classes="body")
         yield Static(origin.render(self.runs or [(self.content, False)]), classes="origin")
         # not markup: the line names the files tokens were looked up in (`[/]x.py`)
         yield Static(reply_stats(self.stats), classes="stats", markup=False)
@@ -110,7 +113,7 @@ class MessageBox(Vertical, can_focus=True):
         if text:
             if self._stream is None:
                 self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
-            await self._stream.write(text)
+            await self._stream.write(terminal_text(text))
 
     async def finish(self, *, content: str, status: str, stats: Stats | None) -> None:
         """The reply ended: settle the text, show its status and statistics."""
@@ -122,7 +125,7 @@ class MessageBox(Vertical, can_focus=True):
         self.stats = stats
         if content != self.content:
             self.content = content
-        await self.query_one(".body", Markdown).update(self.content)
+        await self.query_one(".body", Markdown).update(terminal_text(self.content))
         self.query_one(".origin", Static).update(origin.render(self.runs or [(self.content, False)]))
         self.query_one(".header", Static).update(self._header_text())
         self.query_one(".stats", Static).update(reply_stats(stats))
