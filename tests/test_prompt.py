@@ -106,6 +106,23 @@ def test_a_raw_prompt_is_the_same_tokens_from_the_cli_and_the_server_its_markers
     assert recording.calls[0][0] == server.calls[0][0] == engine.tokenize(raw, add_bos=True, special=True)
 
 
+@pytest.mark.parametrize("source", ["{{ prompt }}", "{% for m in conversation %}{{ m.content }}{% endfor %}", "5"])
+def test_a_template_that_shows_none_of_the_messages_is_refused_naming_the_fallback(source):
+    """A template that reads a variable it is not given (`prompt`, `conversation`) renders
+    nothing of the conversation, as does a GGUF whose template is not text (llama.cpp gives
+    a number as "5"): the model was sent a BOS and nothing else, and answered that."""
+    encoder = PromptEncoder(FakeEngine(chat_template=source), model="odd.gguf")
+    with pytest.raises(TemplateError, match="odd.gguf shows none of the messages.*--template"):
+        encoder.encode([{"role": "system", "content": SYSTEM}, {"role": "user", "content": FIRST}])
+
+
+def test_a_template_that_leaves_out_some_messages_still_encodes():
+    encoder = PromptEncoder(FakeEngine(chat_template="{% for m in messages if m.role != 'system' %}"
+                                                     "{{ m.role }}: {{ m.content }}\n{% endfor %}"))
+    prompt = encoder.encode([{"role": "system", "content": SYSTEM}, {"role": "user", "content": FIRST}])
+    assert prompt.text == f"user: {FIRST}\n"
+
+
 def test_the_second_turn_reuses_the_first_turns_tokens():
     engine = FakeEngine(chat_template=GGUF_TEMPLATE)
     encoder = PromptEncoder(engine)

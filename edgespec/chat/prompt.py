@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from edgespec.chat.prefix import PrefixTokenizer, Stretch, Tokenized
-from edgespec.chat.template import ChatTemplate, Placed, Rendered, chat_template
+from edgespec.chat.template import BUILTIN_FORMATS, ChatTemplate, Placed, Rendered, chat_template
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.protocol import ChatEngine
 from edgespec.engine.regions import Region
@@ -93,6 +93,10 @@ class PromptEncoder:
         """
         template = self.template
         rendered = template.render_placed(messages, add_generation_prompt=add_generation_prompt)
+        if rendered.aligned and not any(rendered.placed) and any(m["content"] for m in messages):
+            raise TemplateError(  # it reads a variable it is not given, or is not a chat template at all
+                f"The chat template of {template.model} shows none of the messages of the conversation. "
+                f"Choose a built-in format with --template instead: {', '.join(BUILTIN_FORMATS)}.")
         placed = self._placed(messages, rendered)
         text = rendered.text
         tokenized = self._prefix.tokenize(text, _stretches(text, placed), add_bos=template.needs_bos(text))
