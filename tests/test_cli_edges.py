@@ -165,6 +165,25 @@ def test_chat_lines_on_stdin_that_are_not_utf8_are_replaced_and_named(engine, mo
     assert "stdin" in err and "line 2" in err
 
 
+@pytest.mark.parametrize("argv", [["generate"], ["generate", "--raw"], ["generate", "short", "--system"]])
+def test_a_prompt_far_past_the_context_is_refused_without_tokenizing_all_of_it(engine, monkeypatch, capsys, argv):
+    """`cat big.log | edgespec generate`: all of a 64 MB prompt was tokenized (26 s, 2.9 GB,
+    Ctrl+C waiting on llama.cpp's tokenizer) to say it did not fit."""
+    engine.n_ctx = 256
+    huge = "word " * (engine.n_ctx * 200)
+    longest = []
+    tokenize = engine.tokenize
+    monkeypatch.setattr(engine, "tokenize", lambda text, **kw: longest.append(len(text)) or tokenize(text, **kw))
+    if argv[-1] == "--system":
+        argv = [*argv, huge]
+    else:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(huge.encode())))
+    assert cli.main([*argv, "--template", "chatml"]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert f"the context holds {engine.n_ctx}" in err and "Traceback" not in err
+    assert max(longest) < len(huge) // 10 and not engine.prompts
+
+
 # -- should-fix: chat's options ----------------------------------------------------------
 
 def test_chat_refuses_an_empty_message_before_the_models_load(no_load, capsys):

@@ -19,7 +19,7 @@ from edgespec.cli.files import add_file_options, apply_edits, workspace_from_arg
 from edgespec.cli.output import stderr_stats, note
 from edgespec.engine.events import GenerationParams
 from edgespec.limits import BENCH_MAX_TOKENS
-from edgespec.errors import EXIT_INTERRUPTED, EdgespecError
+from edgespec.errors import EXIT_INTERRUPTED, ContextFullError, EdgespecError
 
 
 def add_parsers(sub) -> None:
@@ -66,6 +66,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     with engine_from_args(args, progress=stderr_progress()) as engine:
         n_ctx = engine.n_ctx
         model = Path(engine.describe().target.path).name  # as a template's errors name it
+        for text in (prompt, args.system or ""):
+            _refuse_past_context(engine, text)
         if messages is not None:
             files.check_fit(messages[-1].attachments, engine, reply_room(params.max_tokens, n_ctx))
             encoded = PromptEncoder(engine, template=args.template, model=model).encode(files.model_messages(messages))
@@ -104,6 +106,25 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise EdgespecError("the reply changes none of the attached files; nothing was applied")
         apply_edits(edits, workspace, yes=args.yes, out=sys.stderr if args.json else None)
     return 0
+
+
+CHARS_PER_TOKEN = 16
+"""More characters than any usual token holds: a text whose first n_ctx * CHARS_PER_TOKEN
+characters alone are more tokens than the context holds cannot fit, whatever follows."""
+
+
+def _refuse_past_context(engine, text: str) -> None:
+    """Raise ContextFullError when `text` cannot fit in the context, from a bounded piece of
+    it: all of a prompt of hundreds of megabytes (`cat big.log | edgespec generate`) took
+    minutes and gigabytes to tokenize, with Ctrl+C waiting on llama.cpp's tokenizer, only to
+    be refused. A text of long tokens is left to the full count after the template."""
+    cut = engine.n_ctx * CHARS_PER_TOKEN
+    if len(text) <= cut:
+        return
+    at_least = len(engine.tokenize(text[:cut], special=False)) - 1  # the cut may split one token in two
+    if at_least >= engine.n_ctx:
+        raise ContextFullError(f"the prompt has over {at_least} tokens (in its first {cut} characters) but the "
+                               f"context holds {engine.n_ctx}: shorten it or raise the context size")
 
 
 def _messages(prompt: str, system: str | None, attached: list) -> list:
