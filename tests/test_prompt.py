@@ -123,6 +123,16 @@ def test_a_template_that_leaves_out_some_messages_still_encodes():
     assert prompt.text == f"user: {FIRST}\n"
 
 
+def test_a_content_that_begins_with_the_bos_text_does_not_stand_for_the_bos_the_template_did_not_write():
+    """The plain format begins with the system prompt: one beginning "<s>" read as the
+    template having written BOS, so no BOS was added, and the "<s>" itself was text."""
+    engine = FakeEngine()
+    prompt = PromptEncoder(engine, template="plain").encode(
+        [{"role": "system", "content": "<s>Be brief."}, {"role": "user", "content": FIRST}])
+    assert prompt.tokens[0] == engine.bos
+    assert prompt.tokens[1:4] == [ord("<"), ord("s"), ord(">")]
+
+
 def test_the_second_turn_reuses_the_first_turns_tokens():
     engine = FakeEngine(chat_template=GGUF_TEMPLATE)
     encoder = PromptEncoder(engine)

@@ -99,7 +99,9 @@ class PromptEncoder:
                 f"Choose a built-in format with --template instead: {', '.join(BUILTIN_FORMATS)}.")
         placed = self._placed(messages, rendered)
         text = rendered.text
-        tokenized = self._prefix.tokenize(text, _stretches(text, placed), add_bos=template.needs_bos(text))
+        content_first = any(p is not None and p.start == 0 for p in placed)  # its "<s>" is text, not the BOS
+        tokenized = self._prefix.tokenize(text, _stretches(text, placed),
+                                          add_bos=template.needs_bos(text) or content_first)
         regions = tuple(Region(*self._prefix.tokens_of(text, tokenized, start, end), label)
                         for start, end, label in _labelled(messages, placed, text))
         return Prompt(text, tokenized.tokens, template.stop, regions=regions, tokenized=tokenized)
