@@ -169,8 +169,10 @@ def test_chat_lines_on_stdin_that_are_not_utf8_are_replaced_and_named(engine, mo
 def test_a_prompt_far_past_the_context_is_refused_without_tokenizing_all_of_it(engine, monkeypatch, capsys, argv):
     """`cat big.log | edgespec generate`: all of a 64 MB prompt was tokenized (26 s, 2.9 GB,
     Ctrl+C waiting on llama.cpp's tokenizer) to say it did not fit."""
+    from edgespec.chat.session import TOKEN_CHARS_MAX
+
     engine.n_ctx = 256
-    huge = "word " * (engine.n_ctx * 200)
+    huge = "word " * (engine.n_ctx * TOKEN_CHARS_MAX // 4)
     longest = []
     tokenize = engine.tokenize
     monkeypatch.setattr(engine, "tokenize", lambda text, **kw: longest.append(len(text)) or tokenize(text, **kw))
@@ -181,7 +183,7 @@ def test_a_prompt_far_past_the_context_is_refused_without_tokenizing_all_of_it(e
     assert cli.main([*argv, "--template", "chatml"]) == cli.EXIT_ERROR
     err = capsys.readouterr().err
     assert f"the context holds {engine.n_ctx}" in err and "Traceback" not in err
-    assert max(longest) < len(huge) // 10 and not engine.prompts
+    assert max(longest, default=0) < len(huge) // 10 and not engine.prompts
 
 
 # -- should-fix: chat's options ----------------------------------------------------------

@@ -108,22 +108,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-CHARS_PER_TOKEN = 16
-"""More characters than any usual token holds: a text whose first n_ctx * CHARS_PER_TOKEN
-characters alone are more tokens than the context holds cannot fit, whatever follows."""
-
-
 def _refuse_past_context(engine, text: str) -> None:
-    """Raise ContextFullError when `text` cannot fit in the context, from a bounded piece of
-    it: all of a prompt of hundreds of megabytes (`cat big.log | edgespec generate`) took
-    minutes and gigabytes to tokenize, with Ctrl+C waiting on llama.cpp's tokenizer, only to
-    be refused. A text of long tokens is left to the full count after the template."""
-    cut = engine.n_ctx * CHARS_PER_TOKEN
-    if len(text) <= cut:
-        return
-    at_least = len(engine.tokenize(text[:cut], special=False)) - 1  # the cut may split one token in two
+    """Raise ContextFullError when `text` is so long that it cannot fit whatever its tokens
+    (session.TOKEN_CHARS_MAX): all of a prompt of hundreds of megabytes (`cat big.log |
+    edgespec generate`) took minutes and gigabytes to tokenize, with Ctrl+C waiting on
+    llama.cpp's tokenizer, only to be refused."""
+    from edgespec.chat.session import TOKEN_CHARS_MAX
+
+    at_least = len(text) // TOKEN_CHARS_MAX
     if at_least >= engine.n_ctx:
-        raise ContextFullError(f"the prompt has over {at_least} tokens (in its first {cut} characters) but the "
+        raise ContextFullError(f"the prompt is at least {at_least} tokens ({len(text)} characters) but the "
                                f"context holds {engine.n_ctx}: shorten it or raise the context size")
 
 
