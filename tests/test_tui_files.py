@@ -666,3 +666,38 @@ async def test_escape_sequences_in_messages_replies_and_diffs_are_not_written_to
         await pilot.press("ctrl+t")  # the reply coloured by token origin
         await pilot.pause()
         assert _shown_not_acted_on(app)
+
+
+async def test_a_file_name_holding_a_terminal_escape_is_listed_and_attached_without_it_acting(store, project):
+    """A project (a cloned repository) may name a file with a terminal escape in it: `@`
+    completion, the chip, the picker and a notice naming it wrote the name to the
+    terminal as it was."""
+    from textual import events
+
+    name = f"{ESCAPE}.txt"
+    (project / name).write_text("x\n")
+    (project / f"{ESCAPE}.bin").write_bytes(b"\x00\x01")
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        prompt = await _focused_prompt(pilot)
+        app.post_message(events.Paste(f"{ESCAPE}.bin"))  # not attached: binary, and the notice names it
+        await wait_for(pilot, lambda: app.notes)
+        await pilot.pause()
+        assert _shown_not_acted_on(app)
+        app.clear_notifications()
+        await pilot.press("@")
+        await wait_for(pilot, lambda: prompt.completing)
+        assert _shown_not_acted_on(app)
+        options = app.query_one("#completions", OptionList)
+        shown = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+        options.highlighted = next(i for i, path in enumerate(shown) if "PWNED" in path and path.endswith(".txt"))
+        await pilot.press("tab")
+        await wait_for(pilot, lambda: _chips(app) == [name])
+        await pilot.pause()
+        assert _shown_not_acted_on(app)
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: isinstance(app.screen, FilePickerScreen))
+        tree = app.screen.query_one(ProjectTree)
+        await wait_for(pilot, lambda: tree.root.children)
+        await pilot.pause()
+        assert _shown_not_acted_on(app)

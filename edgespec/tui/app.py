@@ -38,7 +38,7 @@ from textual.message import Message
 from edgespec import __version__
 from edgespec.chat.store import ConversationStore, StoreError
 from edgespec.engine.protocol import ChatEngine
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, terminal_text
 from edgespec.limits import LIMITS
 from edgespec.load_settings import LoadSettings
 from edgespec.models.progress import Progress, ProgressCallback
@@ -161,9 +161,11 @@ class EdgespecApp(App):
         """A notice, always shown as written: notices name the user's files, titles and
         errors (`[/]x.py`, `list[int]`), which Textual would read as markup (changed, or a
         MarkupError as the notice is drawn, ending the app); none of edgespec's is markup.
+        A name holding a terminal escape is shown without it (errors.terminal_text).
         Widgets pass markup=True by default (Widget.notify), so it is not taken from them."""
         del markup
-        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+        super().notify(terminal_text(message), title=terminal_text(title), severity=severity, timeout=timeout,
+                       markup=False)
 
     def check_action(self, action: str, parameters) -> bool | None:
         """The models and settings screens open from the chat, not over a dialog."""

@@ -29,6 +29,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, OptionList, Static, TextArea
+from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
 from edgespec.chat import attachments
@@ -36,7 +37,7 @@ from edgespec.chat.export import write_markdown
 from edgespec.chat.remember import conversation_doc
 from edgespec.chat.session import settled_words
 from edgespec.chat.store import StoreError
-from edgespec.errors import EdgespecError, FileAccessError
+from edgespec.errors import EdgespecError, FileAccessError, terminal_text
 from edgespec.tui.library import PullProgress
 from edgespec.tui.screens.dialogs import ConfirmScreen, TextPromptScreen
 from edgespec.tui.screens.diff import DiffScreen
@@ -677,7 +678,8 @@ class ChatScreen(Screen):
         word = prompt.at_word()
         found = self.context.workspace.complete(word[0], limit=8) if word is not None else []
         options.clear_options()
-        options.add_options(found)
+        # shown fit for a terminal (a name may hold an escape), chosen by the path itself
+        options.add_options(Option(terminal_text(path), id=path) for path in found)
         if found:
             options.highlighted = 0
         options.display = prompt.completing = bool(found)
@@ -689,7 +691,7 @@ class ChatScreen(Screen):
         word = prompt.at_word()
         if word is None or options.highlighted is None:
             return
-        choice = str(options.get_option_at_index(options.highlighted).prompt)
+        choice = options.get_option_at_index(options.highlighted).id
         row, column = prompt.cursor_location
         if choice.endswith("/"):
             prompt.replace(f"@{choice}", (row, word[1]), (row, column))

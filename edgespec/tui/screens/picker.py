@@ -11,12 +11,16 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DirectoryTree, Label
 
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, terminal_text
 from edgespec.workspace.root import SKIPPED_NAMES, Workspace
 
 
 class ProjectTree(DirectoryTree):
     """The project folder without hidden entries and the folders `@` completion leaves out."""
+
+    def process_label(self, label):
+        """A name fit for a terminal: a file of a cloned repository may hold an escape in its name."""
+        return super().process_label(terminal_text(label) if isinstance(label, str) else label)
 
     def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
         return [p for p in paths if not p.name.startswith(".") and p.name not in SKIPPED_NAMES]

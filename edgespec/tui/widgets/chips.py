@@ -9,6 +9,7 @@ from textual.containers import Horizontal
 from textual.message import Message
 from textual.widgets import Static
 
+from edgespec.errors import terminal_text
 from edgespec.models.progress import human_bytes
 
 
@@ -34,7 +35,7 @@ class ChipView(Static, can_focus=True):
     BINDINGS = [("delete,backspace", "remove", "Remove file")]
 
     def __init__(self, chip: Chip) -> None:
-        super().__init__(chip.label, classes="chip", markup=False)
+        super().__init__(terminal_text(chip.label), classes="chip", markup=False)  # a name may hold an escape
         self.chip = chip
 
     def on_click(self) -> None:

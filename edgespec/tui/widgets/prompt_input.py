@@ -69,7 +69,8 @@ class PromptInput(LongTextArea):
     async def _on_paste(self, event: events.Paste) -> None:
         """A path of a file attaches it; other text goes on to TextArea's own handler (Textual calls it next)."""
         line = event.text.strip()
-        if self.attach_path is not None and line and "\n" not in line and self.attach_path(dropped_path(line)):
+        if (self.attach_path is not None and line and "\n" not in line
+                and (self.attach_path(line) or dropped_path(line) != line and self.attach_path(dropped_path(line)))):
             event.stop()
             event.prevent_default()
 
