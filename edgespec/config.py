@@ -56,10 +56,12 @@ def expand_home(path: str | Path, *, what: str) -> Path:
 
 
 def dirs() -> Dirs:
-    """The directories for this process, honouring EDGESPEC_HOME."""
+    """The directories for this process, honouring EDGESPEC_HOME (a relative one is taken
+    from the current folder: paths shown, and stored with conversations, must not depend
+    on the folder a later command starts in)."""
     home = os.environ.get(HOME_ENV)
     if home:
-        base = expand_home(home, what=HOME_ENV)
+        base = expand_home(home, what=HOME_ENV).absolute()
         return Dirs(
             config=base / "config",
             data=base / "data",

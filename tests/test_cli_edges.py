@@ -186,6 +186,18 @@ def test_a_prompt_far_past_the_context_is_refused_without_tokenizing_all_of_it(e
     assert max(longest, default=0) < len(huge) // 10 and not engine.prompts
 
 
+def test_a_relative_edgespec_home_is_taken_from_the_folder_the_command_started_in(tmp_path, monkeypatch, capsys):
+    """EDGESPEC_HOME=rel: `paths` and `path` printed rel/..., and a conversation stored its model as
+    rel/models/x.gguf, a file that is 'gone' for a chat continued from another folder."""
+    from edgespec.config import dirs
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EDGESPEC_HOME", "rel")
+    assert dirs().data == tmp_path / "rel" / "data"
+    assert cli.main(["paths"]) == 0
+    assert f"{tmp_path / 'rel' / 'models'}\n" in capsys.readouterr().out
+
+
 # -- should-fix: chat's options ----------------------------------------------------------
 
 def test_chat_refuses_an_empty_message_before_the_models_load(no_load, capsys):
