@@ -193,6 +193,12 @@ def test_a_template_that_grows_too_large_is_stopped_before_it_allocates(source):
     "{{ (['x' * 4000000] * 100) | join }}",
     "{{ ('x' * 4000) | replace('x', 'y' * 100000) }}",
     "{{ ('a\n' * 4000) | indent('y' * 100000, true) }}",
+    # what a range, a generator or a dict's keys holds is known only once it is consumed
+    "{{ range(1000) | join('y' * 100000) }}",
+    "{{ ('y' * 100000).join(range(1000) | map('string')) }}",
+    "{% set d = {" + ", ".join(f"'k{i}': 0" for i in range(30)) + "} %}{{ ('y' * 5000000).join(d.keys()) }}",
+    "{{ range(1000) | map('center', 100000) | join }}",
+    "{{ range(1000) | map('center', 100000) | list | length }}",
 ])
 def test_a_join_replace_or_indent_too_large_is_stopped_before_it_is_built(source):
     """Their results were sized after they were built: 1.6 GB from a template whose budget

@@ -19,6 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from collections.abc import Iterator, MappingView
 from typing import Mapping, Sequence
 
 import jinja2
@@ -386,6 +387,21 @@ def _check_size(n: int) -> None:
         raise _TooCostly(f"it asked for {n:,} characters or items")
 
 
+def _consumed(value):
+    """`value`, or where what it holds is known only once it is consumed (a generator,
+    a range, a dict's keys) the list of its items, each a step and the list sized as it
+    grows: a filter or a call is given what the budget can check before it runs."""
+    if not isinstance(value, (Iterator, range, MappingView)) or isinstance(value, LoopContext):
+        return value
+    items, size = [], 0
+    for item in value:
+        _step()
+        size += 1 + _size(item)
+        _check_size(size)
+        items.append(item)
+    return items
+
+
 def _check_args(args, kwargs) -> None:
     """Refuse, before the call, arguments that make a result too large to hold."""
     for a in (*args, *kwargs.values()):
@@ -485,6 +501,8 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         _step()
         if isinstance(__obj, LoopContext) and args:  # a recursive loop's loop(items): each item is a step too
             args = (_bounded_iter(args[0]), *args[1:])
+        else:
+            args, kwargs = tuple(map(_consumed, args)), {k: _consumed(v) for k, v in kwargs.items()}
         _check_args(args, kwargs)
         _check_call(__obj, args, kwargs)
         return _sized(super().call(__context, __obj, *args, **kwargs))
@@ -529,6 +547,7 @@ def _bounded_filter(f):
     @functools.wraps(f)
     def bounded(*args, **kwargs):
         _step()
+        args, kwargs = tuple(map(_consumed, args)), {k: _consumed(v) for k, v in kwargs.items()}
         _check_args(args[1:], kwargs)  # args[0]: the value filtered (or the context)
         _check_filter(f.__name__, args, kwargs)
         return _sized(f(*args, **kwargs))
