@@ -198,6 +198,25 @@ def test_a_relative_edgespec_home_is_taken_from_the_folder_the_command_started_i
     assert f"{tmp_path / 'rel' / 'models'}\n" in capsys.readouterr().out
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_generate_reading_its_prompt_from_a_terminal_says_how_to_end_it(engine, monkeypatch, capsys):
+    """`edgespec generate` typed with no prompt waited on the terminal without a word, as if hung."""
+    monkeypatch.setattr(sys, "stdin", Terminal("hello\n"))
+    assert cli.main(["generate", "--template", "chatml"]) == 0
+    out, err = capsys.readouterr()
+    assert "Ctrl+D" in err and "hello" in out
+
+
+def test_generate_reading_its_prompt_from_a_pipe_says_nothing_of_it(engine, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
+    assert cli.main(["generate", "--template", "chatml"]) == 0
+    assert "Ctrl+D" not in capsys.readouterr().err
+
+
 # -- should-fix: chat's options ----------------------------------------------------------
 
 def test_chat_refuses_an_empty_message_before_the_models_load(no_load, capsys):

@@ -128,8 +128,12 @@ def _messages(prompt: str, system: str | None, attached: list) -> list:
 
 
 def _read_stdin() -> str:
-    """stdin as UTF-8; bytes that are not UTF-8 become U+FFFD, with a note naming the first."""
+    """stdin as UTF-8; bytes that are not UTF-8 become U+FFFD, with a note naming the first.
+    A terminal is told how to end the prompt: a command waiting on it silently looks hung."""
     stdin = sys.stdin
+    if stdin.isatty():
+        note(f"reading the prompt from the terminal: end it with {'Ctrl+Z, Enter' if os.name == 'nt' else 'Ctrl+D'}"
+             " on a line of its own, or pass it as an argument")
     data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
     return decoded(data, "stdin")
 
