@@ -569,6 +569,28 @@ async def test_a_replys_statistics_name_an_attached_file_as_written(store, proje
             assert f"lookup in file {name}" in str(boxes(app)[-1].query_one(".stats").render())
 
 
+async def test_a_replys_statistics_name_a_file_holding_a_terminal_escape_without_it(store, project):
+    """The status line and the line under a reply name the files tokens were looked up
+    in: a name holding a terminal escape was written to the terminal as it was."""
+    from textual import events
+
+    from tests.fakes import SpecFakeEngine
+
+    class Sourced(SpecFakeEngine):
+        sources = True
+
+    (project / f"{ESCAPE}.py").write_text("x = 1\n")
+    app = make_app(store, reply="word " * 12, root=project, engine_cls=Sourced)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await _focused_prompt(pilot)
+        app.post_message(events.Paste(f"{ESCAPE}.py"))
+        await wait_for(pilot, lambda: _chips(app) == [f"{ESCAPE}.py"])
+        await send(pilot, "About it")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        await pilot.pause()
+        assert "PWNED" in str(boxes(app)[-1].query_one(".stats").render()) and _shown_not_acted_on(app)
+
+
 async def test_enter_with_files_and_no_words_says_what_is_missing(store, project):
     """Enter with a file attached and nothing written did nothing, silently: the user
     waited for a reply about the file."""

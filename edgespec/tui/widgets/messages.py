@@ -74,7 +74,7 @@ class MessageBox(Vertical, can_focus=True):
             yield Markdown(terminal_text(self.content), classes="body")
         yield Static(origin.render(self.runs or [(self.content, False)]), classes="origin")
         # not markup: the line names the files tokens were looked up in (`[/]x.py`)
-        yield Static(reply_stats(self.stats), classes="stats", markup=False)
+        yield Static(terminal_text(reply_stats(self.stats)), classes="stats", markup=False)
 
     def on_mount(self) -> None:
         self._apply_origin_view()
@@ -128,5 +128,5 @@ class MessageBox(Vertical, can_focus=True):
         await self.query_one(".body", Markdown).update(terminal_text(self.content))
         self.query_one(".origin", Static).update(origin.render(self.runs or [(self.content, False)]))
         self.query_one(".header", Static).update(self._header_text())
-        self.query_one(".stats", Static).update(reply_stats(stats))
+        self.query_one(".stats", Static).update(terminal_text(reply_stats(stats)))
         self._apply_origin_view()

@@ -10,6 +10,7 @@ from textual.widgets import Static
 from edgespec.chat.words import accepted_by_note, cache_note
 from edgespec.engine.events import Stats
 from edgespec.engine.info import EngineInfo
+from edgespec.errors import terminal_text
 from edgespec.tui.origin import DRAFT_STYLE
 
 
@@ -91,7 +92,9 @@ class StatusLine(Static):
         label, so the last statistics are left out only while even a label shortened to
         LABEL_MIN leaves them no room; the label then takes the room left, and what still
         overflows is cut with an ellipsis."""
-        label, parts = self.model_label, self.detail.split(SEP) if self.detail else []
+        # fit for a terminal: the statistics name files, which may hold an escape
+        label, detail = terminal_text(self.model_label), terminal_text(self.detail)
+        parts = detail.split(SEP) if detail else []
         line = self._line(label, parts)
         width = self.content_size.width
         if not width or line.cell_len <= width:
