@@ -109,7 +109,7 @@ def into_closed_pipe(*argv: str, home) -> subprocess.CompletedProcess:
         os.close(write)
 
 
-@pytest.mark.parametrize("argv", [["paths"], ["chats"]])
+@pytest.mark.parametrize("argv", [["paths"], ["chats"], ["--version"]])
 def test_a_reader_that_goes_away_ends_the_command_quietly(home, argv):
     from edgespec.errors import EXIT_BROKEN_PIPE
 

@@ -23,9 +23,9 @@ from edgespec.errors import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, Edge
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    handler: Callable[[argparse.Namespace], int] = getattr(args, "handler", _cmd_app)
     try:
+        args = parser.parse_args(argv)  # inside: --version writes to stdout, and imports llama.cpp
+        handler: Callable[[argparse.Namespace], int] = getattr(args, "handler", _cmd_app)
         code = handler(args) or 0
         sys.stdout.flush()  # a reader that went away shows here, not in Python's flush at exit
         return code
@@ -75,7 +75,7 @@ class _VersionAction(argparse.Action):
         gpu = "GPU offload available" if info["gpu_offload"] else "no GPU offload"
         rpc = "RPC available (edgespec worker, --rpc)" if info["rpc"] else "no RPC (scripts/install.sh builds it)"
         print(f"edgespec {__version__}\nllama-cpp-python {info['llama_cpp_python']}, "
-              f"backend {info['backend']} ({gpu}; {rpc})\n{info['system_info']}")
+              f"backend {info['backend']} ({gpu}; {rpc})\n{info['system_info']}", flush=True)  # a reader gone shows in main
         parser.exit()
 
 
