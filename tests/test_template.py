@@ -112,6 +112,14 @@ def test_a_template_too_deeply_nested_to_compile_is_a_template_error_naming_the_
         chat_template(FakeEngine(chat_template=source), model="odd.gguf")
 
 
+def test_a_template_far_longer_than_any_chat_template_is_refused_before_it_is_compiled():
+    """Compiling is not bounded as rendering is: 5 MB of tags took 26 s (2-core CPU), and
+    the time grows with the size. Real templates are a few kilobytes, the largest tens."""
+    source = "{{ messages[0].content }}" * 20_000
+    with pytest.raises(TemplateError, match=r"odd.gguf is 500,000 characters long.*--template"):
+        chat_template(FakeEngine(chat_template=source), model="odd.gguf")
+
+
 def test_templates_run_in_a_sandbox():
     evil = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
     t = chat_template(FakeEngine(chat_template=evil), model="evil.gguf")

@@ -276,6 +276,11 @@ def chat_template(engine: ChatEngine, *, template: str | None = None, model: str
             f"{model} has no chat template in its GGUF file. Choose a built-in format with "
             f"--template ({', '.join(BUILTIN_FORMATS)}); the model card says which one it was trained on."
         )
+    if len(source) > TEMPLATE_CHARS:
+        raise TemplateError(
+            f"The chat template of {model} is {len(source):,} characters long, more than a chat template needs "
+            f"(at most {TEMPLATE_CHARS:,}). Choose a built-in format with --template instead: "
+            f"{', '.join(BUILTIN_FORMATS)}.")
     try:
         _compile(source)
     except jinja2.TemplateSyntaxError as e:
@@ -300,6 +305,10 @@ def chat_template(engine: ChatEngine, *, template: str | None = None, model: str
 # A list, tuple or dict counts all it holds, as often as it holds it: written out,
 # a list of one large text a thousand times is a thousand large texts.
 
+TEMPLATE_CHARS = 256 * 1024
+"""The longest template compiled: compiling is not bounded as rendering is, and takes
+seconds a megabyte (5 MB of tags: 26 s on a 2-core CPU); real templates are a few
+kilobytes, the largest tens."""
 RENDER_SECONDS = 10.0
 """Wall-clock time one render may take (a chat turn renders a few times)."""
 RENDER_STEPS = 5_000_000
