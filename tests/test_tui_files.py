@@ -723,3 +723,16 @@ async def test_a_file_name_holding_a_terminal_escape_is_listed_and_attached_with
         await wait_for(pilot, lambda: tree.root.children)
         await pilot.pause()
         assert _shown_not_acted_on(app)
+
+
+async def test_attaching_a_file_attached_already_says_so(store, project):
+    """Pasting (or choosing) a file attached already did nothing, silently."""
+    from textual import events
+
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        await _focused_prompt(pilot)
+        for _ in range(2):
+            app.post_message(events.Paste("notes.txt"))
+        await wait_for(pilot, lambda: app.notes)
+        assert app.notes == ["notes.txt is attached already."] and _chips(app) == ["notes.txt"]

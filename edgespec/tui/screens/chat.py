@@ -554,6 +554,8 @@ class ChatScreen(Screen):
     async def _add_chip(self, chip: Chip) -> None:
         if await self.query_one(AttachmentBar).add(chip):
             self._read_ahead()
+        else:
+            self.notify(f"{chip.path} is attached already.")
 
     def _read_ahead(self) -> None:
         """Read the conversation, the attached files and the words written so far into
