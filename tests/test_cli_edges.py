@@ -334,6 +334,25 @@ def test_import_of_text_that_is_not_unicode_names_the_file(home, tmp_path, capsy
     assert "no conversations" in capsys.readouterr().err
 
 
+def test_import_reads_stdin_for_a_dash_as_export_writes_stdout(home, monkeypatch, capsys):
+    """`edgespec export 1 | edgespec import -` said 'cannot read -: [Errno 2] No such file or directory: '-''."""
+    store_with(["piped"])
+    assert cli.main(["export", "1", "--format", "json"]) == 0
+    exported = capsys.readouterr().out
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(exported.encode())))
+    assert cli.main(["import", "-"]) == 0
+    assert "conversation 2" in capsys.readouterr().out
+    assert cli.main(["chats"]) == 0
+    assert capsys.readouterr().out.count("piped") == 2
+
+
+def test_import_of_a_file_that_is_not_there_says_so_once(home, tmp_path, capsys):
+    missing = str(tmp_path / "gone.json")
+    assert cli.main(["import", missing]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.count(missing) == 1 and "No such file" in err and "Errno" not in err
+
+
 # -- should-fix: option ranges and words ---------------------------------------------------
 
 @pytest.mark.parametrize("value", ["-1", "0"])

@@ -53,7 +53,7 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("import", help="store a conversation exported as JSON (`edgespec export ID --format json`)",
                        description="Store a conversation exported as JSON as a new conversation. The file is "
                                    "checked whole first: nothing is stored from one that is not an edgespec export.")
-    p.add_argument("file", metavar="FILE", help="a file written by `edgespec export ID --format json`")
+    p.add_argument("file", metavar="FILE", help="a file written by `edgespec export ID --format json` (- reads stdin)")
     p.set_defaults(handler=_cmd_import)
 
 
@@ -187,15 +187,19 @@ def _cmd_import(args: argparse.Namespace) -> int:
     from edgespec.chat import StoreError
     from edgespec.chat.export import import_json, invalid_text
 
+    name = "stdin" if args.file == "-" else args.file
     try:
-        data = json.loads(Path(args.file).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise StoreError(f"cannot read {args.file}: {e}") from None
+        raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+        data = json.loads(raw.decode("utf-8"))
+    except OSError as e:
+        raise StoreError(f"cannot read {name}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise StoreError(f"cannot read {name}: {e}") from None
     except RecursionError:  # the parser recurses once per level of nesting
-        raise StoreError(f"cannot read {args.file}: its JSON is nested too deeply to be an edgespec export") from None
+        raise StoreError(f"cannot read {name}: its JSON is nested too deeply to be an edgespec export") from None
     where = invalid_text(data)
     if where is not None:
-        raise StoreError(f"cannot import {args.file}: its {where} holds text that is not valid Unicode (a lone "
+        raise StoreError(f"cannot import {name}: its {where} holds text that is not valid Unicode (a lone "
                          "surrogate, such as \\ud800); nothing was imported. Correct that text, or export it again.")
     print(f"imported as conversation {import_json(open_store(), data)}")
     return 0
