@@ -1333,6 +1333,32 @@ async def test_a_chat_deleted_by_another_edgespec_is_left_for_a_new_one(tmp_path
             assert [m.content for m in store.messages(app.chat.conversation_id) if m.role != "system"] == ["two", "ok"]
 
 
+async def test_a_chat_deleted_by_another_edgespec_while_it_replies_says_the_reply_is_not_stored(tmp_path):
+    """Deleted in another process while a reply streamed here, the reply ended as done,
+    stored nowhere, and the notice said "There is no conversation 1; `edgespec chats`
+    lists them", a command line's words about a chat the user had not named."""
+    path = tmp_path / "chats.db"
+    with ConversationStore(path) as store:
+        cid = store.create(title="Shared")
+        store.append(cid, Message("user", "one"))
+        store.append(cid, Message("assistant", "uno"))
+        hold = threading.Event()
+        app = make_app(store, reply="word " * 20, hold=hold, hold_after=3)
+        async with app.run_test(size=(110, 36)) as pilot:
+            await wait_for(pilot, lambda: app.model_state == "ready")
+            await app.chat.open_conversation(cid)
+            await send(pilot, "two", key=False)
+            await wait_for(pilot, lambda: app.engines[0].prompts)
+            with ConversationStore(path) as other:
+                other.delete(cid)
+            hold.set()
+            await wait_for(pilot, lambda: not app.chat.generating)
+            await pilot.pause()
+            assert app.notes == ["This chat was deleted (by another edgespec, or on the command line) while it "
+                                 "replied: the reply is shown here, not stored."]
+            assert [b.content for b in boxes(app)][:3] == ["one", "uno", "two"]
+
+
 async def test_a_new_chat_can_be_renamed_before_its_reply_and_delete_says_why_it_waits(store):
     """A new chat is stored with its first message, but rename said "Nothing to rename
     yet" until the reply's first token; and delete did nothing, silently, during a reply."""

@@ -473,10 +473,15 @@ class ChatScreen(Screen):
         if self.status.detail == WAITING:  # the wait was given up: no reply, nothing to wait for
             self.status.detail = ""
         self._follow_new_conversation()
+        deleted = self.conversation_id is not None and self._deleted(self.conversation_id)
+        if deleted:  # in another process, meanwhile: the next message goes to a new chat (_refused)
+            self.notify("This chat was deleted (by another edgespec, or on the command line) while it replied: "
+                        "the reply is shown here, not stored.", title="Chat deleted", severity="warning", timeout=10)
         if self._settings_waiting:  # saved during the reply: the session and the models take them now
             self.use_settings(self.settings)
             self.context.reload_for(self.settings)
-        self._save_settings()
+        if not deleted:
+            self._save_settings()
         self.query_one(ConversationList).refresh_list()
         if event.status == "done":
             self.action_review_edits(quiet=True)
