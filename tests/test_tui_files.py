@@ -736,3 +736,18 @@ async def test_attaching_a_file_attached_already_says_so(store, project):
             app.post_message(events.Paste("notes.txt"))
         await wait_for(pilot, lambda: app.notes)
         assert app.notes == ["notes.txt is attached already."] and _chips(app) == ["notes.txt"]
+
+
+async def test_a_system_prompt_holding_a_terminal_escape_is_edited_without_it(store, project):
+    """A system prompt may come from an imported chat; the settings screen wrote it to
+    the terminal as it was."""
+    from edgespec.tui.chat_settings import ChatSettings
+    from edgespec.tui.screens.settings import SettingsScreen
+
+    app = make_app(store, reply="ok", root=project, defaults=ChatSettings(system_prompt=f"Be {ESCAPE} brief."))
+    async with app.run_test(size=(120, 50)) as pilot:
+        await _ready(pilot)
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        await pilot.pause()
+        assert _shown_not_acted_on(app)

@@ -17,6 +17,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static, Text
 from edgespec.engine.events import MODES
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS
 from edgespec.tui.chat_settings import AUTO, ChatSettings
+from edgespec.tui.widgets.long_text import LongTextArea
 
 PAIRS = "the pair's"
 """How a mode or k left to the pair (models.yaml) is shown."""
@@ -58,7 +59,8 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
             scope = f"“{self.conversation_title}”" if self.conversation_title else "new chats"
             yield Label(Text(f"Settings for {scope}"), classes="title")  # a title is words, not markup
             yield Label("System prompt")
-            yield TextArea(self.settings.system_prompt, id="system_prompt", soft_wrap=True)
+            # a LongTextArea leaves out what a terminal would act on (an imported chat's prompt may hold an escape)
+            yield LongTextArea(self.settings.system_prompt, id="system_prompt", soft_wrap=True)
             with Grid(classes="fields"):
                 yield Label("Speculation mode")
                 yield Select([(m, m) for m in MODES], value=self.settings.mode or Select.NULL, prompt=PAIRS,
