@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import unicodedata
@@ -215,6 +216,49 @@ def test_generate_reading_its_prompt_from_a_pipe_says_nothing_of_it(engine, monk
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
     assert cli.main(["generate", "--template", "chatml"]) == 0
     assert "Ctrl+D" not in capsys.readouterr().err
+
+
+class Stoppable(FakeEngine):
+    """Ends the reply being generated when interrupt() is called (from any thread), as the engine does."""
+
+    def _generate(self, prompt_tokens, params):
+        before = self.interrupts
+        for chunk in super()._generate(prompt_tokens, params):
+            if self.interrupts > before:
+                chunk.stats.stop_reason = "cancelled"
+                return
+            yield chunk
+
+
+class CtrlCAfter(io.StringIO):
+    """A terminal where Ctrl+C is pressed once, after `n` characters of output."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def write(self, text: str) -> int:
+        if self.n is not None and self.tell() + len(text) > self.n:
+            self.n = None
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().write(text)
+
+
+def test_ctrl_c_in_a_terminal_chat_stops_the_reply_and_the_chat_goes_on(monkeypatch, home, capsys):
+    """As in llama-cli and ollama run: Ctrl+C mid-reply ended `edgespec chat` altogether."""
+    from edgespec.chat import ConversationStore
+
+    fake = Stoppable(reply=lambda prompt: "0123456789" * 30, delay_s=0.002)
+    load_with(monkeypatch, lambda args, progress=None: fake)
+    monkeypatch.setattr(sys, "stdin", Terminal("first\nsecond\n"))
+    monkeypatch.setattr(sys, "stdout", CtrlCAfter(20))
+    assert cli.main(["chat", "--new", "--template", "chatml"]) == 0
+    out, err = sys.stdout.getvalue(), capsys.readouterr().err
+    assert len(fake.prompts) == 2 and fake.interrupts == 1 and "stopped" in err
+    assert out.count("0123456789" * 30) == 1  # the second reply, whole
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with ConversationStore() as store:
+        assert [m.status for m in store.messages(1) if m.role == "assistant"] == ["stopped", "done"]
 
 
 # -- should-fix: chat's options ----------------------------------------------------------

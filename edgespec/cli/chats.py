@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
+import signal
 import sys
+import threading
 
 from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, decoded,
@@ -93,13 +96,17 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             session.keep_private(True)
         attach = list(args.file)
         sent = False
+        at_terminal = args.once is None and sys.stdin.isatty()
         for text in [args.once] if args.once is not None else _stdin_lines():
             sent, last = True, None
-            for last in session.send(text, attach):
-                sys.stdout.write(last.text)
-                sys.stdout.flush()
+            with _ctrl_c_stops_the_reply(engine, at_terminal) as stopped:
+                for last in session.send(text, attach):
+                    sys.stdout.write(last.text)
+                    sys.stdout.flush()
             print()
-            if last is not None and (args.stats or last.stats.dropped_messages):
+            if stopped and last is not None:
+                print(f"[stopped] {stderr_stats(last.stats)}", file=sys.stderr)
+            elif last is not None and (args.stats or last.stats.dropped_messages):
                 dropped = last.stats.dropped_messages
                 left_out = f" (the {dropped} oldest messages were left out to fit the context)" if dropped else ""
                 print(stderr_stats(last.stats) + left_out, file=sys.stderr)
@@ -116,6 +123,32 @@ def _cmd_chat(args: argparse.Namespace) -> int:
                             "with --once")
     print(f"[conversation {session.conversation_id}]", file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops_the_reply(engine, at_terminal: bool):
+    """In a chat typed at a terminal, Ctrl+C during a reply stops that reply as the app's Esc
+    does (engine.interrupt(): the reply is kept, as stopped) and the chat goes on at its
+    prompt, as in llama-cli and ollama run; a second Ctrl+C before the reply has ended, or
+    one at the prompt, ends the chat. Yields a list that holds True once it was pressed."""
+    pressed: list[bool] = []
+    if not at_terminal or threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+
+    def stop(_signum, _frame) -> None:
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(True)
+        # On a thread of its own: this handler runs on the main thread, which may hold
+        # the engine's lock that interrupt() takes.
+        threading.Thread(target=engine.interrupt, daemon=True).start()
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _stored_template(stored: dict, cid: int | None) -> str | None:
