@@ -261,6 +261,22 @@ def test_ctrl_c_in_a_terminal_chat_stops_the_reply_and_the_chat_goes_on(monkeypa
         assert [m.status for m in store.messages(1) if m.role == "assistant"] == ["stopped", "done"]
 
 
+def test_a_message_too_long_in_a_terminal_chat_is_said_and_the_chat_goes_on(engine, monkeypatch, capsys):
+    """A paste too long for the context ended `edgespec chat` and unloaded the models."""
+    engine.n_ctx = 256
+    monkeypatch.setattr(sys, "stdin", Terminal("x" * 1000 + "\nsecond\n"))
+    assert cli.main(["chat", "--new", "--template", "chatml"]) == 0
+    out, err = capsys.readouterr()
+    assert "does not fit" in err and "second" in out and len(engine.prompts) == 1
+
+
+def test_a_message_too_long_on_piped_stdin_still_ends_the_chat_with_an_error(engine, monkeypatch, capsys):
+    engine.n_ctx = 256
+    monkeypatch.setattr(sys, "stdin", io.StringIO("x" * 1000 + "\nsecond\n"))
+    assert cli.main(["chat", "--new", "--template", "chatml"]) == cli.EXIT_ERROR
+    assert "does not fit" in capsys.readouterr().err and not engine.prompts
+
+
 # -- should-fix: chat's options ----------------------------------------------------------
 
 def test_chat_refuses_an_empty_message_before_the_models_load(no_load, capsys):

@@ -17,7 +17,7 @@ from edgespec import __version__
 from edgespec.cli import caches, chats, files, generate, models, serve, worker
 from edgespec.cli.options import (add_cache_options, add_load_options, add_model_names, add_no_draft,
                                   add_rpc_options, load_settings_from_args)
-from edgespec.cli.output import quiet_stdout
+from edgespec.cli.output import error, quiet_stdout
 from edgespec.errors import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, EdgespecError
 
 
@@ -33,14 +33,14 @@ def main(argv: list[str] | None = None) -> int:
         quiet_stdout()
         return EXIT_BROKEN_PIPE
     except (EdgespecError, ValueError) as e:
-        print(f"edgespec: error: {e}", file=sys.stderr)
+        error(str(e))
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("\nedgespec: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as e:  # what is not wrapped in an EdgespecError: writing the output (a full disk, /dev/full)
         quiet_stdout()
-        print(f"edgespec: error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
+        error(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
         return EXIT_ERROR
 
 

@@ -14,8 +14,8 @@ from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, decoded,
                                   engine_from_args, model_text, open_store, params_from_args)
 from edgespec.cli.files import add_file_options, workspace_from_args
-from edgespec.cli.output import stderr_stats, note, print_table
-from edgespec.errors import EdgespecError
+from edgespec.cli.output import error, stderr_stats, note, print_table
+from edgespec.errors import ContextFullError, EdgespecError
 
 
 def add_parsers(sub) -> None:
@@ -99,10 +99,16 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         at_terminal = args.once is None and sys.stdin.isatty()
         for text in [args.once] if args.once is not None else _stdin_lines():
             sent, last = True, None
-            with _ctrl_c_stops_the_reply(engine, at_terminal) as stopped:
-                for last in session.send(text, attach):
-                    sys.stdout.write(last.text)
-                    sys.stdout.flush()
+            try:
+                with _ctrl_c_stops_the_reply(engine, at_terminal) as stopped:
+                    for last in session.send(text, attach):
+                        sys.stdout.write(last.text)
+                        sys.stdout.flush()
+            except ContextFullError as e:  # nothing was sent: at a terminal, the next message may fit
+                if not at_terminal:
+                    raise
+                error(str(e))
+                continue
             print()
             if stopped and last is not None:
                 print(f"[stopped] {stderr_stats(last.stats)}", file=sys.stderr)
@@ -121,7 +127,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     if not sent:
         raise EdgespecError("stdin held no message, so nothing was sent: type messages one per line, or pass one "
                             "with --once")
-    print(f"[conversation {session.conversation_id}]", file=sys.stderr)
+    if session.conversation_id is not None:
+        print(f"[conversation {session.conversation_id}]", file=sys.stderr)
     return 0
 
 

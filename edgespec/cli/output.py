@@ -11,6 +11,10 @@ def note(text: str) -> None:
     print(f"edgespec: note: {text}", file=sys.stderr)
 
 
+def error(text: str) -> None:
+    print(f"edgespec: error: {text}", file=sys.stderr)
+
+
 def quiet_stdout() -> None:
     """Once stdout's reader has gone: point stdout at /dev/null, so that what is still
     buffered, and Python's flush at exit, do not fail again with a traceback."""
