@@ -277,6 +277,20 @@ def test_a_message_too_long_on_piped_stdin_still_ends_the_chat_with_an_error(eng
     assert "does not fit" in capsys.readouterr().err and not engine.prompts
 
 
+@pytest.mark.parametrize("stream", ["stdin", "stderr"])
+def test_the_app_without_a_terminal_says_so_instead_of_drawing_into_a_pipe(home, monkeypatch, capsys, stream):
+    """`edgespec < /dev/null > log` in a script drew the app's escapes to stderr and waited for keys forever."""
+    import edgespec.tui.app as app
+
+    monkeypatch.setattr(app, "EdgespecApp", None)  # drawn at all: a TypeError
+    monkeypatch.setattr(sys, "stdin", Terminal("") if stream == "stderr" else io.StringIO(""))
+    if stream == "stdin":
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert cli.main([]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert f"{stream} is not a terminal" in err and "edgespec generate" in err
+
+
 # -- should-fix: chat's options ----------------------------------------------------------
 
 def test_chat_refuses_an_empty_message_before_the_models_load(no_load, capsys):

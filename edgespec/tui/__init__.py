@@ -11,9 +11,18 @@ def run_app(*, pair: str | None = None, target: str | None = None, draft: str | 
     `cache`: the engine's CacheSettings (default: edgespec.load.kv_cache());
     `load`: the command line's LoadSettings: those it gives replace the default settings' for this run;
     `root`: the project folder files are attached from (default: the current folder)."""
+    import sys
+
+    from edgespec.errors import EdgespecError
     from edgespec.tui.app import EdgespecApp
     from edgespec.tui.library import ModelChoice
 
+    # Textual reads keys from stdin and draws on stderr: without a terminal there, the app
+    # draws into a pipe or a file and waits for keys that never come.
+    for name in ("stdin", "stderr"):
+        if not getattr(sys, name).isatty():
+            raise EdgespecError(f"the chat app needs a terminal, and {name} is not a terminal: in scripts, "
+                                "use `edgespec generate` or `edgespec chat` (see --help)")
     if target:
         choice = ModelChoice(target=target, draft=draft, no_draft=no_draft)
     else:
