@@ -261,6 +261,42 @@ def test_ctrl_c_in_a_terminal_chat_stops_the_reply_and_the_chat_goes_on(monkeypa
         assert [m.status for m in store.messages(1) if m.role == "assistant"] == ["stopped", "done"]
 
 
+def test_ctrl_c_in_a_terminal_chat_waiting_for_another_reply_gives_up_the_wait_at_once(engine, monkeypatch, capsys):
+    """The note says 'Ctrl+C gives up': it must, at the first press, with the chat going on."""
+    import threading
+
+    from edgespec.chat import ConversationStore
+    from edgespec.chat.reply_lock import reply_lock
+
+    assert cli.main(["chat", "--new", "--template", "chatml", "--once", "first"]) == 0
+    with ConversationStore() as store:
+        path = store.path
+    holding, done = threading.Event(), threading.Event()
+
+    def hold():
+        with reply_lock(path, 1):
+            holding.set()
+            done.wait(30)
+
+    def note(text):
+        if "waiting" in text:
+            os.kill(os.getpid(), signal.SIGINT)  # pressed while it waits
+
+    monkeypatch.setattr(chats, "note", note)
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(30)
+        monkeypatch.setattr(sys, "stdin", Terminal("second\n"))
+        assert cli.main(["chat", "--conversation", "1", "--template", "chatml"]) == 0
+    finally:
+        done.set()
+        holder.join(30)
+    assert "Stopped waiting" in capsys.readouterr().err
+    with ConversationStore() as store:
+        assert [m.content for m in store.messages(1) if m.role == "user"] == ["first"]
+
+
 def test_a_message_too_long_in_a_terminal_chat_is_said_and_the_chat_goes_on(engine, monkeypatch, capsys):
     """A paste too long for the context ended `edgespec chat` and unloaded the models."""
     engine.n_ctx = 256

@@ -11,6 +11,7 @@ import sys
 import threading
 
 from edgespec.cli.bars import stderr_progress
+from edgespec.chat.reply_lock import ReplyWaitStopped
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, decoded,
                                   engine_from_args, model_text, open_store, params_from_args)
 from edgespec.cli.files import add_file_options, workspace_from_args
@@ -88,8 +89,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     workspace = workspace_from_args(args, stored_root=root if root and Path(root).is_dir() else None)
     with engine_from_args(args, progress=stderr_progress()) as engine:
         name = Path(engine.describe().target.path).name
+        give_up = threading.Event()  # set by Ctrl+C at a terminal: stop waiting for another edgespec's reply
         session = ChatSession(engine, store=store, conversation_id=cid, system_prompt=args.system,
-                              params=params, template=template, model_name=name, workspace=workspace,
+                              params=params, template=template, model_name=name, workspace=workspace, stop=give_up,
                               on_wait=lambda: note("another edgespec is replying in this conversation; waiting for "
                                                    "its reply to finish (Ctrl+C gives up)"))
         if args.private:
@@ -100,17 +102,17 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         for text in [args.once] if args.once is not None else _stdin_lines():
             sent, last = True, None
             try:
-                with _ctrl_c_stops_the_reply(engine, at_terminal) as stopped:
+                with _ctrl_c_stops_the_reply(engine, give_up, at_terminal):
                     for last in session.send(text, attach):
                         sys.stdout.write(last.text)
                         sys.stdout.flush()
-            except ContextFullError as e:  # nothing was sent: at a terminal, the next message may fit
+            except (ContextFullError, ReplyWaitStopped) as e:  # nothing was sent: at a terminal, the chat goes on
                 if not at_terminal:
                     raise
                 error(str(e))
                 continue
             print()
-            if stopped and last is not None:
+            if last is not None and last.stats.stop_reason == "cancelled":
                 print(f"[stopped] {stderr_stats(last.stats)}", file=sys.stderr)
             elif last is not None and (args.stats or last.stats.dropped_messages):
                 dropped = last.stats.dropped_messages
@@ -133,27 +135,30 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _ctrl_c_stops_the_reply(engine, at_terminal: bool):
-    """In a chat typed at a terminal, Ctrl+C during a reply stops that reply as the app's Esc
-    does (engine.interrupt(): the reply is kept, as stopped) and the chat goes on at its
-    prompt, as in llama-cli and ollama run; a second Ctrl+C before the reply has ended, or
-    one at the prompt, ends the chat. Yields a list that holds True once it was pressed."""
-    pressed: list[bool] = []
+def _ctrl_c_stops_the_reply(engine, give_up: threading.Event, at_terminal: bool):
+    """In a chat typed at a terminal, Ctrl+C during a turn stops that reply as the app's Esc
+    does (engine.interrupt(): the reply is kept, as stopped), or gives up waiting for
+    another edgespec's reply in the conversation (`give_up`), and the chat goes on at its
+    prompt, as in llama-cli and ollama run; a second Ctrl+C in the same turn, or one at
+    the prompt, ends the chat."""
+    give_up.clear()
     if not at_terminal or threading.current_thread() is not threading.main_thread():
-        yield pressed
+        yield
         return
+    pressed: list[bool] = []
 
     def stop(_signum, _frame) -> None:
         if pressed:
             raise KeyboardInterrupt
         pressed.append(True)
+        give_up.set()
         # On a thread of its own: this handler runs on the main thread, which may hold
         # the engine's lock that interrupt() takes.
         threading.Thread(target=engine.interrupt, daemon=True).start()
 
     previous = signal.signal(signal.SIGINT, stop)
     try:
-        yield pressed
+        yield
     finally:
         signal.signal(signal.SIGINT, previous)
 
