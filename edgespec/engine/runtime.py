@@ -391,7 +391,8 @@ class Engine:
             return None
         key = cache_key(target=self._target.pool.key, draft=self._draft.pool.key if self._draft else None,
                         threads=self._target.settings.n_threads or os.cpu_count(), k_max=k_max,
-                        n_batch=self._target.ctx.n_batch, exact=self._target.exact)
+                        n_batch=self._target.ctx.n_batch, exact=self._target.exact,
+                        huge_pages=[bool(m.model.huge_pages) for m in (self._target, self._draft) if m])
         return folder / "costs" / f"{key}.json"
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerationParams, *,

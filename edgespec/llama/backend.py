@@ -86,12 +86,17 @@ _load_began = 0.0
 """When the load running now began (time.monotonic; loads run one at a time)."""
 _loads_stopped = -1.0
 """When the loads running then were told to stop (stop_loads)."""
+_first_progress: Callable[[], None] | None = None
+"""Called at the load's first progress report, once its buffers are allocated and
+before its weights are read into them."""
 
 
-def load_began() -> None:
-    """A model load begins now (the loading thread calls it, under the load lock)."""
-    global _load_began
+def load_began(first_progress: Callable[[], None] | None = None) -> None:
+    """A model load begins now (the loading thread calls it, under the load lock);
+    `first_progress` runs at its first progress report and must not raise."""
+    global _load_began, _first_progress
     _load_began = time.monotonic()
+    _first_progress = first_progress
 
 
 def stop_loads() -> None:
@@ -109,6 +114,10 @@ def load_stopped() -> bool:
 def loading_progress(fraction: float) -> bool:
     """Whether llama.cpp goes on loading a model (`fraction` of it done): not once
     Ctrl+C was noted (sigint_noted), nor once told to stop (stop_loads)."""
+    global _first_progress
+    hook, _first_progress = _first_progress, None
+    if hook is not None:
+        hook()
     return not (_sigint_noted or load_stopped())
 
 

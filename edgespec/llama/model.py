@@ -13,6 +13,7 @@ from edgespec.errors import ModelFileError, ModelLoadError
 from edgespec.llama import rpc
 from edgespec.llama.backend import (backend_init, load_began, load_progress_callback, load_stopped, recent_errors,
                                     sigint_noted, take_layer_devices)
+from edgespec.llama.hugepages import NewMemory
 from edgespec.net import Split
 
 GGUF_MAGIC = b"GGUF"
@@ -76,9 +77,13 @@ class LlamaModel:
             keep = self._set_devices(params, split)  # noqa: F841 (the arrays must outlive the load)
         params.progress_callback = load_progress_callback
         with _load_lock, sigint_noted(here=self.guard is None) as interrupted:
-            load_began()
+            memory = NewMemory()
+            load_began(first_progress=memory.advise)
             take_layer_devices()
             self._model = self.call(llama_cpp.llama_model_load_from_file, str(self.path).encode(), params)
+            self.huge_pages = memory.collapse() if self._model else 0
+            """Bytes of the memory the load allocated that are in huge pages (hugepages.py):
+            0 where the weights are elsewhere (mmapped, on a GPU) or the system gave none."""
             self.layer_devices = take_layer_devices()
             """Which device each layer is on (layer n_layer is the output layer); {} if llama.cpp did not say."""
             if interrupted():
