@@ -140,15 +140,19 @@ def _read_stdin() -> str:
 
 def models_line(info) -> str:
     """Where each model runs, for the top of a benchmark: the layers a GPU (or a worker)
-    holds, as llama.cpp placed them, not as many as were asked for (a CPU build holds none)."""
+    holds, as llama.cpp placed them, not as many as were asked for (a CPU build holds none),
+    and how much of its memory is in huge pages (the system may have given none)."""
 
     def offloaded(m) -> int:
         if m.layers:
             return sum(run.layers for run in m.layers if run.device != "CPU")
         return m.n_gpu_layers if info.gpu_offload or info.workers else 0  # llama.cpp did not say where
 
+    def huge(m) -> str:
+        return f", {m.huge_pages_mib} MiB in huge pages" if m.huge_pages_mib else ""
+
     return "; ".join(f"{role} {Path(m.path).name} ({offloaded(m)}/{m.n_layer + 1} layers on GPU, "
-                     f"flash attention {m.flash_attn})" for role, m in info.models.items())
+                     f"flash attention {m.flash_attn}{huge(m)})" for role, m in info.models.items())
 
 
 def _add_bench(sub) -> None:

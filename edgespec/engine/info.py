@@ -33,6 +33,8 @@ class ModelInfo:
     """"on", "off" or "llama.cpp's choice"."""
     layers: tuple[LayerRun, ...]
     """In layer order."""
+    huge_pages_mib: int = 0
+    """Of the memory its load allocated, what is in huge pages (llama/hugepages.py)."""
 
 
 @dataclass(frozen=True)

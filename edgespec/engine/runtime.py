@@ -568,6 +568,7 @@ class Engine:
                     exact=m.exact,
                     flash_attn={True: "on", False: "off", None: "llama.cpp's choice"}[m.ctx.flash_attn],
                     layers=_placement(m.model),
+                    huge_pages_mib=m.model.huge_pages >> 20,
                 )
                 for role, m in models.items()
             },
