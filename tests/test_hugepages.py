@@ -45,8 +45,12 @@ def test_the_advice_covers_the_whole_huge_pages_inside_a_region():
 
 
 def _thp_enabled() -> bool:
+    """Transparent huge pages on for this machine and not turned off for this process
+    (prctl PR_SET_THP_DISABLE, as some service managers set)."""
     try:
-        return "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+        if "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text():
+            return False
+        return "THP_enabled:\t0" not in Path("/proc/self/status").read_text()
     except OSError:
         return False
 
