@@ -110,7 +110,8 @@ def into_closed_pipe(*argv: str, home) -> subprocess.CompletedProcess:
         os.close(write)
 
 
-@pytest.mark.parametrize("argv", [["paths"], ["chats"], ["--version"]])
+@pytest.mark.parametrize("argv", [["paths"], ["chats"], ["--version"], ["--help"], ["generate", "--help"],
+                                  ["models", "--help"]])
 def test_a_reader_that_goes_away_ends_the_command_quietly(home, argv):
     from edgespec.errors import EXIT_BROKEN_PIPE
 

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="edgespec",
         description="Chat with local GGUF models, made faster by lossless speculative decoding. "
         "With no command, opens the chat app.",
@@ -63,6 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     for family in (generate, models, chats, files, caches, serve, worker):
         family.add_parsers(sub)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' parsers are of its class too), except that help
+    written into a pipe whose reader went away raises there, so that main ends it quietly
+    with 141 as every output: argparse ignores the error, and the command ended with 0."""
+
+    def _print_message(self, message, file=None):
+        if message and file is sys.stdout:
+            file.write(message)
+            file.flush()  # a reader gone shows here, not in Python's flush at exit
+        else:  # usage errors go to stderr, where there is no one left to tell
+            super()._print_message(message, file)
 
 
 class _VersionAction(argparse.Action):
