@@ -407,6 +407,31 @@ def test_a_wrong_method_says_which_are_allowed_and_head_works_where_get_does():
         served.stop()
 
 
+def test_every_get_route_answers_head_as_get_does_without_a_body():
+    """HTTP's rule: HEAD answers as GET does, with no body (monitors and link checkers
+    send it); HEAD on /v1/models/{id} was a 405 while GET answered 200."""
+    app = create_app(FakeEngine, ServerSettings(model_id="fake"))
+    paths = [route.path.replace("{model_id}", "fake") for route in app.routes if "GET" in route.methods]
+    assert "/v1/models/fake" in paths
+    served = ServerThread(app)
+    try:
+        served.wait_ready(30)
+        for path in [*paths, "/v1/models/other"]:
+            get = urllib.request.Request(served.url + path, headers={"Authorization": f"Bearer {KEY}"})
+            head = urllib.request.Request(served.url + path, method="HEAD")
+            answers = []
+            for request in (get, head):
+                try:
+                    with urllib.request.urlopen(request, timeout=30) as response:
+                        answers.append((response.status, response.read()))
+                except urllib.error.HTTPError as e:
+                    answers.append((e.code, e.read()))
+            (get_status, get_body), (head_status, head_body) = answers
+            assert head_status == get_status and head_body == b"" and get_body, path
+    finally:
+        served.stop()
+
+
 @pytest.mark.parametrize("declared", [99_999_999_999, 100 * 1024 * 1024])
 def test_a_body_declared_too_large_is_refused_from_its_header_without_waiting_for_it(declared):
     served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))

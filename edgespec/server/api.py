@@ -45,6 +45,10 @@ DRAIN_BYTES = 64 * 1024 * 1024
 the 413 rather than a reset connection; past this the connection is closed."""
 OPEN_PATHS = frozenset({"/health"})
 """Paths served without the API key (a load balancer's or a script's liveness check)."""
+READ_METHODS = ["GET", "HEAD"]
+"""The methods of every route that reads: HEAD answers as GET does, without the body
+(HTTP's rule; monitors and link checkers send it). FastAPI's routes, unlike Starlette's,
+do not add HEAD to GET themselves."""
 PING_S = 15
 """Seconds between SSE keep-alive comments while a reply waits in the queue or runs."""
 STOP_GRACE_S = 1.0
@@ -136,7 +140,7 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
             raise ApiError(404, f"The model '{name}' does not exist here: this server serves '{settings.model_id}'.",
                            param="model", code="model_not_found")
 
-    @app.api_route("/health", methods=["GET", "HEAD"], responses={503: {"model": ErrorResponse}})
+    @app.api_route("/health", methods=READ_METHODS, responses={503: {"model": ErrorResponse}})
     async def health():
         """200 once the model is loaded and the server takes requests; 503 before,
         and after an RPC worker was lost until a request has loaded the model again."""
@@ -145,11 +149,11 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
             raise api_error(thread.lost)
         return {"status": "ok", "queued": thread.queued}
 
-    @app.api_route("/v1/models", methods=["GET", "HEAD"], response_model=ModelList)
+    @app.api_route("/v1/models", methods=READ_METHODS, response_model=ModelList)
     async def models():
         return ModelList(data=[_card(settings.model_id, started, thread)])
 
-    @app.get("/v1/models/{model_id}", response_model=ModelCard)
+    @app.api_route("/v1/models/{model_id}", methods=READ_METHODS, response_model=ModelCard)
     async def model(model_id: str):
         check_model(model_id)
         return _card(settings.model_id, started, thread)
