@@ -807,6 +807,18 @@ def test_origin_spans_and_helpers():
         "m · 412.0 MB / 1.1 GB · 23.5 MB/s · 30 s left"
 
 
+def test_a_code_block_is_copied_as_markdown_reads_it_in_lists_and_around_fences():
+    """A block in a list item is copied without the item's indentation (Python pasted with
+    it does not run), and a longer fence holds shorter ones: a reply that shows Markdown
+    with code in it (CommonMark's fenced code blocks)."""
+    listed = "1. Save it:\n\n   ```python\n   def f():\n       return 1\n   ```\n"
+    assert code_blocks(listed) == ["def f():\n    return 1"]
+    nested = "````markdown\n# Use\n```sh\nmake\n```\n````\nafter"
+    assert code_blocks(nested) == ["# Use\n```sh\nmake\n```"]
+    assert code_blocks("~~~~\n~~~\nx\n~~~~~") == ["~~~\nx"]
+    assert code_blocks("```\na\n``` not a fence\n```") == ["a\n``` not a fence"]
+
+
 def test_the_screen_spares_the_cpu_only_where_the_target_decodes_on_it():
     """On a CPU llama.cpp decodes on every core, so the screen keeps to its share
     of one; with every layer of the target on a local GPU it redraws at RENDER_HZ."""

@@ -8,6 +8,8 @@ token came from (accepted draft token or the target's own).
 
 from __future__ import annotations
 
+import re
+
 from rich.text import Text
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
@@ -26,18 +28,27 @@ def reply_stats(stats: Stats | None) -> str:
     return stats_line(stats)
 
 
+_FENCE = re.compile(r"^( *)(`{3,}(?=[^`]*$)|~{3,})")
+"""An opening code fence (CommonMark): its indentation, and its run of backticks (an
+info string holding none) or tildes."""
+
+
 def code_blocks(markdown: str) -> list[str]:
-    """The fenced code blocks of a Markdown text, in order, without their fences."""
-    blocks, current, fence = [], None, ""
+    """The fenced code blocks of a Markdown text, in order, without their fences. As
+    CommonMark reads them: a block closes at a run of its fence's character at least
+    as long (a ```` fence holds ``` ones), and its lines lose as much indentation as
+    its opening fence had (a block in a list item is copied as code, not indented)."""
+    blocks, current, fence, indent = [], None, "", 0
     for line in markdown.splitlines():
-        stripped = line.strip()
-        if current is None and stripped.startswith(("```", "~~~")):
-            fence, current = stripped[:3], []
-        elif current is not None and stripped.startswith(fence) and stripped.strip(fence[0]) == "":
+        if current is None:
+            opening = _FENCE.match(line)
+            if opening:
+                indent, fence, current = len(opening.group(1)), opening.group(2), []
+        elif line.strip().startswith(fence) and line.strip().strip(fence[0]) == "":
             blocks.append("\n".join(current))
             current = None
-        elif current is not None:
-            current.append(line)
+        else:
+            current.append(line[min(indent, len(line) - len(line.lstrip(" "))):])
     if current:
         blocks.append("\n".join(current))
     return blocks
