@@ -257,6 +257,9 @@ def test_a_body_json_cannot_read_says_why(body, words):
     ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
     ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("/v1/chat/completions", {"function_call": "auto"}, "function_call"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+     "tool_choice"),
+    ("/v1/chat/completions", {"functions": [{"name": "f"}], "tool_choice": "none"}, "functions"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/completions", {"echo": True}, "echo"),
     ("/v1/completions", {"suffix": "}"}, "suffix"),
@@ -273,6 +276,25 @@ def test_an_unsupported_feature_is_refused_naming_its_field(path, fields, param)
         status, answer = http("POST", served.url + path, json.dumps({**base, **fields, "max_tokens": 3}).encode())
         assert status == 400 and answer["error"]["param"] == param, answer
         assert "not supported" in answer["error"]["message"]
+    finally:
+        served.stop()
+
+
+@pytest.mark.parametrize("fields", [
+    {"tools": [{"type": "function", "function": {"name": "get_weather"}}], "tool_choice": "none"},
+    {"functions": [{"name": "get_weather"}], "function_call": "none"},
+])
+def test_tools_the_model_may_not_call_are_accepted_and_not_rendered(fields):
+    """With tool_choice "none" the model calls no tool and writes a message (OpenAI's
+    rule), which a server without tool calling can do: such a request was refused."""
+    engine = FakeEngine()
+    served = ServerThread(create_app(lambda: engine, ServerSettings(model_id="fake", template="chatml")))
+    try:
+        served.wait_ready(30)
+        status, answer = http("POST", served.url + "/v1/chat/completions",
+                              json.dumps({"messages": QUESTION, **fields, "max_tokens": 3}).encode())
+        assert status == 200, answer
+        assert "get_weather" not in engine.detokenize(engine.prompts[-1])
     finally:
         served.stop()
 

@@ -161,15 +161,20 @@ class _Generation(_Body):
         return tuple(s for s in stop if s)
 
 
+TOOL_CHOICES = {"tools": "tool_choice", "functions": "function_call"}
+"""Each way of offering tools, and the field that says whether the model may call them
+(`functions` and `function_call` are OpenAI's older names)."""
+
+
 class ChatCompletionRequest(_Generation):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = _limited("max_tokens")
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = None
-    tools: list[dict] | None = None
     tool_choice: StrictStr | dict | None = None
-    functions: list[dict] | None = None
     function_call: StrictStr | dict | None = None
+    tools: list[dict] | None = None  # after their choices, which their validator reads
+    functions: list[dict] | None = None
     response_format: dict | None = None
 
     # Each refusal is a field's own validator, so that the error's `param` names the field.
@@ -183,7 +188,9 @@ class ChatCompletionRequest(_Generation):
     @field_validator("tools", "functions")
     @classmethod
     def _no_tools(cls, value, info):
-        if value:
+        # With the choice "none" the model calls no tool and writes a message (OpenAI's rule),
+        # which needs no tool calling: the tools are then accepted, and not rendered.
+        if value and info.data.get(TOOL_CHOICES[info.field_name]) != "none":
             raise _unsupported(f"'{info.field_name}'", "this server does not call tools")
         return value
 
