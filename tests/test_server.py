@@ -602,6 +602,39 @@ def completion_body(**fields) -> bytes:
     return json.dumps({"prompt": "hi", "max_tokens": 5, **fields}).encode()
 
 
+@pytest.mark.parametrize("prompt", [[104, 105], [[104, 105]], ["hi"]])
+def test_a_prompt_may_be_token_ids_or_a_list_of_one_prompt(prompt):
+    """OpenAI's API takes a prompt as a text, token ids, or a list of either: a list
+    holding one list of ids was refused ("prompt.0: Input should be a valid string")."""
+    engine = FakeEngine()
+    served = ServerThread(create_app(lambda: engine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        status, answer = http("POST", served.url + "/v1/completions", completion_body(prompt=prompt, max_tokens=2))
+        assert status == 200, answer
+        assert engine.prompts[-1][-2:] == [104, 105]
+    finally:
+        served.stop()
+
+
+@pytest.mark.parametrize("prompt, param, words", [
+    ([[104], [105]], "prompt", "2 prompts"),
+    (["hi", "ho"], "prompt", "2 prompts"),
+    ([[]], "prompt", "empty"),
+    ([1.5], "prompt.0", "integer"),
+    ([[104, "a"]], "prompt.1", "integer"),
+])
+def test_a_prompt_that_is_not_one_text_or_token_ids_says_what_it_is(prompt, param, words):
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        status, answer = http("POST", served.url + "/v1/completions", completion_body(prompt=prompt))
+        assert status == 400 and answer["error"]["param"] == param, answer
+        assert words in answer["error"]["message"]
+    finally:
+        served.stop()
+
+
 def test_an_idle_server_reads_the_conversation_with_its_last_reply_ahead_in_that_replys_mode():
     """An editor's or agent's next request comes seconds after a reply (a person reads it,
     a tool runs) and starts with the prompt and that reply: the server reads them into
@@ -778,10 +811,10 @@ def test_token_ids_outside_the_vocabulary_are_refused_and_never_kept(synth_targe
     served = ServerThread(create_app(lambda: engine, ServerSettings(model_id="synthetic")))
     try:
         served.wait_ready(30)
-        status, body = http("POST", served.url + "/v1/completions",
-                            completion_body(prompt=[1, FIRST_WORD, n_vocab], max_tokens=2))
-        assert status == 400 and body["error"]["param"] == "prompt", body
-        assert str(n_vocab) in body["error"]["message"]
+        for prompt in ([1, FIRST_WORD, n_vocab], [[1, FIRST_WORD, n_vocab]]):
+            status, body = http("POST", served.url + "/v1/completions", completion_body(prompt=prompt, max_tokens=2))
+            assert status == 400 and body["error"]["param"] == "prompt", body
+            assert str(n_vocab) in body["error"]["message"]
         status, body = http("POST", served.url + "/v1/completions",
                             completion_body(prompt=[1, FIRST_WORD, FIRST_WORD + 1], max_tokens=2))
         assert status == 200, body

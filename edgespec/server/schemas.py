@@ -214,7 +214,8 @@ class ChatCompletionRequest(_Generation):
 
 
 class CompletionRequest(_Generation):
-    prompt: Text | list[Text] | list[StrictInt]
+    prompt: Text | list[StrictInt]
+    """A text, or token ids; sent as a list of one of them (a batch of one), that one."""
     echo: StrictBool = False
     suffix: StrictStr | None = None
     logprobs: StrictInt | None = None
@@ -222,13 +223,19 @@ class CompletionRequest(_Generation):
 
     _null_echo = field_validator("echo", mode="before")(classmethod(_default_if_null))
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, prompt):
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        # OpenAI's API also takes a list of prompts, texts or lists of token ids.
+        if isinstance(prompt, list) and any(isinstance(p, (str, list)) for p in prompt):
             if len(prompt) != 1:
                 raise _unsupported(f"{len(prompt)} prompts", "one prompt per request")
             prompt = prompt[0]
+        return prompt
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, prompt):
         if not prompt:
             raise ValueError("the prompt is empty")
         return prompt
