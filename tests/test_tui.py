@@ -18,6 +18,7 @@ from edgespec.models.progress import Progress
 from edgespec.tui import origin
 from edgespec.tui.library import PullProgress
 from edgespec.tui.screens.model_library import ModelsScreen, describe_progress
+from edgespec.tui.screens.dialogs import TextPromptScreen
 from edgespec.tui.screens.settings import SettingsScreen
 from edgespec.tui.chat_settings import ChatSettings, load_defaults, save_defaults
 from edgespec.tui.stream import RENDER_HZ, RENDER_SHARE, RENDER_WAIT_MAX, redraw_share, redraw_wait
@@ -773,6 +774,29 @@ async def test_a_message_too_long_for_the_context_comes_back_to_the_prompt(store
         assert app.query_one(PromptInput).text.strip() == long.strip()
         stored = store.messages(app.chat.conversation_id)
         assert [m.content for m in stored if m.role != "system"] == ["Hello", "short reply"]
+
+
+async def test_an_edit_too_long_for_the_context_comes_back_to_its_editor(store):
+    """An edit refused before anything is stored opens again in the editor, as written,
+    to shorten and resend: it was said and thrown away."""
+    app = make_app(store, reply="short reply")
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Hello")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        await pilot.press("ctrl+g")
+        long = "x " * 5000
+        app.screen.query_one("#value").load_text(long)
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not app.chat.generating and any("does not fit" in n for n in app.notes))
+        await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen))
+        assert app.screen.query_one("#value").text == long.strip()
+        app.screen.query_one("#value").load_text("Hi")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not app.chat.generating and boxes(app)[0].content == "Hi")
+        assert [(b.role, b.content) for b in boxes(app)] == [("user", "Hi"), ("assistant", "short reply")]
+        stored = store.messages(app.chat.conversation_id)
+        assert [m.content for m in stored if m.role != "system"] == ["Hi", "short reply"]
 
 
 async def test_help_and_command_palette_list_the_actions(store):

@@ -418,13 +418,16 @@ class ChatScreen(Screen):
     async def _refused(self, event: Conversation.Refused) -> None:
         """A message refused before anything of it was stored (a file gone, too long for
         the context) goes back to the prompt, with its chips, for the user to fix and send
-        again; words typed meanwhile are kept after it. Refused because the chat is gone
-        (deleted by another edgespec, or by `edgespec` on the command line), it is left for
-        a new chat: staying, every message would be refused."""
+        again; words typed meanwhile are kept after it. An edit goes back to its editor. Refused
+        because the chat is gone (deleted by another edgespec, or by `edgespec` on the command
+        line), it is left for a new chat: staying, every message would be refused."""
         if self.conversation_id is not None and self._deleted(self.conversation_id):
             await self.open_conversation(None)
             self.notify("This chat was deleted (by another edgespec, or on the command line): your message "
                         "is back, to send in a new chat.", title="Chat deleted", severity="warning", timeout=10)
+        elif event.edited is not None:
+            self._edit(event.edited, event.text)
+            return
         prompt = self.query_one(PromptInput)
         prompt.load_text(f"{event.text}\n{prompt.text}" if prompt.text else event.text)
         prompt.move_cursor(prompt.document.end)
@@ -521,15 +524,16 @@ class ChatScreen(Screen):
             return
         if not self._ready_to_generate():
             return
-        index = self.log_view.session_index(self.session, box)
+        self._edit(self.log_view.session_index(self.session, box), box.content)
 
-        async def done(text: str | None) -> None:
-            if text:
+    def _edit(self, index: int, text: str) -> None:
+        """Open `text` in the editor, to resend as the user message at `index` in the session."""
+        async def done(new: str | None) -> None:
+            if new:
                 self._start_reply()
-                await self.log_view.resend(self.session, box, index, text)
+                await self.log_view.resend(self.session, index, new)
 
-        self.app.push_screen(TextPromptScreen("Edit and resend (ctrl+s)", box.content, multiline=True,
-                                              ok="Resend"), done)
+        self.app.push_screen(TextPromptScreen("Edit and resend (ctrl+s)", text, multiline=True, ok="Resend"), done)
 
     # -- clipboard, view ---------------------------------------------------------------
     def action_copy_reply(self) -> None:

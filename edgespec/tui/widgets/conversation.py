@@ -59,6 +59,8 @@ class Conversation(VerticalScroll):
 
         text: str
         files: list[str]
+        edited: int | None = None
+        """Where in the session the user message is that `text` was to replace (None: a new message)."""
 
     @dataclass
     class _Decoded(Message, bubble=False):
@@ -170,15 +172,24 @@ class Conversation(VerticalScroll):
         ordinal = [b for b in self.boxes if b.role == "user"].index(box)
         return [i for i, m in enumerate(session.messages) if m.role == "user"][ordinal]
 
-    async def resend(self, session, box: MessageBox, index: int, text: str) -> None:
-        """Replace the user's message `box` (at `index` in the session) and all after it by
+    def user_box(self, session, index: int) -> MessageBox:
+        """The box of the user's message at `index` in `session.messages` (session_index's inverse)."""
+        ordinal = sum(m.role == "user" for m in session.messages[:index])
+        return [b for b in self.boxes if b.role == "user"][ordinal]
+
+    async def resend(self, session, index: int, text: str) -> None:
+        """Replace the user's message at `index` in the session, and all after it, by
         `text`, and reply; the message keeps its files."""
-        boxes = self.boxes
+        box, boxes = self.user_box(session, index), self.boxes
         for later in boxes[boxes.index(box):]:
             await later.remove()
         await self.mount(MessageBox("user", text, attachments=box.attachments))
-        await self._reply(session, lambda: session.edit(index, text),
-                          lambda error: self.notify(error, title="Not resent", severity="error", timeout=10))
+
+        def refused(error: str) -> None:
+            self.notify(error, title="Not resent", severity="error", timeout=10)
+            self.post_message(self.Refused(text, [], edited=index))
+
+        await self._reply(session, lambda: session.edit(index, text), refused)
 
     def stop(self) -> None:
         """Stop the reply now, also mid-batch of a long prompt (Engine.interrupt); the reply is kept."""
