@@ -449,3 +449,31 @@ def test_the_settled_words_are_those_before_the_word_being_written():
     assert settled_words("line one\nline two x") == "line one\nline two"
     assert settled_words("Hello") == settled_words("") == settled_words("   ") == ""
     assert settled_words("See " + "x" * 100_000) == "See"  # a pasted blob: one long word
+
+
+# -- names a line cannot hold ---------------------------------------------------------------
+
+ODD = "odd\nname.py"
+"""A file name with a newline: shown as it is, its path line would be two, the second naming name.py."""
+
+
+def test_a_name_with_a_control_character_is_shown_to_the_model_quoted_on_one_line(store, project):
+    (project / ODD).write_text(APP)
+    engine = FakeEngine(reply=lambda p: "ok")
+    list(_session(engine, store, project).send("Rename name to person", [ODD]))
+    lines = _prompt(engine).splitlines()
+    assert '"odd\\nname.py"' in lines and "name.py" not in lines
+    assert lines[lines.index('"odd\\nname.py"') + 1] == "```python"
+
+
+def test_a_reply_naming_the_quoted_name_edits_that_file_and_its_diff_headers_are_one_line_each(
+        home, project, monkeypatch, capsys):
+    (project / ODD).write_text(APP)
+    (project / "name.py").write_text(APP)  # what the second half of the name would reach
+    _load(monkeypatch, FakeEngine(reply=lambda p: _whole('"odd\\nname.py"', RENAMED)))
+    argv = ["generate", "--template", "chatml", "--root", str(project), "--file", ODD, "--file", "name.py",
+            "--apply", "--yes", "Rename name"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert '--- "a/odd\\nname.py"\n+++ "b/odd\\nname.py"\n' in out
+    assert (project / ODD).read_text() == RENAMED and (project / "name.py").read_text() == APP

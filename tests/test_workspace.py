@@ -757,3 +757,10 @@ def test_a_path_the_caller_says_is_an_attached_file_on_disk_edits_it():
         assert (edit.path, edit.new_text, edit.new) == ("src/real.py", new, False), reply
     [edit] = parse_edits(f"link.py\n```\n{new}```\n", files, same_file={"link.py": "elsewhere.py"}.get)
     assert (edit.path, edit.new) == ("link.py", True)
+
+
+def test_a_diff_with_git_quoted_headers_edits_the_file_whose_name_holds_a_newline():
+    files = {"odd\nname.py": "a = 1\n", "name.py": "a = 1\n"}
+    reply = '```diff\n--- "a/odd\\nname.py"\n+++ "b/odd\\nname.py"\n@@ -1 +1 @@\n-a = 1\n+a = 2\n```\n'
+    assert parse_edits(reply, files) == [FileEdit("odd\nname.py", "a = 2\n", "diff")]
+    assert unified_diff("odd\nname.py", "a = 1\n", "a = 2\n").startswith('--- "a/odd\\nname.py"\n+++ "b/odd\\nname.py"\n@@')

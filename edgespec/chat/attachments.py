@@ -26,7 +26,7 @@ from typing import Iterable, Mapping, Sequence
 from edgespec.errors import ContextFullError, FileAccessError, StaleFileError
 from edgespec.workspace.apply import Applied, apply_all, undo
 from edgespec.workspace.edits import EDIT_INSTRUCTIONS, FileEdit, parse_edits, unified_diff
-from edgespec.workspace.root import FileText, Workspace, fence_for, language_for
+from edgespec.workspace.root import FileText, Workspace, fence_for, language_for, quoted_path
 
 ORIGINS = ("attached", "changed", "applied")
 MAX_ATTACHMENTS = 32
@@ -181,12 +181,13 @@ def _with_files(text: str, attachments: Sequence[Attachment], shown: Mapping[str
     `text`; and the files' spans in it, (start, end, label)."""
     content, spans = "", []
     for a in attachments:
+        name = quoted_path(a.path)  # one line, as the reply is asked to write it
         if shown.get(a.path) == a.sha256:
-            content += f"{a.path} (unchanged, as shown above)\n\n"
+            content += f"{name} (unchanged, as shown above)\n\n"
             continue
         fence = fence_for(a.content)
         body = a.content if a.content.endswith("\n") or not a.content else a.content + "\n"
-        head = a.path if a.origin != "changed" else f"{a.path} (changed on disk since; this is its current content)"
+        head = name if a.origin != "changed" else f"{name} (changed on disk since; this is its current content)"
         content += f"{head}\n{fence}{language_for(a.path)}\n"
         spans.append((len(content), len(content) + len(body), f"file:{a.path}"))
         content += f"{body}{fence}\n\n"

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from edgespec.errors import EditError
-from edgespec.workspace.root import language_for
+from edgespec.workspace.root import language_for, quoted_path
 
 WHOLE, DIFF, REPLACE = "whole", "diff", "replace"
 
@@ -98,7 +98,7 @@ def parse_edits(reply: str, files: Mapping[str, str], *,
 def unified_diff(path: str, old: str, new: str) -> str:
     """A unified diff from `old` to `new` (a/path, b/path headers, 3 lines of context); "" when equal."""
     lines = difflib.unified_diff(
-        _with_ends(old), _with_ends(new), fromfile=f"a/{path}", tofile=f"b/{path}", n=3
+        _with_ends(old), _with_ends(new), fromfile=quoted_path(f"a/{path}"), tofile=quoted_path(f"b/{path}"), n=3
     )
     out = []
     for line in lines:
@@ -512,7 +512,12 @@ def _match(path: str, files: Mapping[str, str], *, diff: bool = False) -> tuple[
     """The attached path a reply's path means, and True; or the path as a new one, and False.
 
     Accepts ./ and a/ b/ prefixes (diffs), an absolute or longer path ending with the
-    attached one, and a bare name when exactly one attached file has it."""
+    attached one, a bare name when exactly one attached file has it, and an attached path
+    as quoted_path spells it (the path line's or header's quotes already removed)."""
+    spelled = path[2:] if diff and path.startswith(("a/", "b/")) else path
+    quoted = {quoted_path(key).strip('"'): key for key in files if quoted_path(key) != key}
+    if spelled in quoted or path in quoted:
+        return quoted.get(spelled, quoted.get(path)), True
     candidate = posixpath.normpath(path.replace("\\", "/"))
     options = [candidate]
     if diff and candidate.startswith(("a/", "b/")):

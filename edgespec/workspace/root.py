@@ -12,6 +12,7 @@ import codecs
 import hashlib
 import os
 import stat
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -211,6 +212,24 @@ def language_for(path: str) -> str:
         return _LANGUAGES_BY_NAME[name]
     _, dot, extension = name.rpartition(".")
     return _LANGUAGES.get(extension, "") if dot else ""
+
+
+def quoted_path(path: str) -> str:
+    """`path` as one line of text shows it (to the model, in a diff's headers): as it is, or,
+    where it holds a control character (a newline would make it two lines, the second a path
+    of its own) or starts with a double quote, in double quotes with C escapes, as git quotes
+    such names. Unambiguous: a name shown in quotes never stands as it is."""
+    if not path.startswith('"') and not any(map(_control, path)):
+        return path
+    return '"' + "".join(_ESCAPES.get(ch) or (f"\\x{ord(ch):02x}" if _control(ch) else ch) for ch in path) + '"'
+
+
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+"""quoted_path's escapes by name; the other control characters (all below U+00A0) are \\xNN."""
+
+
+def _control(ch: str) -> bool:
+    return unicodedata.category(ch) == "Cc"
 
 
 def fence_for(text: str) -> str:
