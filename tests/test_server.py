@@ -517,6 +517,41 @@ def test_request_headers_just_under_the_limit_are_served():
         served.stop()
 
 
+@pytest.mark.parametrize("sent", [b"", b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"])
+def test_a_request_head_that_does_not_come_whole_in_time_has_its_connection_closed(monkeypatch, sent):
+    """A client that sends its head a byte at a time (slowloris), or nothing at all, held
+    its connection forever: uvicorn times out only a connection idle after a response."""
+    from edgespec.server import listen
+
+    monkeypatch.setattr(listen, "HEAD_TIMEOUT_S", 0.5)
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        with socket.create_connection(("127.0.0.1", served.sock.getsockname()[1]), timeout=30) as connection:
+            connection.sendall(sent)
+            try:
+                for _ in range(300):  # a header byte every 0.1 s, for 60 times the time allowed
+                    connection.sendall(b"X")
+                    time.sleep(0.1)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            try:
+                answer = connection.recv(65536)
+            except ConnectionResetError:
+                answer = b""
+        assert answer == b""
+        with socket.create_connection(("127.0.0.1", served.sock.getsockname()[1]), timeout=30) as connection:
+            connection.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")  # a whole head, then a slow reader
+            time.sleep(1)
+            connection.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        assert answer.count(b"HTTP/1.1 200") == 2, answer[:300]
+    finally:
+        served.stop()
+
+
 def test_a_model_that_fails_to_load_stops_the_server_with_its_error():
     def load():
         raise ModelFileError("no such model file: x.gguf")

@@ -129,6 +129,12 @@ def _server_class():
 HEAD_BYTES = 64 * 1024
 """Largest request line and headers; past it a 431 (a 1 MB Authorization header
 was answered with a reset connection)."""
+HEAD_TIMEOUT_S = 30
+"""How long a client has to send a whole request head, from its connection or from
+the head's first byte; then the connection is closed. A client sending a header byte
+a second (slowloris), or nothing, held a connection forever: uvicorn times out only a
+connection idle after a response (timeout_keep_alive). 30 s is far more than any
+client on a working network needs."""
 HEAD_DRAIN_BYTES = 4 * 1024 * 1024
 """How much more of an over-long head is read (and dropped) after the 431, so that
 the client, still sending, reads the answer instead of a reset."""
@@ -161,6 +167,16 @@ def http_protocol():
 
     class Protocol(H11Protocol):
         _dropping: int | None = None
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._time_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             if self._dropping is not None:
@@ -171,6 +187,17 @@ def http_protocol():
                 self._refuse_head()
             else:
                 super().data_received(data)
+                self._time_head()
+
+        def _time_head(self) -> None:
+            """HEAD_TIMEOUT_S runs while a head is awaited and ends once it is whole
+            (h11 has read the request line and headers: the client's state leaves IDLE)."""
+            if self.conn.their_state is not h11.IDLE:
+                if self._head_timer is not None:
+                    self._head_timer.cancel()
+                    self._head_timer = None
+            elif self._head_timer is None:
+                self._head_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self.transport.close)
 
         def send_400_response(self, msg: str) -> None:
             if len(self.conn.trailing_data[0]) <= HEAD_BYTES:
