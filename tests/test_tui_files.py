@@ -2,6 +2,9 @@
 by the picker and by pasting a path; remove a chip; the reply's diff; apply and
 undo byte for byte; a file changed on disk is refused; reopening shows them."""
 
+import asyncio
+import threading
+
 import pytest
 from textual.widgets import OptionList
 
@@ -10,8 +13,9 @@ from edgespec.tui.screens.diff import DiffScreen
 from edgespec.tui.screens.picker import FilePickerScreen, ProjectTree
 from edgespec.tui.widgets.chips import AttachmentBar, ChipView
 from edgespec.tui.widgets.prompt_input import PromptInput
+from edgespec.tui.widgets.conversation import Conversation
 from tests.app_helpers import boxes, make_app, send, wait_for
-from tests.fakes import SlowDraftReader, SlowReader
+from tests.fakes import SlowDraftReader, SlowReader, SpecFakeEngine
 
 APP = "def greet(name):\n    print('hi', name)\n"
 RENAMED = "def greet(person):\n    print('hi', person)\n"
@@ -751,3 +755,41 @@ async def test_a_system_prompt_holding_a_terminal_escape_is_edited_without_it(st
         await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
         await pilot.pause()
         assert _shown_not_acted_on(app)
+
+
+async def test_a_message_sent_as_a_chat_opens_and_reloads_the_models_stays_in_the_prompt(store, project,
+                                                                                           monkeypatch):
+    """A chat whose settings want the models loaded again, opened while a message is
+    sent: the message is not sent (the models load) and stays in the prompt, files and
+    all, to send once they are ready. It was taken out of the prompt and dropped."""
+    other = store.create(title="Long files")
+    store.save_settings(other, {"n_ctx": 16384})
+    loaded = threading.Event()
+
+    def load(choice, settings, progress):
+        if settings.load.n_ctx:
+            loaded.wait(10)
+        return SpecFakeEngine(reply=lambda prompt: "ok")
+
+    show = Conversation.show
+
+    async def slow_show(self, messages):  # a long chat: its view takes a while to fill
+        await asyncio.sleep(0.3)
+        await show(self, messages)
+
+    monkeypatch.setattr(Conversation, "show", slow_show)
+    app = make_app(store, load=load, root=project)
+    async with app.run_test() as pilot:
+        prompt = await _focused_prompt(pilot)
+        app.chat._attach_file("notes.txt")
+        await wait_for(pilot, lambda: _chips(app) == ["notes.txt"])
+        prompt.load_text("Summarise the notes")
+        opening = asyncio.ensure_future(app.chat.open_conversation(other))
+        await asyncio.sleep(0)
+        await pilot.press("enter")  # while the view is filled
+        await opening
+        await wait_for(pilot, lambda: any("still loading" in n for n in app.notes))
+        await pilot.pause()
+        assert not boxes(app)
+        assert prompt.text == "Summarise the notes" and _chips(app) == ["notes.txt"]
+        loaded.set()

@@ -410,6 +410,7 @@ class ChatScreen(Screen):
         await bar.clear_chips()
         async with self._view:
             if not self._ready_to_generate():  # the conversation opened meanwhile may not be usable
+                await self._give_back(text, files)
                 return
             self._start_reply()
             await self.log_view.send(self.session, text, files)
@@ -428,12 +429,17 @@ class ChatScreen(Screen):
         elif event.edited is not None:
             self._edit(event.edited, event.text)
             return
+        await self._give_back(event.text, event.files)
+
+    async def _give_back(self, text: str, files: list[str]) -> None:
+        """Put a message that was not sent back in the prompt, before the words typed since,
+        with the chips it was sent with of `files`."""
         prompt = self.query_one(PromptInput)
-        prompt.load_text(f"{event.text}\n{prompt.text}" if prompt.text else event.text)
+        prompt.load_text(f"{text}\n{prompt.text}" if prompt.text else text)
         prompt.move_cursor(prompt.document.end)
         bar = self.query_one(AttachmentBar)
         for chip in self._sent_chips:
-            if chip.path in event.files:
+            if chip.path in files:
                 await bar.add(chip)
         self._sent_chips = []
         prompt.focus()
