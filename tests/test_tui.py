@@ -328,6 +328,26 @@ async def test_regenerate_and_edit(store):
             ["better question", "edited answer"]
 
 
+async def test_regenerate_on_an_earlier_reply_says_so_and_keeps_the_last(store):
+    """Ctrl+R with an earlier reply focused regenerates nothing and says how to redo from
+    there: it regenerated the last reply, throwing away one the user had not pointed at."""
+    replies = iter(["first answer", "second answer", "never"])
+    app = make_app(store, load=lambda choice, settings, progress: SpecFakeEngine(reply=lambda p: next(replies)))
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "one")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        await send(pilot, "two")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 4)
+        boxes(app)[1].focus()
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert not app.chat.generating and any("ctrl+g" in n for n in app.notes)
+        assert [b.content for b in boxes(app)] == ["one", "first answer", "two", "second answer"]
+        assert [m.content for m in store.messages(app.chat.conversation_id) if m.role != "system"] == \
+            ["one", "first answer", "two", "second answer"]
+
+
 async def test_origin_view_colours_draft_tokens(store):
     app = make_app(store, reply="abcdefgh")
     async with app.run_test() as pilot:

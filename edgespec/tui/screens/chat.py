@@ -515,6 +515,12 @@ class ChatScreen(Screen):
 
     async def action_regenerate(self) -> None:
         """Generate the last reply again."""
+        log = self.log_view
+        if log.target_box("assistant", self.focused) is not log.target_box("assistant", None):
+            # an earlier reply focused: regenerating the last would throw away one not pointed at
+            self.notify("Only the last reply can be regenerated: ctrl+g on the message before this reply "
+                        "resends it, replacing the turns after it.")
+            return
         if not self._ready_to_generate():
             return
         self._start_reply()
