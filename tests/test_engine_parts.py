@@ -168,6 +168,58 @@ def test_many_stop_strings_cost_little_per_token():
     assert done.wait(10), "300 tokens took more than 10 s"
 
 
+class _Counted(str):
+    """A stop string that tallies the characters each look at it takes."""
+
+    looked = 0
+
+    def _tally(self, n):
+        _Counted.looked += n
+
+    def __getitem__(self, key):
+        out = str.__getitem__(self, key)
+        self._tally(len(out))
+        return out
+
+    def __iter__(self):
+        self._tally(len(self))
+        return str.__iter__(self)
+
+    def __eq__(self, other):
+        self._tally(len(other))
+        return str.__eq__(self, other)
+
+    def __lt__(self, other):
+        self._tally(len(other))
+        return str.__lt__(self, other)
+
+    def __gt__(self, other):
+        self._tally(len(other))
+        return str.__gt__(self, other)
+
+    def startswith(self, prefix, *args):
+        self._tally(len(prefix))
+        return str.startswith(self, prefix, *args)
+
+    __hash__ = str.__hash__
+
+
+def _stop_work(length):
+    """Characters of a stop string of `length` looked at while a reply twice as long
+    streams in one character a token, always the start of the stop string."""
+    _Counted.looked = 0
+    s = StopStrings([_Counted("a" * (length - 1) + "b")])
+    for i in range(2 * length):
+        assert s.feed("a") == ("" if i < length - 1 else "a", False)
+    return _Counted.looked
+
+
+def test_holding_back_a_possible_start_of_one_long_stop_string_costs_linear_work():
+    """Each token looked at the whole held-back tail (as long as the stop string):
+    a 10,000-character stop string cost 100 times what a 1,000-character one did."""
+    assert _stop_work(10_000) < 20 * _stop_work(1_000)
+
+
 def test_stop_strings_cut_the_text_and_hold_back_a_possible_start():
     s = StopStrings(["</end>"])
     assert s.feed("hello </e") == ("hello ", False)  # "</e" may begin "</end>": it waits
