@@ -5,9 +5,10 @@ also while the command line's modules are still being imported, ends the
 command with a message instead of a traceback."""
 
 import os
+import signal
 import sys
 
-from edgespec.errors import EXIT_INTERRUPTED  # stdlib only: nothing heavy
+from edgespec.errors import EXIT_INTERRUPTED, Terminated  # stdlib only: nothing heavy
 
 
 def main() -> int:
@@ -16,6 +17,8 @@ def main() -> int:
         from edgespec.cli import main as cli_main
 
         code = cli_main()
+    except Terminated as e:  # its cleanup has run: end by the signal, as a shell expects (143, 129)
+        return _end_by(e.args[0])
     except KeyboardInterrupt:  # one the command line did not catch: it came while it was being imported
         print("\nedgespec: interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED
@@ -27,6 +30,19 @@ def main() -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _end_by(signum: int) -> int:
+    """End the process by `signum`, its default action restored, with what is written flushed;
+    128 + signum where raising it did not end the process."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader gone, a terminal hung up: nothing left to tell
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)
+    return 128 + signum
 
 
 def _open_closed_streams() -> None:

@@ -51,6 +51,12 @@ EXIT_BROKEN_PIPE = 141
 ends there."""
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP came (`args[0]`, the signal's number): raised where the command was, to
+    unwind as Ctrl+C does (the models closed, saving what an exit saves), then the launcher ends by
+    that signal, as other programs end. Not an Exception: nothing that handles errors may keep it."""
+
+
 class EdgespecError(Exception):
     """Base class: the message is written for the user."""
 

@@ -298,6 +298,33 @@ def test_ctrl_c_in_a_terminal_chat_waiting_for_another_reply_gives_up_the_wait_a
         assert [m.content for m in store.messages(1) if m.role == "user"] == ["first"]
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_during_a_chat_reply_ends_it_as_other_programs_end_saving_what_an_exit_saves(home, tmp_path, sig):
+    """SIGTERM (and SIGHUP) unwind as Ctrl+C does: the engine closes, writing the lookup pool
+    (the drafter's memory of earlier text) and storing the reply as far as it went, and the
+    process then ends by the signal, as a shell reports other programs (143, 129)."""
+    from tests.synthetic import write_model
+
+    from edgespec.chat import ConversationStore
+
+    model = write_model(tmp_path / "long.gguf", seed=1, n_ctx_train=4096)  # room for a reply of seconds
+    argv = ["chat", "--new", "--target", str(model), "--no-draft", "--template", "chatml", "--ctx", "4096",
+            "--max-tokens", "3500", "--once", "hello"]
+    chat = subprocess.Popen([sys.executable, "-m", "edgespec", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "EDGESPEC_HOME": str(home)})
+    try:
+        assert chat.stdout.read(200)  # the reply has begun
+        chat.send_signal(sig)
+        _, err = chat.communicate(timeout=120)
+    finally:
+        chat.kill()
+    assert chat.returncode == -sig and b"Traceback" not in err, err.decode()
+    assert [p.stat().st_size > 0 for p in (home / "cache" / "pool").glob("*.pool")] == [True]
+    with ConversationStore() as store:
+        [reply] = [m for m in store.messages(1) if m.role == "assistant"]
+    assert reply.status in ("stopped", "interrupted") and len(reply.content) >= 200  # where the signal came
+
+
 def test_a_message_too_long_in_a_terminal_chat_is_said_and_the_chat_goes_on(engine, monkeypatch, capsys):
     """A paste too long for the context ended `edgespec chat` and unloaded the models."""
     engine.n_ctx = 256

@@ -4,7 +4,8 @@ The one place that turns errors into messages and exit codes: everything
 below raises EdgespecError (or ValueError for bad settings) with a message
 written for the user. With no command it opens the chat app; each family of
 commands is a module here (generate, models, chats, serve, worker) that adds
-its parsers, and options.py holds the options they share.
+its parsers, options.py holds the options they share, and signals.py how the commands
+that hold the models end on SIGTERM and SIGHUP.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from edgespec.cli.options import (add_model_options, add_sampling_options, add_t
                                   engine_from_args, model_text, open_store, params_from_args)
 from edgespec.cli.files import add_file_options, workspace_from_args
 from edgespec.cli.output import error, stderr_stats, note, print_table
+from edgespec.cli.signals import unwinding
 from edgespec.errors import ContextFullError, EdgespecError
 
 
@@ -87,7 +88,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     template = args.template or _stored_template(stored, cid)
     root = stored.get("root")
     workspace = workspace_from_args(args, stored_root=root if root and Path(root).is_dir() else None)
-    with engine_from_args(args, progress=stderr_progress()) as engine:
+    with engine_from_args(args, progress=stderr_progress()) as engine, unwinding():
         name = Path(engine.describe().target.path).name
         give_up = threading.Event()  # set by Ctrl+C at a terminal: stop waiting for another edgespec's reply
         session = ChatSession(engine, store=store, conversation_id=cid, system_prompt=args.system,

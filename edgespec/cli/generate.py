@@ -17,6 +17,7 @@ from edgespec.cli.options import (add_limited, add_model_options, add_sampling_o
                                   engine_from_args, model_text, params_from_args, positive)
 from edgespec.cli.files import add_file_options, apply_edits, workspace_from_args
 from edgespec.cli.output import stderr_stats, note
+from edgespec.cli.signals import unwinding
 from edgespec.engine.events import GenerationParams
 from edgespec.limits import BENCH_MAX_TOKENS
 from edgespec.errors import EXIT_INTERRUPTED, ContextFullError, EdgespecError
@@ -63,7 +64,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     workspace = workspace_from_args(args) if args.file else None
     messages = _messages(prompt, args.system, files.read_files(workspace, args.file)) if workspace else None
     params = params_from_args(args)
-    with engine_from_args(args, progress=stderr_progress()) as engine:
+    with engine_from_args(args, progress=stderr_progress()) as engine, unwinding():
         n_ctx = engine.n_ctx
         model = Path(engine.describe().target.path).name  # as a template's errors name it
         for text in (prompt, args.system or ""):
