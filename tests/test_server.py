@@ -552,6 +552,35 @@ def test_a_request_head_that_does_not_come_whole_in_time_has_its_connection_clos
         served.stop()
 
 
+def test_a_body_that_does_not_come_whole_in_time_gets_a_408_and_its_connection_closed(monkeypatch):
+    """A client that declares a body and sends it a byte at a time held its connection
+    (and the body read so far) forever."""
+    from edgespec.server import api
+
+    monkeypatch.setattr(api, "BODY_TIMEOUT_S", 0.5)
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        with socket.create_connection(("127.0.0.1", served.sock.getsockname()[1]), timeout=30) as connection:
+            connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: 1000\r\n\r\n{")
+            try:
+                for _ in range(300):  # a byte every 0.1 s, for 60 times the time allowed
+                    connection.sendall(b" ")
+                    time.sleep(0.1)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        status, _, rest = answer.partition(b"\r\n")
+        assert status.split()[1] == b"408", answer[:200]
+        assert json.loads(rest.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_timeout"
+        assert http("POST", served.url + "/v1/completions", completion_body(max_tokens=2))[0] == 200
+    finally:
+        served.stop()
+
+
 def test_a_model_that_fails_to_load_stops_the_server_with_its_error():
     def load():
         raise ModelFileError("no such model file: x.gguf")

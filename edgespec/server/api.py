@@ -43,6 +43,10 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 DRAIN_BYTES = 64 * 1024 * 1024
 """How much more of an over-long body is read (and dropped) so that the client sees
 the 413 rather than a reset connection; past this the connection is closed."""
+BODY_TIMEOUT_S = 60
+"""How long a request body has to come whole once its headers have (a 408 after): a
+client sending a byte a second held its connection forever. The largest body
+(MAX_BODY_BYTES) comes in 60 s at 0.6 Mbit/s; an editor's, a few KB, at once."""
 OPEN_PATHS = frozenset({"/health"})
 """Paths served without the API key (a load balancer's or a script's liveness check)."""
 READ_METHODS = ["GET", "HEAD"]
@@ -420,17 +424,14 @@ class _Guard:
         # (one that would be drained is read: its client, busy sending, then sees the 413, not a reset).
         if _declared_length(scope) > self.max_body + DRAIN_BYTES:
             return await self._too_large()(scope, receive, send)
-        parts, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size <= self.max_body:
-                parts.append(chunk)
-            if not message.get("more_body") or size > self.max_body + DRAIN_BYTES:
-                break
+        read = None
+        with anyio.move_on_after(BODY_TIMEOUT_S) as reading:
+            read = await self._read_body(receive)
+        if reading.cancelled_caught:
+            return await self._too_slow()(scope, receive, send)
+        if read is None:  # the client went away
+            return
+        parts, size = read
         if size > self.max_body:
             return await self._too_large()(scope, receive, send)
         if self.key_digest is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
@@ -451,6 +452,28 @@ class _Guard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _read_body(self, receive) -> tuple[list[bytes], int] | None:
+        """The body's parts up to the limit, and its whole size (past the limit, as far as
+        DRAIN_BYTES more); None if the client disconnects."""
+        parts, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size <= self.max_body:
+                parts.append(chunk)
+            if not message.get("more_body") or size > self.max_body + DRAIN_BYTES:
+                return parts, size
+
+    @staticmethod
+    def _too_slow():
+        response = ApiError(408, f"The request body did not come whole within {BODY_TIMEOUT_S} s.",
+                            code="request_timeout").response()
+        response.headers["connection"] = "close"  # the rest of the body is not read
+        return response
 
     def _too_large(self):
         return ApiError(413, f"The request body is over {self.max_body} bytes, this server's limit.",
