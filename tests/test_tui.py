@@ -668,6 +668,23 @@ async def test_download_progress_cancel_and_finish(store):
         await wait_for(pilot, lambda: app.choice.pair == "tiny-pair" and app.model_state == "ready")
 
 
+async def test_use_while_a_download_runs_keeps_the_download_and_says_so(store):
+    """`u` on an installed model while another is pulled says to cancel the download first,
+    as Esc does: it closed the library, which cancelled the download without a word."""
+    library = FakeLibrary(step_s=0.2)
+    app = make_app(store, library=library)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await pilot.press("ctrl+o")
+        screen = app.screen
+        await pilot.press("down", "down", "p")  # tiny-draft
+        await pilot.press("up", "u")  # tiny-target, installed
+        assert app.screen is screen and screen.pulling == "tiny-draft"
+        assert any("cancel it first" in n for n in app.notes)
+        await wait_for(pilot, lambda: screen.pulling is None, timeout=5)
+        assert library.installed["tiny-draft"]
+
+
 async def test_quitting_mid_download_cancels_it(store):
     library = FakeLibrary(step_s=0.2)
     app = make_app(store, library=library)

@@ -116,14 +116,18 @@ class ModelsScreen(Screen[ModelChoice | None]):
         return self.rows[table.cursor_row]
 
     def action_close(self) -> None:
+        if not self._downloading():
+            self.dismiss(None)
+
+    def _downloading(self) -> bool:
+        """Whether a download runs, which leaving the library would cancel (said)."""
         if self.pulling:
             self.notify("A download is running: cancel it first (c).", severity="warning")
-            return
-        self.dismiss(None)
+        return self.pulling is not None
 
     def action_use(self) -> None:
         row = self.selected()
-        if row is None:
+        if row is None or self._downloading():
             return
         if not row.installed:
             self.notify(f"{row.name} is not installed yet: pull it first (p).", severity="warning")
