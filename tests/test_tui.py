@@ -685,6 +685,23 @@ async def test_use_while_a_download_runs_keeps_the_download_and_says_so(store):
         assert library.installed["tiny-draft"]
 
 
+async def test_using_the_models_loaded_already_keeps_them(store):
+    """Use on the pair that is loaded says so and keeps it (its cache, its conversation
+    read): it unloaded and loaded the same models again, a minute on a CPU."""
+    library = FakeLibrary()
+    library.installed["tiny-draft"] = True
+    app = make_app(store, library=library)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await pilot.press("ctrl+o", "u")  # tiny-pair
+        await wait_for(pilot, lambda: app.choice.pair == "tiny-pair" and app.model_state == "ready")
+        assert len(app.engines) == 2
+        await pilot.press("ctrl+o", "u")
+        await pilot.pause()
+        assert len(app.engines) == 2 and not app.engines[1].closed and app.model_state == "ready"
+        assert any("loaded already" in n for n in app.notes)
+
+
 async def test_quitting_mid_download_cancels_it(store):
     library = FakeLibrary(step_s=0.2)
     app = make_app(store, library=library)

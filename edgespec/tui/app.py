@@ -342,6 +342,9 @@ class EdgespecApp(App):
         if self._chat.generating:
             self.notify("Stop the reply first (Esc), then switch models.", severity="warning")
             return
+        if choice == self.choice and self.models.state != "failed":  # loading them again only loses their cache
+            self.notify(f"{choice.label} is {'loaded' if self.models.state == 'ready' else 'being loaded'} already.")
+            return
         self.load_models(choice)
 
     def get_system_commands(self, screen) -> Iterable[SystemCommand]:
