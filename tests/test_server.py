@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client as http_client
 import json
+import re
 import socket
 import logging
 import threading
@@ -213,6 +214,20 @@ def test_a_request_names_the_served_model_by_its_name_or_its_target_file_not_the
             assert answer[0] == status, (name, answer)
         status, answer = http("POST", served.url + "/v1/completions", completion_body(n="two"))
         assert status == 400 and answer["error"]["message"].startswith("n: "), answer
+    finally:
+        served.stop()
+
+
+@pytest.mark.parametrize("name", ["org/other-model", "fake/x"])
+def test_a_model_name_with_a_slash_is_answered_as_a_model_not_served(name):
+    """Hub-style names ("org/model") are common: GET /v1/models/org/model answered
+    "Invalid URL ... the API is under /v1", which sends the client looking for a wrong base URL."""
+    served = ServerThread(create_app(FakeEngine, ServerSettings(model_id="fake")))
+    try:
+        served.wait_ready(30)
+        status, answer = http("GET", served.url + "/v1/models/" + name)
+        assert status == 404 and answer["error"]["code"] == "model_not_found", answer
+        assert http("GET", served.url + "/v1/models/fake")[0] == 200
     finally:
         served.stop()
 
@@ -433,7 +448,7 @@ def test_every_get_route_answers_head_as_get_does_without_a_body():
     """HTTP's rule: HEAD answers as GET does, with no body (monitors and link checkers
     send it); HEAD on /v1/models/{id} was a 405 while GET answered 200."""
     app = create_app(FakeEngine, ServerSettings(model_id="fake"))
-    paths = [route.path.replace("{model_id}", "fake") for route in app.routes if "GET" in route.methods]
+    paths = [re.sub(r"\{model_id.*\}", "fake", route.path) for route in app.routes if "GET" in route.methods]
     assert "/v1/models/fake" in paths
     served = ServerThread(app)
     try:

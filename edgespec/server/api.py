@@ -157,7 +157,8 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
     async def models():
         return ModelList(data=[_card(settings.model_id, started, thread)])
 
-    @app.api_route("/v1/models/{model_id}", methods=READ_METHODS, response_model=ModelCard)
+    # ":path": a hub-style name ("org/model") is a model's name too, answered as one not served
+    @app.api_route("/v1/models/{model_id:path}", methods=READ_METHODS, response_model=ModelCard)
     async def model(model_id: str):
         check_model(model_id)
         return _card(settings.model_id, started, thread)
