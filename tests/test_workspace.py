@@ -764,3 +764,14 @@ def test_a_diff_with_git_quoted_headers_edits_the_file_whose_name_holds_a_newlin
     reply = '```diff\n--- "a/odd\\nname.py"\n+++ "b/odd\\nname.py"\n@@ -1 +1 @@\n-a = 1\n+a = 2\n```\n'
     assert parse_edits(reply, files) == [FileEdit("odd\nname.py", "a = 2\n", "diff")]
     assert unified_diff("odd\nname.py", "a = 1\n", "a = 2\n").startswith('--- "a/odd\\nname.py"\n+++ "b/odd\\nname.py"\n@@')
+
+
+@pytest.mark.parametrize("name", ["my notes.md", "odd\nname with space.md"])
+def test_a_path_line_naming_an_attached_file_edits_it_whatever_its_name_holds(name):
+    """A name with a space is no path by its looks (a prose line can hold spaces); named
+    exactly as it was given, it is the attached file, and the rewrite is its new content."""
+    from edgespec.workspace.root import quoted_path
+
+    files = {name: "# Notes\n\n- one\n- two\n", "other.md": "# Other\n"}
+    reply = f"{quoted_path(name)}\n```markdown\n# Rewritten\n```\n"
+    assert parse_edits(reply, files) == [FileEdit(name, "# Rewritten\n", "whole")]

@@ -163,6 +163,7 @@ class _Scan:
         self.lines = lines
         self.files = files
         self.same_file = same_file
+        self.spellings = _spellings(files)
         self.pieces: dict[str, _Pieces] = {}
         self.pathless: list[_Whole] = []
         self.hint: str | None = None
@@ -183,7 +184,7 @@ class _Scan:
                 i = self._fence(i, fence)
             else:
                 if line.strip():
-                    self.hint = _path_of_line(line)
+                    self.hint = _path_of_line(line, self.spellings)
                     self.mentioned |= _mentions(line, self._match)
                 i += 1
         if not self.pieces:
@@ -253,7 +254,7 @@ class _Scan:
                 if until is None:
                     return i
                 if line.strip() and not _FENCE.match(line):
-                    path = _path_of_line(line) or path
+                    path = _path_of_line(line, self.spellings) or path
                 i += 1
                 continue
             search, replace, i = _read_block(lines, i, end)
@@ -463,13 +464,15 @@ _LEADERS = re.compile(r"^(?:#{1,6}\s+|[-*+]\s+|\d+[.)]\s+)+")
 _KNOWN_NAMES = frozenset({"Makefile", "Dockerfile", "LICENSE", "README", "Gemfile", "Rakefile", "Procfile"})
 
 
-def _path_of_line(line: str) -> str | None:
-    """The path when a line holds a path alone (in backticks, bold, after ### or "File:")."""
+def _path_of_line(line: str, attached: Mapping[str, str]) -> str | None:
+    """The path when a line holds a path alone (in backticks, bold, after ### or "File:"): one
+    that looks like a path, or one of the `attached` spellings (_spellings) whatever it holds, as
+    a space: by its looks alone, a line with spaces is prose."""
     text = _LEADERS.sub("", line.strip())
     text = _LABEL.sub("", text)
     for _ in range(3):
         text = text.strip().rstrip(":").strip("`*'\"").strip()
-    return text if _plausible_path(text) else None
+    return text if _plausible_path(text) or text in attached else None
 
 
 def _plausible_path(text: str) -> bool:
@@ -508,16 +511,23 @@ def _mentions(line: str, match: Callable[[str], tuple[str, bool]]) -> set[str]:
     return found
 
 
+def _spellings(files: Mapping[str, str]) -> dict[str, str]:
+    """Each attached path by the ways a reply writes it exactly: as it is, and as quoted_path
+    spells it with its quotes removed (as a path line's and a diff header's are)."""
+    quoted = {quoted_path(key).strip('"'): key for key in files if quoted_path(key) != key}
+    return {**quoted, **{key: key for key in files}}
+
+
 def _match(path: str, files: Mapping[str, str], *, diff: bool = False) -> tuple[str, bool]:
     """The attached path a reply's path means, and True; or the path as a new one, and False.
 
-    Accepts ./ and a/ b/ prefixes (diffs), an absolute or longer path ending with the
-    attached one, a bare name when exactly one attached file has it, and an attached path
-    as quoted_path spells it (the path line's or header's quotes already removed)."""
-    spelled = path[2:] if diff and path.startswith(("a/", "b/")) else path
-    quoted = {quoted_path(key).strip('"'): key for key in files if quoted_path(key) != key}
-    if spelled in quoted or path in quoted:
-        return quoted.get(spelled, quoted.get(path)), True
+    Accepts an attached path as it is or as quoted_path spells it (_spellings), ./ and a/ b/
+    prefixes (diffs), an absolute or longer path ending with the attached one, and a bare
+    name when exactly one attached file has it."""
+    spellings = _spellings(files)
+    for exact in [path, path[2:]] if diff and path.startswith(("a/", "b/")) else [path]:
+        if exact in spellings:
+            return spellings[exact], True
     candidate = posixpath.normpath(path.replace("\\", "/"))
     options = [candidate]
     if diff and candidate.startswith(("a/", "b/")):
