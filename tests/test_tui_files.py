@@ -81,6 +81,21 @@ async def test_at_completion_attaches_a_file_as_a_chip_and_sends_it(store, proje
         assert APP in app.engines[0].detokenize(app.engines[0].prompts[-1])
 
 
+async def test_escape_closes_the_path_completions_and_typing_opens_them_again(store, project):
+    """Esc hides the `@path` completions, keeping the text, and Tab then leaves the prompt
+    as it does elsewhere; they stayed up, and Tab still took one, until the word was erased."""
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        prompt = await _focused_prompt(pilot)
+        options = app.query_one("#completions", OptionList)
+        await pilot.press("@", "s")
+        await wait_for(pilot, lambda: prompt.completing)
+        await pilot.press("escape")
+        assert not prompt.completing and not options.display and prompt.text == "@s"
+        await pilot.press("r")
+        await wait_for(pilot, lambda: prompt.completing and options.display)
+
+
 async def test_an_attached_file_is_read_ahead_while_the_message_is_written(store, project):
     """Attaching reads the file into the KV cache at once (ChatSession.read_ahead):
     the message, sent later, is read on top of it."""

@@ -501,11 +501,20 @@ class ChatScreen(Screen):
         self.log_view.stop()
 
     def action_stop(self) -> None:
-        """Stop the reply being generated (what was generated is kept), or the reading ahead of attached files."""
+        """Stop the reply being generated (what was generated is kept); else close the `@path`
+        completions, or else stop the reading ahead of attached files."""
         if self.generating:
             self.stop_reply()
-        else:
+        elif not self._close_completions():
             self._stop_reading_ahead()
+
+    def _close_completions(self) -> bool:
+        """Hide the `@path` completions until the text changes (False: none were shown)."""
+        prompt = self.query_one(PromptInput)
+        if not prompt.completing:
+            return False
+        self.query_one("#completions", OptionList).display = prompt.completing = False
+        return True
 
     def action_interrupt(self) -> None:
         """Stop the reply being generated; with none, leave the key to the focused widget and the app."""
