@@ -97,6 +97,17 @@ def test_chats_shows_a_title_stored_raw_by_an_older_edgespec_without_its_escapes
     assert max(len(line) for line in out.splitlines()) < TITLE_MAX + 40
 
 
+@pytest.mark.parametrize("name", ["gone\nx.py", "gone\x1b]0;title\x07.py"])
+def test_an_error_naming_a_file_is_one_line_with_its_control_characters_escaped(no_load, tmp_path, capsys, name):
+    """A file's name may hold a newline or a terminal escape: said as it is, the message was
+    two lines, or acted on by the terminal."""
+    argv = ["generate", "--template", "chatml", "--root", str(tmp_path), "--file", name, "hello"]
+    assert cli.main(argv) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.endswith("\n") and shown(err), err
+    assert repr(name)[1:-1] in err
+
+
 # -- 10: readers that go away, bytes that are not UTF-8 ----------------------------------
 
 def into_closed_pipe(*argv: str, home) -> subprocess.CompletedProcess:

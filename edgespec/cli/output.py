@@ -8,11 +8,18 @@ from edgespec.chat.words import stats_line
 
 
 def note(text: str) -> None:
-    print(f"edgespec: note: {text}", file=sys.stderr)
+    print(f"edgespec: note: {said(text)}", file=sys.stderr)
 
 
 def error(text: str) -> None:
-    print(f"edgespec: error: {text}", file=sys.stderr)
+    print(f"edgespec: error: {said(text)}", file=sys.stderr)
+
+
+def said(text: str) -> str:
+    """A note or an error as one line a terminal shows as it is: what would break the line or
+    act on the terminal (a newline or an escape in a file's name, a bidirectional override)
+    escaped as Python writes it ("gone\\nx.py"), so that the name can still be told."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def quiet_stdout() -> None:
