@@ -1111,6 +1111,53 @@ def test_coming_back_to_a_conversation_reads_only_its_new_message(smollm2, slots
         server.stop()
 
 
+def test_a_client_gone_before_its_stream_began_frees_the_engine():
+    """A client that went away after its reply's first tokens came but before the
+    stream's first event was sent: the events' generator never began, so its cleanup
+    never cancelled the job, and the engine wrote the whole reply to nobody while
+    every other request waited."""
+    import asyncio
+
+    hold = threading.Event()
+    engine = FakeEngine(hold=hold, hold_after=2)
+    app = create_app(lambda: engine, ServerSettings(model_id="fake"))
+    body = completion_body(stream=True, max_tokens=50)
+    calls = 0
+    seen = {}
+
+    async def receive():
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the request
+            return {"type": "http.request", "body": body, "more_body": False}
+        if calls == 2:  # the wait for the first tokens: the client is still there
+            await asyncio.Event().wait()
+        return {"type": "http.disconnect"}  # the stream's own watch: gone
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            seen.update(status=message["status"], interrupts=engine.interrupts)  # its first tokens came
+            for _ in range(10):  # the stream's other tasks run first: its disconnect watch sees the client gone
+                await asyncio.sleep(0)
+
+    async def request():
+        async with app.router.lifespan_context(app):
+            await asyncio.to_thread(app.state.engine_thread.wait_loaded, 30)
+            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                     "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+                     "query_string": b"", "root_path": "", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
+                     "headers": [(b"content-type", b"application/json")]}
+            await app(scope, receive, send)
+            interrupted = engine.interrupts > seen["interrupts"]
+            hold.set()
+            return interrupted
+
+    try:
+        assert asyncio.run(request()) and seen["status"] == 200
+    finally:
+        hold.set()
+
+
 def test_a_stop_notice_after_the_server_stopped_is_nothing():
     """A signal that comes once the server's loop has closed (a late second Ctrl+C) must not
     raise from the signal handler."""

@@ -23,6 +23,7 @@ from typing import Callable, ClassVar
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
+from starlette.background import BackgroundTask
 from sse_starlette import EventSourceResponse
 
 from edgespec import __version__
@@ -302,8 +303,11 @@ async def _respond(request: Request, job: Job, body, shape, *, prompt_param: str
         return shape.whole("".join(item.text for item in items), done)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     stopping = anyio.Event()
+    # The job is cancelled once the response ends, however it ended: the events' own cleanup
+    # never runs for a client gone before they began, and the engine would write the reply to nobody.
     return EventSourceResponse(_events(job, first, shape, include_usage, stopping), ping=PING_S, sep="\n",
-                               shutdown_event=stopping, shutdown_grace_period=STOP_GRACE_S)
+                               shutdown_event=stopping, shutdown_grace_period=STOP_GRACE_S,
+                               background=BackgroundTask(job.cancel))
 
 
 class _Stopping(Exception):
