@@ -477,3 +477,25 @@ def test_a_reply_naming_the_quoted_name_edits_that_file_and_its_diff_headers_are
     out = capsys.readouterr().out
     assert '--- "a/odd\\nname.py"\n+++ "b/odd\\nname.py"\n' in out
     assert (project / ODD).read_text() == RENAMED and (project / "name.py").read_text() == APP
+
+
+@pytest.mark.parametrize("change", ["grown past the limit", "a folder now"])
+def test_a_file_that_is_no_longer_a_text_file_within_the_limit_is_refused_as_changed_not_to_be_attached(
+        project, tmp_path, change):
+    """The refusal of an attach ("attach a smaller file", "attach the files inside it") is no
+    advice for a file a reply changes: it changed on disk since, which sending a message shows."""
+    from edgespec.chat.attachments import PendingEdit, apply_edits
+    from edgespec.errors import StaleFileError
+    from edgespec.workspace.edits import FileEdit
+    from edgespec.workspace.root import MAX_FILE_BYTES, sha256_hex
+
+    path = project / "src" / "app.py"
+    edit = PendingEdit(FileEdit("src/app.py", RENAMED, "whole"), sha256_hex(path.read_bytes()), APP)
+    if change == "grown past the limit":
+        path.write_text("x = 1\n" * (MAX_FILE_BYTES // 6 + 1))
+    else:
+        path.unlink()
+        path.mkdir()
+    with pytest.raises(StaleFileError, match="src/app.py changed on disk") as refused:
+        apply_edits(Workspace(project), [edit], allow_new=False, backups=tmp_path / "undo")
+    assert "attach" not in str(refused.value)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from edgespec.errors import ContextFullError, FileAccessError, StaleFileError
+from edgespec.errors import ContextFullError, FileAccessError, OutsideRootError, StaleFileError
 from edgespec.workspace.apply import Applied, apply_all, undo
 from edgespec.workspace.edits import EDIT_INSTRUCTIONS, FileEdit, parse_edits, unified_diff
 from edgespec.workspace.root import FileText, Workspace, fence_for, language_for, quoted_path
@@ -243,13 +243,25 @@ def apply_edits(workspace: Workspace, edits: Sequence[PendingEdit], *, allow_new
     file is checked before any is written, so a stale or read-only one leaves them all as
     they were, and a write that fails midway puts back those written before it."""
     for pending in edits:
-        if workspace.sha256_of(pending.path) != pending.base_sha256:
+        if not _as_the_reply_saw_it(workspace, pending):
             raise StaleFileError(f"{pending.path} changed on disk since the reply was written; nothing was applied. "
                                  f"Send a message to show the model its current content.")
     applied = apply_all(workspace, [(p.edit, p.base_sha256) for p in edits], allow_new=allow_new, backups=backups)
     written = [Attachment(p.path, p.edit.new_text, done.after_sha256, origin="applied")
                for p, done in zip(edits, applied)]
     return applied, written
+
+
+def _as_the_reply_saw_it(workspace: Workspace, pending: PendingEdit) -> bool:
+    """Whether the file still has the version the reply was based on. One that is no longer a
+    regular file within the limit (grown past it, a folder now) has not: refused as changed,
+    not with the advice its refusal as an attachment gives ("attach a smaller file")."""
+    try:
+        return workspace.sha256_of(pending.path) == pending.base_sha256
+    except OutsideRootError:
+        raise
+    except FileAccessError:
+        return False
 
 
 def undo_edits(workspace: Workspace, applied: Sequence[Applied]) -> None:
