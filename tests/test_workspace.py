@@ -122,6 +122,13 @@ def test_a_large_file_is_refused_before_reading(project):
     assert Workspace(project).read("limit.txt").size == MAX_FILE_BYTES
 
 
+def test_a_file_just_over_the_limit_is_said_to_be_over_it(project):
+    """Rounded to the nearest KiB, a file a few bytes over was "512 KiB, over the 512 KiB limit"."""
+    (project / "just.txt").write_bytes(b"x" * (MAX_FILE_BYTES + 1))
+    with pytest.raises(FileTooLargeError, match=f"is {MAX_FILE_BYTES // 1024 + 1} KiB, over the {MAX_FILE_BYTES // 1024} KiB"):
+        Workspace(project).read("just.txt")
+
+
 def test_sha256_of(project):
     ws = Workspace(project)
     assert ws.sha256_of("src/main.py") == sha(b"print('hi')\n")

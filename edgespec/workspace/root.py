@@ -167,7 +167,8 @@ def read_regular(full: Path, rel: str, *, limit: int = MAX_FILE_BYTES) -> bytes 
 
 
 def _too_large(rel: str, size: int, limit: int) -> str:
-    return f"{rel} is {size / 1024:,.0f} KiB, over the {limit // 1024} KiB limit for files in a chat; attach a smaller file or a part of it."
+    """Its size rounded up, so that a file a byte over the limit is not said to be the limit."""
+    return f"{rel} is {-(-size // 1024):,} KiB, over the {limit // 1024} KiB limit for files in a chat; attach a smaller file or a part of it."
 
 
 _WIDE_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
