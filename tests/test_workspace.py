@@ -773,7 +773,7 @@ def test_a_diff_with_git_quoted_headers_edits_the_file_whose_name_holds_a_newlin
     assert unified_diff("odd\nname.py", "a = 1\n", "a = 2\n").startswith('--- "a/odd\\nname.py"\n+++ "b/odd\\nname.py"\n@@')
 
 
-@pytest.mark.parametrize("name", ["my notes.md", "odd\nname with space.md"])
+@pytest.mark.parametrize("name", ["my notes.md", "odd\nname with space.md", "trailing space.md ", " leading.md"])
 def test_a_path_line_naming_an_attached_file_edits_it_whatever_its_name_holds(name):
     """A name with a space is no path by its looks (a prose line can hold spaces); named
     exactly as it was given, it is the attached file, and the rewrite is its new content."""

@@ -468,10 +468,11 @@ def _path_of_line(line: str, attached: Mapping[str, str]) -> str | None:
     """The path when a line holds a path alone (in backticks, bold, after ### or "File:"): one
     that looks like a path, or one of the `attached` spellings (_spellings) whatever it holds, as
     a space: by its looks alone, a line with spaces is prose."""
-    text = _LEADERS.sub("", line.strip())
-    text = _LABEL.sub("", text)
+    text = _LABEL.sub("", _LEADERS.sub("", line.strip())).strip()
     for _ in range(3):
-        text = text.strip().rstrip(":").strip("`*'\"").strip()
+        if text in attached:  # before its quotes or its white space are taken for decoration
+            return text
+        text = text.rstrip(":").strip("`*'\"").strip()
     return text if _plausible_path(text) or text in attached else None
 
 
@@ -513,8 +514,9 @@ def _mentions(line: str, match: Callable[[str], tuple[str, bool]]) -> set[str]:
 
 def _spellings(files: Mapping[str, str]) -> dict[str, str]:
     """Each attached path by the ways a reply writes it exactly: as it is, and as quoted_path
-    spells it with its quotes removed (as a path line's and a diff header's are)."""
-    quoted = {quoted_path(key).strip('"'): key for key in files if quoted_path(key) != key}
+    spells it, with its quotes and with them removed (as a diff header's are)."""
+    quoted = {spelling: key for key in files if quoted_path(key) != key
+              for spelling in (quoted_path(key), quoted_path(key)[1:-1])}
     return {**quoted, **{key: key for key in files}}
 
 

@@ -218,9 +218,10 @@ def language_for(path: str) -> str:
 def quoted_path(path: str) -> str:
     """`path` as one line of text shows it (to the model, in a diff's headers): as it is, or,
     where it holds a control character (a newline would make it two lines, the second a path
-    of its own) or starts with a double quote, in double quotes with C escapes, as git quotes
-    such names. Unambiguous: a name shown in quotes never stands as it is."""
-    if not path.startswith('"') and not any(map(_control, path)):
+    of its own), starts with a double quote or with or ends in white space (which a line's
+    reader strips), in double quotes with C escapes, as git quotes such names. Unambiguous: a
+    name shown in quotes never stands as it is."""
+    if not path.startswith('"') and path == path.strip() and not any(map(_control, path)):
         return path
     return '"' + "".join(_ESCAPES.get(ch) or (f"\\x{ord(ch):02x}" if _control(ch) else ch) for ch in path) + '"'
 
