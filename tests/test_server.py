@@ -228,6 +228,8 @@ def test_a_model_name_with_a_slash_is_answered_as_a_model_not_served(name):
         status, answer = http("GET", served.url + "/v1/models/" + name)
         assert status == 404 and answer["error"]["code"] == "model_not_found", answer
         assert http("GET", served.url + "/v1/models/fake")[0] == 200
+        status, answer = http("GET", served.url + "/v1/models/")  # the list still, not a model named ""
+        assert status == 200 and answer["data"][0]["id"] == "fake", answer
     finally:
         served.stop()
 
@@ -369,6 +371,7 @@ def test_a_path_not_served_is_named_with_where_the_api_is(path, hint):
         status, answer = http("POST", served.url + path, completion_body())
         assert status == 404 and answer["error"]["type"] == "invalid_request_error", answer
         assert f"POST {path}" in answer["error"]["message"] and hint in answer["error"]["message"]
+        assert "/v1/models/" not in answer["error"]["message"]  # a route kept for a trailing slash is no news
     finally:
         served.stop()
 

@@ -155,10 +155,12 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
         return {"status": "ok", "queued": thread.queued}
 
     @app.api_route("/v1/models", methods=READ_METHODS, response_model=ModelList)
+    @app.api_route("/v1/models/", methods=READ_METHODS, response_model=ModelList, include_in_schema=False)
     async def models():
         return ModelList(data=[_card(settings.model_id, started, thread)])
 
     # ":path": a hub-style name ("org/model") is a model's name too, answered as one not served
+    # (the list's route, above, keeps "/v1/models/", which would be the name "")
     @app.api_route("/v1/models/{model_id:path}", methods=READ_METHODS, response_model=ModelCard)
     async def model(model_id: str):
         check_model(model_id)

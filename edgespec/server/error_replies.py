@@ -128,7 +128,7 @@ def _is_type_tag(part) -> bool:
 def _where_the_api_is(app: FastAPI) -> str:
     """The API's routes, for a client that asked for a path not served (often a base URL without /v1)."""
     routes = [f"{method} {route.path}" for route in app.routes if isinstance(route, APIRoute)
-              and route.path.startswith("/v1/") and "{" not in route.path
+              and route.include_in_schema and route.path.startswith("/v1/") and "{" not in route.path
               for method in sorted(route.methods - {"HEAD"})]
     return f"the API is under /v1 ({', '.join(routes)}), so a client's base URL ends in /v1."
 
