@@ -499,3 +499,13 @@ def test_a_file_that_is_no_longer_a_text_file_within_the_limit_is_refused_as_cha
     with pytest.raises(StaleFileError, match="src/app.py changed on disk") as refused:
         apply_edits(Workspace(project), [edit], allow_new=False, backups=tmp_path / "undo")
     assert "attach" not in str(refused.value)
+
+
+def test_root_given_with_a_tilde_is_the_folder_in_the_home_folder(home, project, monkeypatch, capsys):
+    """As a model's path and --out are: `--root=~/project` is not expanded by the shell."""
+    monkeypatch.setenv("HOME", str(project.parent))
+    _load(monkeypatch, FakeEngine(reply=lambda p: _whole("src/app.py", RENAMED)))
+    argv = ["generate", "--template", "chatml", "--root", "~/project", "--file", "src/app.py", "--apply", "--yes",
+            "Rename name"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert (project / "src" / "app.py").read_text() == RENAMED

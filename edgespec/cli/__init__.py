@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_options(app)
     add_rpc_options(app)
     add_cache_options(app)
-    app.add_argument("--root", metavar="DIR", help="the project folder files are attached from and edits written "
-                                                   "to (default: the current folder)")
+    app.add_argument("--root", metavar="DIR", type=files.root_folder,
+                     help="the project folder files are attached from and edits written to (default: the current "
+                          "folder)")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     for family in (generate, models, chats, files, caches, serve, worker):
         family.add_parsers(sub)
