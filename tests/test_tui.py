@@ -798,6 +798,28 @@ async def test_model_that_fails_to_load_is_shown_not_raised(store):
         assert boxes(app) == [] and not app.chat.generating
 
 
+async def test_settings_put_back_after_a_load_they_failed_load_the_models_again(store):
+    """A context size the models fail to load with, then the size put back in the settings:
+    the models load again with it. They stayed failed, the settings matching the last
+    load that had worked."""
+    def load(choice, settings, progress):
+        if settings.load.n_ctx == 65536:
+            raise ModelFileError("not enough memory for a context of 65,536 tokens")
+        return SpecFakeEngine(reply=lambda prompt: "ok")
+
+    app = make_app(store, load=load)
+    async with app.run_test(size=(120, 50)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        for size, state in (("65536", "failed"), ("auto", "ready")):
+            await pilot.press("ctrl+s")
+            app.screen.query_one("#n_ctx").value = size
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: app.model_state == state)
+        await send(pilot, "hello")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        assert boxes(app)[1].content == "ok"
+
+
 async def test_generation_error_is_reported(store):
     class Broken(SpecFakeEngine):
         def generate(self, prompt_tokens, params, *, regions=()):

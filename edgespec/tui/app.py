@@ -98,8 +98,6 @@ class EdgespecApp(App):
         """The load worker has loaded the models (posted from its thread)."""
 
         engine: ChatEngine
-        hardware: tuple
-        """The settings' hardware they were loaded for (ChatSettings.hardware())."""
 
     @dataclass
     class ModelsProgressed(Message):
@@ -139,7 +137,9 @@ class EdgespecApp(App):
         """The command line's LoadSettings: what it gives replaces the default settings' for this run."""
         self.models = Models(self, self.choice.label)
         """The models and their engine; the chat screen hears of their changes through its signals."""
-        self._loaded_hardware: tuple | None = None
+        self._load_hardware: LoadSettings | None = None
+        """The settings' hardware (ChatSettings.hardware()) of the latest load asked for, under
+        way, done or failed: settings that want other hardware load the models again."""
         self.context = ChatContext(
             store=self.store, workspace=Workspace(root or Path.cwd()),
             export_dir=Path(export_dir) if export_dir else Path.cwd(), models=self.models,
@@ -228,6 +228,7 @@ class EdgespecApp(App):
         """Load `choice` in the background; the status line shows loading / ready / failed."""
         self.choice = choice
         self.models.loading(choice.label)
+        self._load_hardware = self._chat.settings.hardware()
         self._load_worker(choice, self._chat.settings)
 
     def pair_decoding(self) -> tuple[str, int]:
@@ -241,8 +242,9 @@ class EdgespecApp(App):
         return DEFAULT_MODE, LIMITS["k"].default
 
     def reload_for(self, settings: ChatSettings) -> None:
-        """Load the models again if `settings` want other hardware than they were loaded with."""
-        if self._loaded_hardware not in (None, settings.hardware()):
+        """Load the models again if `settings` want other hardware than they were last loaded
+        with, or asked to be (a load that failed is tried again for the hardware that worked)."""
+        if self._load_hardware != settings.hardware():
             self.load_models(self.choice)
 
     def _load_installed(self, choice: ModelChoice, settings: ChatSettings, *,
@@ -270,14 +272,13 @@ class EdgespecApp(App):
         except Exception as e:  # a bug or an unexpected library error: show it, don't crash
             self.post_message(self.ModelsFailed(f"{type(e).__name__}: {e}"))
             return
-        if not self.post_message(self.ModelsLoaded(engine, settings.hardware())):
+        if not self.post_message(self.ModelsLoaded(engine)):
             engine.close()  # the app has closed meanwhile
 
     @on(ModelsLoaded)
     def _models_ready(self, event: ModelsLoaded) -> None:
-        engine, hardware = event.engine, event.hardware
+        engine = event.engine
         self.models.engine = engine
-        self._loaded_hardware = hardware
         try:
             info = engine.describe()
         except Exception as e:  # the models work; only the label goes without where they run
