@@ -227,7 +227,7 @@ def test_a_model_name_with_a_slash_is_answered_as_a_model_not_served(name):
         served.wait_ready(30)
         status, answer = http("GET", served.url + "/v1/models/" + name)
         assert status == 404 and answer["error"]["code"] == "model_not_found", answer
-        assert http("GET", served.url + "/v1/models/fake")[0] == 200
+        assert http("GET", served.url + "/v1/models/fake")[0] == http("GET", served.url + "/v1/models/fake/")[0] == 200
         status, answer = http("GET", served.url + "/v1/models/")  # the list still, not a model named ""
         assert status == 200 and answer["data"][0]["id"] == "fake", answer
     finally:

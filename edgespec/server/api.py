@@ -160,10 +160,11 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
         return ModelList(data=[_card(settings.model_id, started, thread)])
 
     # ":path": a hub-style name ("org/model") is a model's name too, answered as one not served
-    # (the list's route, above, keeps "/v1/models/", which would be the name "")
+    # (the list's route, above, keeps "/v1/models/", which would be the name ""); a trailing
+    # slash is no part of a name, as on every other route
     @app.api_route("/v1/models/{model_id:path}", methods=READ_METHODS, response_model=ModelCard)
     async def model(model_id: str):
-        check_model(model_id)
+        check_model(model_id.removesuffix("/"))
         return _card(settings.model_id, started, thread)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion)
