@@ -320,7 +320,7 @@ def test_sigterm_during_a_chat_reply_ends_it_as_other_programs_end_saving_what_a
 
     model = write_model(tmp_path / "long.gguf", seed=1, n_ctx_train=4096)  # room for a reply of seconds
     argv = ["chat", "--new", "--target", str(model), "--no-draft", "--template", "chatml", "--ctx", "4096",
-            "--max-tokens", "3500", "--once", "hello"]
+            "--max-tokens", "3500", "--temperature", "0", "--once", "hello"]  # greedy: 12 kB, no early end
     chat = subprocess.Popen([sys.executable, "-m", "edgespec", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={**os.environ, "EDGESPEC_HOME": str(home)})
     try:
