@@ -820,6 +820,29 @@ async def test_settings_put_back_after_a_load_they_failed_load_the_models_again(
         assert boxes(app)[1].content == "ok"
 
 
+async def test_a_chat_opened_while_the_models_first_load_gets_them_loaded_for_its_settings(store):
+    """A chat whose settings want another context size, opened while the models first
+    load: they load again for it. They stayed loaded with the defaults."""
+    other = store.create(title="Long files")
+    store.save_settings(other, {"n_ctx": 16384})
+    first = threading.Event()
+    loads = []
+
+    def load(choice, settings, progress):
+        loads.append(settings.load.n_ctx)
+        if len(loads) == 1:
+            first.wait(10)
+        return SpecFakeEngine(reply=lambda prompt: "ok", n_ctx=settings.load.n_ctx or 8192)
+
+    app = make_app(store, load=load)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: loads == [None])
+        await app.chat.open_conversation(other)
+        first.set()
+        await wait_for(pilot, lambda: app.model_state == "ready" and loads[-1] == 16384)
+        assert app.chat.session.engine.n_ctx == 16384
+
+
 async def test_generation_error_is_reported(store):
     class Broken(SpecFakeEngine):
         def generate(self, prompt_tokens, params, *, regions=()):
