@@ -509,3 +509,10 @@ def test_root_given_with_a_tilde_is_the_folder_in_the_home_folder(home, project,
             "Rename name"]
     assert cli.main(argv) == 0, capsys.readouterr().err
     assert (project / "src" / "app.py").read_text() == RENAMED
+
+
+def test_a_name_with_a_newline_is_one_line_in_the_markdown_export(store, project):
+    (project / ODD).write_text(APP)
+    chat = _session(FakeEngine(reply=lambda p: "ok"), store, project)
+    list(chat.send("Look", [ODD]))
+    assert '**"odd\\nname.py"**' in export_markdown(store, chat.conversation_id).splitlines()

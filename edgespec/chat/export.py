@@ -22,7 +22,7 @@ from edgespec.chat.words import stats_line
 from edgespec.engine.events import Stats
 from edgespec.limits import LIMITS
 from edgespec.modes import MODES
-from edgespec.workspace.root import fence_for, language_for
+from edgespec.workspace.root import fence_for, language_for, quoted_path
 
 EXPORT_FORMAT = "edgespec.conversation"
 EXPORT_VERSION = 2
@@ -61,11 +61,12 @@ def export_markdown(store: ConversationStore, conversation_id: int) -> str:
     for m in data["messages"]:
         lines += ["", f"## {m['role'].capitalize()}", ""]
         for a in m.get("attachments", ()):
+            name = quoted_path(a["path"])  # one line, as the model saw it
             if a["origin"] == "applied":
-                lines += [f"*applied to {a['path']}*", ""]
+                lines += [f"*applied to {name}*", ""]
             else:
                 fence = fence_for(a["content"])
-                lines += [f"**{a['path']}**" + (" (changed on disk)" if a["origin"] == "changed" else ""), "",
+                lines += [f"**{name}**" + (" (changed on disk)" if a["origin"] == "changed" else ""), "",
                           f"{fence}{language_for(a['path'])}", a["content"].rstrip("\n"), fence, ""]
         lines.append(m["content"])
         notes = [] if m["status"] == "done" else [m["status"]]

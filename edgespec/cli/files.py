@@ -82,9 +82,10 @@ def apply_edits(edits: Sequence, workspace, *, yes: bool, allow_new: bool = Fals
     from edgespec.chat import attachments
     from edgespec.config import dirs
     from edgespec.errors import EditError
+    from edgespec.workspace.root import quoted_path
 
     for pending in edits:  # the diffs go to stdout, or to `out` (stderr where stdout holds JSON)
-        (out or sys.stdout).write(pending.diff or f"{pending.path}: no change\n")
+        (out or sys.stdout).write(pending.diff or f"{quoted_path(pending.path)}: no change\n")
     new = [p.path for p in edits if p.edit.new]
     if new and not allow_new:
         note(f"not creating {', '.join(new)}, which the conversation never attached (--new creates "
