@@ -1416,6 +1416,29 @@ async def test_titles_and_paths_are_shown_as_written_not_read_as_markup(store):
         assert "src/[slug].tsx? [/]" in str(app.screen.query(Label).first().render())
 
 
+async def test_a_title_stored_by_an_older_edgespec_is_shown_fit_for_a_terminal_in_every_dialog(store):
+    """A title stored before titles were cleaned (an escape, a line break) is shown in
+    the settings and in the rename dialog as the sidebar shows it: those two showed it
+    as stored, the escape written to the terminal."""
+    import sqlite3
+
+    from textual.widgets import Input, Label
+
+    cid = store.create(title="x")
+    with sqlite3.connect(store.path) as db:
+        db.execute("UPDATE conversations SET title = ? WHERE id = ?", ("Notes\x1b]0;owned\x07 on\nlogs", cid))
+    app = make_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await app.chat.open_conversation(cid)
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        assert "“Notes]0;owned on logs”" in str(app.screen.query_one(".title", Label).render())
+        await pilot.press("escape", "f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen))
+        assert app.screen.query_one("#value", Input).value == "Notes]0;owned on logs"
+
+
 async def test_quitting_while_the_models_load_tells_the_load_to_stop(store):
     """The screen closed at once, but the process stayed until the load was done (seconds
     to minutes for large models): the load is now told to stop at its next report."""

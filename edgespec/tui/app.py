@@ -36,7 +36,7 @@ from textual.binding import Binding
 from textual.message import Message
 
 from edgespec import __version__
-from edgespec.chat.store import ConversationStore, StoreError
+from edgespec.chat.store import ConversationStore, StoreError, clean_title
 from edgespec.engine.protocol import ChatEngine
 from edgespec.errors import EdgespecError, terminal_text
 from edgespec.limits import LIMITS
@@ -306,7 +306,7 @@ class EdgespecApp(App):
         """Edit the settings of this conversation (or of new chats)."""
         cid = self._chat.conversation_id
         try:
-            title = self.store.title(cid) if cid is not None else None
+            title = clean_title(self.store.title(cid) or "") if cid is not None else None  # as the sidebar shows it
         except StoreError as e:  # the settings are the screen's: only the title is missing
             store_failed(self, e)
             title = None

@@ -36,7 +36,7 @@ from edgespec.chat import attachments
 from edgespec.chat.export import write_markdown
 from edgespec.chat.remember import conversation_doc
 from edgespec.chat.session import settled_words
-from edgespec.chat.store import StoreError
+from edgespec.chat.store import StoreError, clean_title
 from edgespec.errors import EdgespecError, FileAccessError, terminal_text
 from edgespec.tui.library import PullProgress
 from edgespec.tui.screens.dialogs import ConfirmScreen, TextPromptScreen
@@ -318,7 +318,7 @@ class ChatScreen(Screen):
             return
         cid, store = self.conversation_id, self.context.store
         try:
-            title = store.title(cid) or ""
+            title = clean_title(store.title(cid) or "")  # as the sidebar shows it (older rows were stored as written)
         except StoreError as e:
             store_failed(self, e)
             return
