@@ -997,6 +997,28 @@ async def test_a_message_sent_while_a_conversation_opens_lands_in_the_opened_one
             assert all(b.is_mounted for b in boxes(app))
 
 
+async def test_up_in_a_wrapped_message_moves_the_cursor_and_recalls_only_from_its_top_row(store):
+    """Up and Down walk the messages sent before only from the top and bottom rows as
+    shown: in a paragraph that wraps, Up moved the cursor up a row nowhere, replacing the
+    message being written with the last one sent."""
+    app = make_app(store, reply="ok")
+    async with app.run_test(size=(60, 30)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "first")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        prompt = app.query_one(PromptInput)
+        paragraph = "a long paragraph that wraps " * 8
+        prompt.load_text(paragraph)
+        prompt.move_cursor(prompt.document.end)
+        await pilot.press("up")
+        assert prompt.text == paragraph and prompt.cursor_location[1] < len(paragraph)
+        prompt.move_cursor((0, 0))
+        await pilot.press("up")
+        assert prompt.text == "first"
+        await pilot.press("down")
+        assert prompt.text == paragraph
+
+
 async def test_a_users_message_keeps_its_line_breaks(store):
     """Code pasted without a fence (the usual paste) is shown as it was typed, not
     as one run-on Markdown paragraph; the reply is still Markdown."""

@@ -1,5 +1,5 @@
 """The message input: multi-line, Enter sends, Shift+Enter or Ctrl+J adds a line,
-Up/Down on the first/last line walk through what was sent before; `@path`
+Up/Down on the first/last row walk through what was sent before; `@path`
 completes a file's path with Tab, and a pasted path of a file attaches it."""
 
 from __future__ import annotations
@@ -85,11 +85,12 @@ class PromptInput(LongTextArea):
             event.prevent_default()
             self.post_message(self.Submitted(self.text.strip()))
             return
-        if event.key == "up" and self.cursor_location[0] == 0 and self._walk(-1):
+        # the top and bottom rows as shown: in a paragraph that wraps, Up and Down move the cursor
+        if event.key == "up" and self.navigator.is_first_wrapped_line(self.cursor_location) and self._walk(-1):
             event.stop()
             event.prevent_default()
             return
-        if event.key == "down" and self.cursor_location[0] == self.document.line_count - 1 and self._walk(1):
+        if event.key == "down" and self.navigator.is_last_wrapped_line(self.cursor_location) and self._walk(1):
             event.stop()
             event.prevent_default()
             return
