@@ -23,6 +23,7 @@ from edgespec import cli  # noqa: E402
 from edgespec.chat.template import chat_template  # noqa: E402
 from edgespec.cli.options import params_from_args  # noqa: E402
 from edgespec.cli.serve import API_KEY_ENV  # noqa: E402
+from edgespec.engine.cache import common_prefix_length  # noqa: E402
 from edgespec.engine.events import Chunk, GenerationParams, Stats  # noqa: E402
 from edgespec.engine.runtime import Engine, ModelSettings  # noqa: E402
 from edgespec.errors import (  # noqa: E402
@@ -1159,6 +1160,35 @@ def test_a_client_gone_before_its_stream_began_frees_the_engine():
         assert asyncio.run(request()) and seen["status"] == 200
     finally:
         hold.set()
+
+
+class CachingEngine(FakeEngine):
+    """Says, as the real engine does, how much of each prompt its cache held."""
+
+    def generate(self, prompt_tokens, params, *, regions=()):
+        held = common_prefix_length(self.cache, prompt_tokens)
+        for chunk in super().generate(prompt_tokens, params, regions=regions):
+            chunk.stats.prompt_cached = held
+            yield chunk
+
+
+def test_usage_says_how_many_prompt_tokens_came_from_the_cache():
+    """OpenAI's usage.prompt_tokens_details.cached_tokens (llama-server's too), which clients
+    read to show what the cache saved: it was missing, so a resent conversation read as
+    paid for in full."""
+    served = ServerThread(create_app(CachingEngine, ServerSettings(model_id="fake", template="chatml")))
+    try:
+        served.wait_ready(30)
+        status, first = http("POST", served.url + "/v1/chat/completions",
+                             json.dumps({"messages": QUESTION, "max_tokens": 3}).encode())
+        assert status == 200 and first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, first
+        again = [*QUESTION, first["choices"][0]["message"], {"role": "user", "content": "More."}]
+        status, second = http("POST", served.url + "/v1/chat/completions",
+                              json.dumps({"messages": again, "max_tokens": 3}).encode())
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert status == 200 and 0 < cached == second["timings"]["cache_n"] < second["usage"]["prompt_tokens"]
+    finally:
+        served.stop()
 
 
 def test_a_stop_notice_after_the_server_stopped_is_nothing():

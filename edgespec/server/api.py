@@ -35,8 +35,8 @@ from edgespec.server.completion import Completer, Delta, Done
 from edgespec.server.error_replies import ApiError, api_error, install_handlers
 from edgespec.server.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
                                      ChatCompletionChunk, ChatCompletionRequest, ChatDelta, Completion,
-                                     CompletionRequest, ErrorResponse, ModelCard, ModelList, TextChoice,
-                                     Timings, Usage)
+                                     CompletionRequest, ErrorResponse, ModelCard, ModelList,
+                                     PromptTokensDetails, TextChoice, Timings, Usage)
 from edgespec.server.engine_thread import EngineThread, Job
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -224,7 +224,8 @@ def _params(body, settings: ServerSettings) -> GenerationParams:
 
 def _usage(stats: Stats) -> Usage:
     return Usage(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.generated_tokens,
-                 total_tokens=stats.prompt_tokens + stats.generated_tokens)
+                 total_tokens=stats.prompt_tokens + stats.generated_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=stats.prompt_cached))
 
 
 def _timings(s: Stats) -> Timings:

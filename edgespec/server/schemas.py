@@ -273,10 +273,16 @@ def _omitted_when_none(default=None):
     return Field(default, exclude_if=lambda value: value is None)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+    """Prompt tokens that came from the KV cache, not read again (Timings.cache_n)."""
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class Timings(BaseModel):
