@@ -622,3 +622,29 @@ def test_one_ctrl_c_ends_a_reply_whose_worker_stopped_answering(smollm2):
             cli.kill()
         proc.send_signal(signal.SIGCONT)
         stop(proc)
+
+
+def test_a_call_sigterm_leaves_running_does_not_hold_up_the_next_one(monkeypatch):
+    """SIGTERM ends a command as Ctrl+C does (Terminated): the call it left running on the
+    guard's thread is waited for only STUCK_WAIT_S by the next (the engine's close), and a
+    worker that never answers is lost, as after Ctrl+C, instead of a close that hangs."""
+    from edgespec.errors import Terminated
+
+    monkeypatch.setattr(rpc, "_install_abort_callback", lambda: None)  # no worker: the guard's calls are Python's
+    monkeypatch.setattr(rpc, "STUCK_WAIT_S", 0.1)
+    guard = rpc.Guard([Endpoint("127.0.0.1", 1)])
+    stuck = threading.Event()
+
+    def terminated(signum, frame):
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGUSR1, terminated)
+    try:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        with pytest.raises(Terminated):
+            guard.call(stuck.wait, 30)
+        with pytest.raises(WorkerLostError, match="did not return"):
+            guard.call(lambda: 1, timeout=5)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        stuck.set()

@@ -29,7 +29,7 @@ from typing import Callable, TypeVar
 import llama_cpp
 from llama_cpp._ctypes_extensions import load_shared_library
 
-from edgespec.errors import WorkerLostError, WorkerUnreachableError
+from edgespec.errors import Terminated, WorkerLostError, WorkerUnreachableError
 from edgespec.llama.backend import backend_init, recent_errors
 from edgespec.net import RPC_PORT, Endpoint, is_loopback
 
@@ -419,7 +419,7 @@ class _Runner:
 
 
 STUCK_WAIT_S = 2.0
-"""How long a call waits for one that Ctrl+C interrupted to return before the worker is
+"""How long a call waits for one that Ctrl+C or SIGTERM interrupted to return before the worker is
 taken for lost: a healthy decode ends within it, a stopped or stuck worker never does."""
 
 
@@ -435,7 +435,7 @@ class Guard:
         """Workers whose connection has no keepalive yet (ggml-rpc connects on first use)."""
         self._watch_tries = 16
         self._interrupted: threading.Event | None = None
-        """The call that Ctrl+C left running on the guard's thread (its `done`), until it returns."""
+        """The call that Ctrl+C or SIGTERM left running on the guard's thread (its `done`), until it returns."""
         _install_abort_callback()
         self._runner = _Runner()
 
@@ -446,7 +446,7 @@ class Guard:
             raise WorkerLostError(self.lost)
         if self._interrupted is not None:  # queued behind a call that may never return, this one would wait too
             if not self._interrupted.wait(STUCK_WAIT_S):
-                self._lose(f"the call Ctrl+C interrupted did not return within {STUCK_WAIT_S:g} s: the worker is "
+                self._lose(f"the call that was interrupted did not return within {STUCK_WAIT_S:g} s: the worker is "
                            f"stopped or stuck", gone={})
             self._interrupted = None
         done = threading.Event()
@@ -473,8 +473,8 @@ class Guard:
                     raise TimeoutError
                 if _aborts != aborts:
                     self._lose(_last_abort)
-        except KeyboardInterrupt:  # the call goes on on the guard's thread; the next ones must not queue behind it
-            self._interrupted = done
+        except (KeyboardInterrupt, Terminated):  # Ctrl+C, SIGTERM: the call goes on on the guard's thread,
+            self._interrupted = done  # and the next ones must not queue behind it
             raise
         if self._unwatched and self._watch_tries > 0:  # a few calls, not every decode, if one is never found
             self._watch_tries -= 1
