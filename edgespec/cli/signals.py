@@ -23,29 +23,19 @@ ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") i
 @contextlib.contextmanager
 def unwinding() -> Iterator[None]:
     """ENDING_SIGNALS raise Terminated within the block, entered once the models are loaded: a
-    load calls back into Python, where ctypes drops what a handler raises. After the first,
-    they are ignored, until the launcher raises it again: another would cut the saving short
-    (SIGKILL is there for a close that hangs). Only on the main thread, where handlers run."""
+    load calls back into Python, where ctypes drops what a handler raises. Another signal while
+    the command unwinds (the handlers restored) ends it at once, as Python's default does: the
+    saving cut short, as by a second Ctrl+C. Only on the main thread, where handlers run."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {sig: signal.signal(sig, _raise) for sig in ENDING_SIGNALS}
     try:
         yield
-    except Terminated:
-        raise  # the signals stay ignored while the command unwinds
-    except BaseException:
-        _restore(previous)
-        raise
-    _restore(previous)
-
-
-def _restore(handlers: dict) -> None:
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _raise(signum: int, _frame) -> None:
-    for sig in ENDING_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
     raise Terminated(signum)
