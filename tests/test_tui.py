@@ -843,6 +843,36 @@ async def test_a_chat_opened_while_the_models_first_load_gets_them_loaded_for_it
         assert app.chat.session.engine.n_ctx == 16384
 
 
+async def test_a_load_overtaken_by_another_frees_its_models_and_leaves_the_newer_ones(store):
+    """A load asked for while another runs (a chat opened with other settings): the older
+    load, ending after the newer one, frees its models. They replaced the newer ones and
+    stayed loaded beside them, twice the memory, never freed."""
+    other = store.create(title="Long files")
+    store.save_settings(other, {"n_ctx": 16384})
+    first = threading.Event()
+    engines = []
+
+    def load(choice, settings, progress):
+        if not engines:
+            engines.append(None)
+            first.wait(10)
+            engines[0] = SpecFakeEngine(reply=lambda prompt: "old", n_ctx=8192)
+            return engines[0]
+        engines.append(SpecFakeEngine(reply=lambda prompt: "ok", n_ctx=settings.load.n_ctx))
+        return engines[-1]
+
+    app = make_app(store, load=load)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: engines == [None])
+        await app.chat.open_conversation(other)
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        first.set()
+        await wait_for(pilot, lambda: engines[0] is not None and engines[0].closed)
+        await pilot.pause()
+        assert app.models.engine is engines[1] and app.chat.session.engine is engines[1]
+        assert app.model_state == "ready" and not engines[1].closed
+
+
 async def test_generation_error_is_reported(store):
     class Broken(SpecFakeEngine):
         def generate(self, prompt_tokens, params, *, regions=()):

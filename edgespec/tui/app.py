@@ -98,6 +98,8 @@ class EdgespecApp(App):
         """The load worker has loaded the models (posted from its thread)."""
 
         engine: ChatEngine
+        load: int
+        """Which load (the count of loads asked for when it was)."""
 
     @dataclass
     class ModelsProgressed(Message):
@@ -110,6 +112,8 @@ class EdgespecApp(App):
         """The models could not be loaded (posted from the load worker's thread)."""
 
         reason: str
+        load: int
+        """Which load (the count of loads asked for when it was)."""
 
     def __init__(self, choice: ModelChoice | None = None, *, store=None,
                  load: EngineLoader | None = None, session_factory: Callable | None = None,
@@ -137,6 +141,9 @@ class EdgespecApp(App):
         """The command line's LoadSettings: what it gives replaces the default settings' for this run."""
         self.models = Models(self, self.choice.label)
         """The models and their engine; the chat screen hears of their changes through its signals."""
+        self._loads_asked = 0
+        """How many loads were asked for. A load overtaken by a newer one (a thread runs to its
+        end) is not the models asked for: what it loaded is freed, and a failure of it not said."""
         self._load_hardware: LoadSettings | None = None
         """The settings' hardware (ChatSettings.hardware()) of the latest load asked for, under
         way, done or failed: settings that want other hardware load the models again."""
@@ -229,7 +236,8 @@ class EdgespecApp(App):
         self.choice = choice
         self.models.loading(choice.label)
         self._load_hardware = self._chat.settings.hardware()
-        self._load_worker(choice, self._chat.settings)
+        self._loads_asked += 1
+        self._load_worker(choice, self._chat.settings, self._loads_asked)
 
     def pair_decoding(self) -> tuple[str, int]:
         """The mode and k replies decode with where their settings name none: those the
@@ -254,7 +262,7 @@ class EdgespecApp(App):
                            split=self.rpc)
 
     @work(thread=True, exclusive=True, group="load")
-    def _load_worker(self, choice: ModelChoice, settings: ChatSettings) -> None:
+    def _load_worker(self, choice: ModelChoice, settings: ChatSettings, load: int) -> None:
         old, self.models.engine = self.models.engine, None
         if old is not None:
             old.interrupt()  # a reply or a reading ahead (tui/screens/chat.py) ends at its next batch
@@ -267,17 +275,20 @@ class EdgespecApp(App):
         try:
             engine = self._load(choice, settings, progress=report)
         except EdgespecError as e:
-            self.post_message(self.ModelsFailed(str(e)))
+            self.post_message(self.ModelsFailed(str(e), load))
             return
         except Exception as e:  # a bug or an unexpected library error: show it, don't crash
-            self.post_message(self.ModelsFailed(f"{type(e).__name__}: {e}"))
+            self.post_message(self.ModelsFailed(f"{type(e).__name__}: {e}", load))
             return
-        if not self.post_message(self.ModelsLoaded(engine)):
+        if not self.post_message(self.ModelsLoaded(engine, load)):
             engine.close()  # the app has closed meanwhile
 
     @on(ModelsLoaded)
     def _models_ready(self, event: ModelsLoaded) -> None:
         engine = event.engine
+        if event.load != self._loads_asked:  # overtaken: never used, so freed without the decoding lock
+            self.run_worker(engine.close, thread=True, group="free")
+            return
         self.models.engine = engine
         try:
             info = engine.describe()
@@ -294,7 +305,8 @@ class EdgespecApp(App):
 
     @on(ModelsFailed)
     def _on_models_failed(self, event: ModelsFailed) -> None:
-        self.models.fail(event.reason)
+        if event.load == self._loads_asked:
+            self.models.fail(event.reason)
 
     # -- screens -------------------------------------------------------------------------
     def action_help(self) -> None:
