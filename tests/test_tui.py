@@ -873,6 +873,30 @@ async def test_a_load_overtaken_by_another_frees_its_models_and_leaves_the_newer
         assert app.model_state == "ready" and not engines[1].closed
 
 
+async def test_a_load_overtaken_by_another_that_fails_leaves_the_newer_models_ready(store):
+    """The older load failing after the newer one loaded says nothing: the models the
+    chat uses are ready."""
+    other = store.create(title="Long files")
+    store.save_settings(other, {"n_ctx": 16384})
+    first, failed = threading.Event(), threading.Event()
+
+    def load(choice, settings, progress):
+        if not settings.load.n_ctx:
+            first.wait(10)
+            failed.set()
+            raise ModelFileError("out of memory")
+        return SpecFakeEngine(reply=lambda prompt: "ok", n_ctx=settings.load.n_ctx)
+
+    app = make_app(store, load=load)
+    async with app.run_test() as pilot:
+        await app.chat.open_conversation(other)
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        first.set()
+        await wait_for(pilot, failed.is_set)
+        await pilot.pause(0.2)
+        assert app.model_state == "ready" and not any("out of memory" in n for n in app.notes)
+
+
 async def test_generation_error_is_reported(store):
     class Broken(SpecFakeEngine):
         def generate(self, prompt_tokens, params, *, regions=()):
