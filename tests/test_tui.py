@@ -16,7 +16,7 @@ from edgespec.engine.info import LayerRun
 from edgespec.errors import ModelFileError
 from edgespec.models.progress import Progress
 from edgespec.tui import origin
-from edgespec.tui.library import PullProgress
+from edgespec.tui.library import ModelChoice, PullProgress
 from edgespec.tui.screens.model_library import ModelsScreen, describe_progress
 from edgespec.tui.screens.dialogs import TextPromptScreen
 from edgespec.tui.screens.settings import SettingsScreen
@@ -895,6 +895,21 @@ async def test_a_load_overtaken_by_another_that_fails_leaves_the_newer_models_re
         await wait_for(pilot, failed.is_set)
         await pilot.pause(0.2)
         assert app.model_state == "ready" and not any("out of memory" in n for n in app.notes)
+
+
+async def test_other_models_start_without_the_plain_speed_of_the_last(store):
+    """The speedup on the status line is over a plain reply of the models loaded: models
+    loaded again (others, or on other hardware) start without one. It stayed the speed of
+    the models before, a speedup between two models."""
+    app = make_app(store, reply="plain words here", delay_s=0.002, defaults=ChatSettings(mode="plain"))
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "hello")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        assert app.chat.plain_tps
+        app.load_models(ModelChoice(target="tiny-target"))
+        await wait_for(pilot, lambda: app.model_state == "ready" and len(app.engines) == 2)
+        assert app.chat.plain_tps is None
 
 
 async def test_generation_error_is_reported(store):

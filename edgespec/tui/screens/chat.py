@@ -117,7 +117,7 @@ class ChatScreen(Screen):
         self.settings = ChatSettings()
         """The settings of this conversation (or, for a new chat, the defaults)."""
         self.plain_tps: float | None = None
-        """Decode speed of the last plain reply: the baseline for the speedup."""
+        """Decode speed of the last plain reply of the models loaded: the baseline for the speedup."""
         self._reading_ahead = False
         """A reading ahead (_read_ahead_worker) is under way."""
         self._typing_paused = None
@@ -190,6 +190,7 @@ class ChatScreen(Screen):
         if state == "loading":
             self.status.detail = ""
             self.show_banner("")
+            self.plain_tps = None  # the speedup is over a plain reply of the models loaded
         elif state == "failed":
             self.status.detail = models.error
             self.show_banner(f"Model failed to load: {models.error}\n"
