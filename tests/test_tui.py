@@ -1629,6 +1629,28 @@ async def test_a_new_chat_can_be_renamed_before_its_reply_and_delete_says_why_it
         await wait_for(pilot, lambda: not app.chat.generating)
 
 
+async def test_a_new_chat_before_its_reply_exports_and_its_settings_name_it(store, tmp_path):
+    """A new chat is stored with its first message: before the reply's first token, F3
+    said "Nothing to export yet" and the settings were titled for new chats."""
+    from textual.widgets import Label
+
+    hold = threading.Event()
+    app = make_app(store, reply="word " * 20, hold=hold, hold_after=0, export_dir=tmp_path)
+    async with app.run_test(size=(110, 40)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "hello there", key=False)
+        await wait_for(pilot, lambda: app.chat.session.conversation_id is not None)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: app.notes)
+        assert [p.name for p in tmp_path.glob("edgespec-*.md")] and "Exported" in app.notes[-1]
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        assert "“hello there”" in str(app.screen.query_one(".title", Label).render())
+        await pilot.press("escape")
+        hold.set()
+        await wait_for(pilot, lambda: not app.chat.generating)
+
+
 async def test_actions_on_an_empty_chat_say_why_they_do_nothing(store):
     """Edit & resend and Copy reply did nothing, silently, on an empty chat (from the
     command palette too), where the other actions say why."""

@@ -316,6 +316,7 @@ class EdgespecApp(App):
 
     def action_settings(self) -> None:
         """Edit the settings of this conversation (or of new chats)."""
+        self._chat.follow_new_conversation()  # stored with its first message, before the reply's first token
         cid = self._chat.conversation_id
         try:
             title = clean_title(self.store.title(cid) or "") if cid is not None else None  # as the sidebar shows it

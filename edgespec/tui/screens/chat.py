@@ -313,7 +313,7 @@ class ChatScreen(Screen):
 
     def action_rename(self) -> None:
         """Rename the current conversation."""
-        self._follow_new_conversation()  # stored with its first message, before the reply's first token
+        self.follow_new_conversation()  # stored with its first message, before the reply's first token
         if self.conversation_id is None:
             self.notify("Nothing to rename yet: send a message first.")
             return
@@ -339,7 +339,7 @@ class ChatScreen(Screen):
         if self.generating:
             self.notify("Stop the reply first (Esc), then delete the chat.", severity="warning")
             return
-        self._follow_new_conversation()
+        self.follow_new_conversation()
         if self.conversation_id is None:
             self.notify("Nothing to delete: this chat is not stored yet.")
             return
@@ -363,6 +363,7 @@ class ChatScreen(Screen):
 
     def action_export(self) -> None:
         """Export the current conversation to a Markdown file."""
+        self.follow_new_conversation()  # stored with its first message, before the reply's first token
         if self.conversation_id is None:
             self.notify("Nothing to export yet.")
             return
@@ -461,9 +462,9 @@ class ChatScreen(Screen):
     @on(Conversation.ReplyProgressed)
     def _reply_progressed(self, event: Conversation.ReplyProgressed) -> None:
         self.status.detail = format_live(event.stats, plain_tps=self.plain_tps)
-        self._follow_new_conversation()
+        self.follow_new_conversation()
 
-    def _follow_new_conversation(self) -> None:
+    def follow_new_conversation(self) -> None:
         """A new chat is stored at its first message: list it and remember its settings."""
         cid = self.session.conversation_id if self.session is not None else None
         if cid is not None and cid != self.conversation_id:
@@ -482,7 +483,7 @@ class ChatScreen(Screen):
         self.generating = False
         if self.status.detail == WAITING:  # the wait was given up: no reply, nothing to wait for
             self.status.detail = ""
-        self._follow_new_conversation()
+        self.follow_new_conversation()
         deleted = self.conversation_id is not None and self._deleted(self.conversation_id)
         if deleted:  # in another process, meanwhile: the next message goes to a new chat (_refused)
             self.notify("This chat was deleted (by another edgespec, or on the command line) while it replied: "
