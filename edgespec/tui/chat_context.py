@@ -103,6 +103,6 @@ class ChatContext:
     pair_decoding: Callable[[], tuple[str, int]]
     """The mode and k replies decode with where their settings name none (the pair's, from models.yaml)."""
     reload_for: Callable[[ChatSettings], None]
-    """Asks the app to load the models again if these settings want other hardware than they were loaded with."""
+    """Asks the app to load the models again if these settings want other hardware than the last load asked for."""
     defaults: ChatSettings = field(default_factory=ChatSettings)
     """The settings of a new chat (the app sets them once read, and when settings are saved as the default)."""
