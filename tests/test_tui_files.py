@@ -709,6 +709,24 @@ async def test_escape_sequences_in_messages_replies_and_diffs_are_not_written_to
         assert _shown_not_acted_on(app)
 
 
+async def test_the_diff_names_a_file_holding_a_terminal_escape_without_it_acting(store, project):
+    """The diff's heading names the file a reply changes: a name holding a terminal escape
+    was written to the terminal as it was."""
+    from textual import events
+
+    name = f"{ESCAPE}.py"
+    (project / name).write_text(APP)
+    app = make_app(store, reply=f"Renamed.\n\n{name}\n```python\n{RENAMED}```\n", root=project)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await _focused_prompt(pilot)
+        app.post_message(events.Paste(name))
+        await wait_for(pilot, lambda: _chips(app) == [name])
+        await send(pilot, "Rename name")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen) and app.screen.query(".diff-body"))
+        await pilot.pause()
+        assert _shown_not_acted_on(app)
+
+
 async def test_a_file_name_holding_a_terminal_escape_is_listed_and_attached_without_it_acting(store, project):
     """A project (a cloned repository) may name a file with a terminal escape in it: `@`
     completion, the chip, the picker and a notice naming it wrote the name to the

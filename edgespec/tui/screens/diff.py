@@ -67,7 +67,8 @@ class DiffScreen(ModalScreen[bool]):
                     if problem:
                         self.problems.append(f"{pending.path}: {problem}")
                         head += f": cannot be applied, {problem}"
-                    yield Label(Text(head, style="bold red" if problem else "bold"))
+                    # a file's name may hold what a terminal would act on
+                    yield Label(Text(terminal_text(head), style="bold red" if problem else "bold"))
                     yield Static(coloured_diff(diff or "(no change)\n"), classes="diff-body")
             with Horizontal(classes="buttons"):
                 yield Button("Apply (a)", variant="primary", id="apply", disabled=bool(self.problems))
