@@ -727,6 +727,20 @@ async def test_the_diff_names_a_file_holding_a_terminal_escape_without_it_acting
         assert _shown_not_acted_on(app)
 
 
+async def test_a_question_naming_a_file_holding_a_terminal_escape_is_asked_without_it_acting(store, project):
+    """Asked before a reply creates files, the question names them as the reply wrote
+    them: a name holding a terminal escape was written to the terminal as it was."""
+    from edgespec.tui.screens.dialogs import ConfirmScreen
+
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _ready(pilot)
+        app.push_screen(ConfirmScreen(f"Create {ESCAPE}.py? The conversation never attached it.", yes="Create"))
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.pause()
+        assert _shown_not_acted_on(app)
+
+
 async def test_a_file_name_holding_a_terminal_escape_is_listed_and_attached_without_it_acting(store, project):
     """A project (a cloned repository) may name a file with a terminal escape in it: `@`
     completion, the chip, the picker and a notice naming it wrote the name to the

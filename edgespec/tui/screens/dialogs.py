@@ -8,6 +8,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
+from edgespec.errors import terminal_text
 from edgespec.tui.widgets.long_text import LongTextArea
 
 
@@ -23,7 +24,9 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self):
         with Vertical(classes="dialog-box"):
-            yield Label(Text(self.question))  # words, not markup: a question may name a path like [slug].tsx
+            # words, not markup: a question may name a path like [slug].tsx, and a name may hold
+            # what a terminal would act on
+            yield Label(Text(terminal_text(self.question)))
             with Horizontal(classes="buttons"):
                 yield Button(self.yes, variant="error", id="yes")
                 yield Button("Cancel", id="no")
