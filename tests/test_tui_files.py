@@ -741,6 +741,21 @@ async def test_a_question_naming_a_file_holding_a_terminal_escape_is_asked_witho
         assert _shown_not_acted_on(app)
 
 
+async def test_the_picker_names_a_project_folder_holding_a_terminal_escape_without_it_acting(store, tmp_path):
+    """The picker's title names the project folder: a name holding a terminal escape (a
+    cloned repository's) was written to the terminal as it was."""
+    root = tmp_path / f"{ESCAPE} app"
+    root.mkdir()
+    (root / "notes.txt").write_text("notes\n")
+    app = make_app(store, reply="ok", root=root)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: isinstance(app.screen, FilePickerScreen))
+        await pilot.pause()
+        assert _shown_not_acted_on(app)
+
+
 async def test_a_file_name_holding_a_terminal_escape_is_listed_and_attached_without_it_acting(store, project):
     """A project (a cloned repository) may name a file with a terminal escape in it: `@`
     completion, the chip, the picker and a notice naming it wrote the name to the

@@ -37,8 +37,8 @@ class FilePickerScreen(ModalScreen[str | None]):
 
     def compose(self):
         with Vertical(classes="dialog-box picker"):
-            # Text, not a str: a str is read as markup, and a folder may be named `[WIP] app`
-            yield Label(Text(f"Attach a file from {self.workspace.root}  (Enter attaches, Esc cancels)"))
+            # Text, not a str: a str is read as markup, and a folder may be named `[WIP] app` (or hold an escape)
+            yield Label(Text(terminal_text(f"Attach a file from {self.workspace.root}  (Enter attaches, Esc cancels)")))
             yield ProjectTree(self.workspace.root, id="tree")
 
     def on_mount(self) -> None:
