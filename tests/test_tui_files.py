@@ -756,6 +756,21 @@ async def test_the_picker_names_a_project_folder_holding_a_terminal_escape_witho
         assert _shown_not_acted_on(app)
 
 
+async def test_a_model_that_fails_to_load_is_named_in_the_banner_without_its_escape_acting(store):
+    """The banner says why the models failed to load, which names their files: a name
+    holding a terminal escape was written to the terminal as it was."""
+    from edgespec.errors import ModelFileError
+
+    def load(choice, settings, progress):
+        raise ModelFileError(f"/models/{ESCAPE}.gguf is not a GGUF file")
+
+    app = make_app(store, load=load)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "failed")
+        await pilot.pause()
+        assert app.query_one("#banner").display and _shown_not_acted_on(app)
+
+
 async def test_a_file_name_holding_a_terminal_escape_is_listed_and_attached_without_it_acting(store, project):
     """A project (a cloned repository) may name a file with a terminal escape in it: `@`
     completion, the chip, the picker and a notice naming it wrote the name to the

@@ -176,7 +176,7 @@ class ChatScreen(Screen):
 
     def show_banner(self, text: str) -> None:
         banner = self.query_one("#banner", Static)
-        banner.update(Text(text))
+        banner.update(Text(terminal_text(text)))  # why models failed names their files, which may hold an escape
         banner.display = bool(text)
 
     # -- the models, as the app loads them -------------------------------------------------
