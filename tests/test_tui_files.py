@@ -771,6 +771,38 @@ async def test_a_model_that_fails_to_load_is_named_in_the_banner_without_its_esc
         assert app.query_one("#banner").display and _shown_not_acted_on(app)
 
 
+async def test_a_download_names_its_files_without_their_escapes_acting(store):
+    """The model library shows the file being downloaded, as the hub names it: a name
+    holding a terminal escape was written to the terminal as it was."""
+    from edgespec.errors import DownloadError
+    from edgespec.tui.library import PullProgress
+    from edgespec.tui.screens.model_library import ModelsScreen
+    from tests.fakes import FakeLibrary
+
+    release = threading.Event()
+
+    class Hub(FakeLibrary):
+        def pull(self, name, *, progress):
+            progress(PullProgress(done=1, total=10, what=f"downloading {ESCAPE}.gguf"))
+            release.wait(10)
+            raise DownloadError(f"{ESCAPE}.gguf: checksum mismatch")
+
+    app = make_app(store, library=Hub())
+    async with app.run_test(size=(160, 40)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await pilot.press("ctrl+o")
+        screen = app.screen
+        assert isinstance(screen, ModelsScreen)
+        await pilot.press("down", "down", "p")
+        await wait_for(pilot, lambda: "PWNED" in str(screen.query_one("#download-status").render()))
+        await pilot.pause()
+        assert _shown_not_acted_on(app)
+        release.set()
+        await wait_for(pilot, lambda: screen.pulling is None)
+        await pilot.pause()
+        assert _shown_not_acted_on(app)
+
+
 async def test_a_file_name_holding_a_terminal_escape_is_listed_and_attached_without_it_acting(store, project):
     """A project (a cloned repository) may name a file with a terminal escape in it: `@`
     completion, the chip, the picker and a notice naming it wrote the name to the

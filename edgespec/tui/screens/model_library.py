@@ -15,8 +15,15 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Label, ProgressBar, Static
 
+from edgespec.errors import terminal_text
 from edgespec.models.progress import human_bytes
 from edgespec.tui.library import Library, LibraryRow, ModelChoice, PullCancelled, PullProgress, cancellable
+
+
+def shown(text: str, style: str = "") -> Text:
+    """`text` as words, not markup, and fit for a terminal: a registry's, a hub's file names
+    and a download's error are others' words, and may hold an escape."""
+    return Text(terminal_text(text), style=style)
 
 
 def describe_progress(p: PullProgress) -> str:
@@ -95,16 +102,16 @@ class ModelsScreen(Screen[ModelChoice | None]):
             self.rows = self.library.rows()
         except Exception as e:
             self.query_one("#download").display = True
-            self.query_one("#download-status", Static).update(Text(f"Cannot read the registry: {e}", style="bold red"))
+            self.query_one("#download-status", Static).update(shown(f"Cannot read the registry: {e}", style="bold red"))
             self.rows = []
         current = self.current.pair or self.current.target if self.current else None
         for row in self.rows:
             mark = "✔" if row.installed else " "
-            name = Text(row.name, style="bold" if row.name == current else "")
+            name = shown(row.name, style="bold" if row.name == current else "")
             # Text, not a str: a table reads a str as markup, and these are the words of a
             # models.yaml ("beta [/]" raised MarkupError as the table was drawn)
-            table.add_row(mark, name, *map(Text, (row.title or row.name, row.kind, human_bytes(row.size), row.source,
-                                                  row.description)), key=row.name)
+            table.add_row(mark, name, *map(shown, (row.title or row.name, row.kind, human_bytes(row.size), row.source,
+                                                   row.description)), key=row.name)
         names = [row.name for row in self.rows]
         if chosen is not None and chosen.name in names:
             table.move_cursor(row=names.index(chosen.name))
@@ -141,7 +148,7 @@ class ModelsScreen(Screen[ModelChoice | None]):
         self.pulling = row.name
         self._cancel.clear()
         self.query_one("#download").display = True
-        self.query_one("#download-status", Static).update(Text(f"Pulling {row.name}…"))
+        self.query_one("#download-status", Static).update(shown(f"Pulling {row.name}…"))
         self.query_one("#download-progress", ProgressBar).update(total=None, progress=0)
         self.query_one("#cancel", Button).disabled = False
         self._pull_worker(row.name)
@@ -171,7 +178,7 @@ class ModelsScreen(Screen[ModelChoice | None]):
     def _show_progress(self, event: Progressed) -> None:
         p = event.progress
         self.query_one("#download-progress", ProgressBar).update(total=p.total, progress=p.done)
-        self.query_one("#download-status", Static).update(Text(describe_progress(p)))
+        self.query_one("#download-status", Static).update(shown(describe_progress(p)))
 
     @on(PullEnded)
     def _pull_done(self, event: PullEnded) -> None:
@@ -180,9 +187,9 @@ class ModelsScreen(Screen[ModelChoice | None]):
         self.query_one("#cancel", Button).disabled = True
         status = self.query_one("#download-status", Static)
         if problem:
-            status.update(Text(f"{name}: {problem}", style="bold red" if "failed" in problem else "yellow"))
+            status.update(shown(f"{name}: {problem}", style="bold red" if "failed" in problem else "yellow"))
         else:
-            status.update(Text(f"{name} is installed.", style="bold green"))
+            status.update(shown(f"{name} is installed.", style="bold green"))
             self.query_one("#download-progress", ProgressBar).update(progress=self.query_one("#download-progress", ProgressBar).total or 0)
             self.reload()
 
