@@ -912,6 +912,33 @@ async def test_other_models_start_without_the_plain_speed_of_the_last(store):
         assert app.chat.plain_tps is None
 
 
+async def test_a_load_overtaken_by_another_does_not_report_its_files_on_the_status_line(store):
+    """While the newer load runs, the status line follows its files only: the older one's
+    (another model, other settings) were shown as the newer one's progress."""
+    other = store.create(title="Long files")
+    store.save_settings(other, {"n_ctx": 16384})
+    older, newer, reported = threading.Event(), threading.Event(), threading.Event()
+
+    def load(choice, settings, progress):
+        if not settings.load.n_ctx:
+            older.wait(10)
+            progress(Progress("older.gguf", 1, 10, None, None, stage="verify"))
+            reported.set()
+        else:
+            newer.wait(10)
+        return SpecFakeEngine(reply=lambda prompt: "ok", n_ctx=settings.load.n_ctx or 8192)
+
+    app = make_app(store, load=load)
+    async with app.run_test() as pilot:
+        await app.chat.open_conversation(other)
+        older.set()
+        await wait_for(pilot, reported.is_set)
+        await pilot.pause(0.2)
+        assert app.model_state == "loading" and "older.gguf" not in app.query_one(StatusLine).detail
+        newer.set()
+        await wait_for(pilot, lambda: app.model_state == "ready")
+
+
 async def test_generation_error_is_reported(store):
     class Broken(SpecFakeEngine):
         def generate(self, prompt_tokens, params, *, regions=()):

@@ -106,6 +106,8 @@ class EdgespecApp(App):
         """A model file is being assembled, made or verified (posted from the load worker's thread)."""
 
         progress: PullProgress
+        load: int
+        """Which load (the count of loads asked for when it was)."""
 
     @dataclass
     class ModelsFailed(Message):
@@ -143,7 +145,7 @@ class EdgespecApp(App):
         """The models and their engine; the chat screen hears of their changes through its signals."""
         self._loads_asked = 0
         """How many loads were asked for. A load overtaken by a newer one (a thread runs to its
-        end) is not the models asked for: what it loaded is freed, and a failure of it not said."""
+        end) is not the models asked for: what it loaded is freed, and its progress and failure not said."""
         self._load_hardware: LoadSettings | None = None
         """The settings' hardware (ChatSettings.hardware()) of the latest load asked for, under
         way, done or failed: settings that want other hardware load the models again."""
@@ -270,7 +272,7 @@ class EdgespecApp(App):
                 old.close()
 
         def report(progress: Progress) -> None:
-            self.post_message(self.ModelsProgressed(pull_progress(progress)))
+            self.post_message(self.ModelsProgressed(pull_progress(progress), load))
 
         try:
             engine = self._load(choice, settings, progress=report)
@@ -301,7 +303,8 @@ class EdgespecApp(App):
 
     @on(ModelsProgressed)
     def _models_progressed(self, event: ModelsProgressed) -> None:
-        self.models.report(event.progress)
+        if event.load == self._loads_asked:
+            self.models.report(event.progress)
 
     @on(ModelsFailed)
     def _on_models_failed(self, event: ModelsFailed) -> None:
