@@ -348,6 +348,23 @@ async def test_regenerate_on_an_earlier_reply_says_so_and_keeps_the_last(store):
             ["one", "first answer", "two", "second answer"]
 
 
+async def test_edit_with_a_reply_focused_edits_the_message_it_answers(store):
+    """Ctrl+G with an earlier reply focused opens the message that reply answers: it
+    opened the last message, and resending it replaced the wrong turn."""
+    replies = iter(["first answer", "second answer"])
+    app = make_app(store, load=lambda choice, settings, progress: SpecFakeEngine(reply=lambda p: next(replies)))
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "one")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        await send(pilot, "two")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 4)
+        boxes(app)[1].focus()
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen))
+        assert app.screen.query_one("#value").text == "one"
+
+
 async def test_origin_view_colours_draft_tokens(store):
     app = make_app(store, reply="abcdefgh")
     async with app.run_test() as pilot:

@@ -529,8 +529,8 @@ class ChatScreen(Screen):
         log = self.log_view
         if log.target_box("assistant", self.focused) is not log.target_box("assistant", None):
             # an earlier reply focused: regenerating the last would throw away one not pointed at
-            self.notify("Only the last reply can be regenerated: ctrl+g on the message before this reply "
-                        "resends it, replacing the turns after it.")
+            self.notify("Only the last reply can be regenerated: ctrl+g edits and resends the message this "
+                        "reply answers, replacing the turns after it.")
             return
         if not self._ready_to_generate():
             return
@@ -540,8 +540,8 @@ class ChatScreen(Screen):
             self.notify("No reply to regenerate.")
 
     def action_edit(self) -> None:
-        """Edit a user message (the focused one, else the last) and resend it."""
-        box = self.log_view.target_box("user", self.focused)
+        """Edit a user message (the focused one, or the one the focused reply answers, else the last) and resend it."""
+        box = self.log_view.asked_box(self.focused)
         if box is None:
             self.notify("No message to edit yet.")
             return

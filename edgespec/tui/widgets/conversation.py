@@ -121,6 +121,15 @@ class Conversation(VerticalScroll):
         boxes = [b for b in self.boxes if b.role == role]
         return boxes[-1] if boxes else None
 
+    def asked_box(self, focused: Widget | None) -> MessageBox | None:
+        """The user's message `focused` is, or the one the reply `focused` answers; else the last one."""
+        if isinstance(focused, MessageBox) and focused.role == "assistant":
+            boxes = self.boxes
+            asked = [b for b in boxes[:boxes.index(focused)] if b.role == "user"] if focused in boxes else []
+            if asked:
+                return asked[-1]
+        return self.target_box("user", focused)
+
     def copy_reply(self, focused: Widget | None) -> None:
         """Copy the reply `focused` (else the last) to the clipboard."""
         box = self.target_box("assistant", focused)
