@@ -308,9 +308,23 @@ async def test_switching_conversations(store):
         assert boxes(app) == [] and app.chat.conversation_id is None
 
 
+def two_turn_app(store, *later: str):
+    """An app whose model answers "first answer", then "second answer", then `later`."""
+    replies = iter(["first answer", "second answer", *later])
+    return make_app(store, load=lambda choice, settings, progress: SpecFakeEngine(reply=lambda p: next(replies)))
+
+
+async def two_turns(pilot, app) -> None:
+    """Once the models are ready, "one" and "two" sent and answered: four boxes."""
+    await wait_for(pilot, lambda: app.model_state == "ready")
+    await send(pilot, "one")
+    await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+    await send(pilot, "two")
+    await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 4)
+
+
 async def test_regenerate_and_edit(store):
-    replies = iter(["first answer", "second answer", "edited answer"])
-    app = make_app(store, load=lambda choice, settings, progress: SpecFakeEngine(reply=lambda p: next(replies)))
+    app = two_turn_app(store, "edited answer")
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.model_state == "ready")
         await send(pilot, "question")
@@ -331,14 +345,9 @@ async def test_regenerate_and_edit(store):
 async def test_regenerate_on_an_earlier_reply_says_so_and_keeps_the_last(store):
     """Ctrl+R with an earlier reply focused regenerates nothing and says how to redo from
     there: it regenerated the last reply, throwing away one the user had not pointed at."""
-    replies = iter(["first answer", "second answer", "never"])
-    app = make_app(store, load=lambda choice, settings, progress: SpecFakeEngine(reply=lambda p: next(replies)))
+    app = two_turn_app(store, "never")
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.model_state == "ready")
-        await send(pilot, "one")
-        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
-        await send(pilot, "two")
-        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 4)
+        await two_turns(pilot, app)
         boxes(app)[1].focus()
         await pilot.press("ctrl+r")
         await pilot.pause()
@@ -351,14 +360,9 @@ async def test_regenerate_on_an_earlier_reply_says_so_and_keeps_the_last(store):
 async def test_edit_with_a_reply_focused_edits_the_message_it_answers(store):
     """Ctrl+G with an earlier reply focused opens the message that reply answers: it
     opened the last message, and resending it replaced the wrong turn."""
-    replies = iter(["first answer", "second answer"])
-    app = make_app(store, load=lambda choice, settings, progress: SpecFakeEngine(reply=lambda p: next(replies)))
+    app = two_turn_app(store)
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.model_state == "ready")
-        await send(pilot, "one")
-        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
-        await send(pilot, "two")
-        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 4)
+        await two_turns(pilot, app)
         boxes(app)[1].focus()
         await pilot.press("ctrl+g")
         await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen))
