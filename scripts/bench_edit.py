@@ -203,7 +203,7 @@ def main() -> None:
 
     llama = LlamaCppBaseline(info.target.path, n_ctx=args.ctx, n_threads=args.threads, is_eog=engine.is_eog)
 
-    typing = f"edgespec, typing {args.typing_s:g} s"
+    typing = f"edgespec, typing {args.typing_s:g} s" if args.typing_s is not None else None
     systems = {"edgespec": None, **({typing: None} if args.typing_s is not None else {}),
                "Llama": keeping_cache(llama, params)}
     servers = []
