@@ -108,6 +108,9 @@ def main() -> int:
     for way in WAYS:
         print(f"{way:10s} {med(way, 'load_s'):7.2f} {med(way, 'read_tps'):10.1f} {med(way, 'decode_ms'):9.1f} "
               f"{med('Llama', 'decode_ms') / med(way, 'decode_ms'):14.2f}x {med(way, 'huge_mib'):8.0f}")
+    print("decode ms, run by run (in the order run):")
+    for way in WAYS:
+        print(f"  {way:10s} " + " ".join(f"{run['decode_ms']:.1f}" for run in runs[way]))
     return 0
 
 
