@@ -6,10 +6,12 @@ anonymous memory from malloc, which Linux backs with 4 KiB pages unless asked
 otherwise (transparent huge pages are "madvise" on most distributions), so a
 pass walks some 250,000 page-table entries a GiB, twice over in a virtual
 machine. Backed by 2 MiB pages the same pass ran 5-16% faster (the bundled
-1.5B on a 2-core Xeon VM; ik_llama.cpp reports ~12% on bare metal). llama.cpp
+1.5B on a 2-core Xeon VM; ik_llama.cpp reports ~12% on bare metal), though
+on a 2-core AMD EPYC VM 4-6% slower (docs/measurements.md). llama.cpp
 does not ask for them, so edgespec finds the memory a load allocated in
 /proc/self/maps and asks: madvise(MADV_HUGEPAGE) before the weights are
-written (each page is then made huge as it is first written, at no cost), and
+written (each page is then made huge as it is first written, the load taking
+1.1-1.7 s longer for 640 MiB on the VMs measured), and
 MADV_COLLAPSE (Linux 6.1) for pages written before the advice. Both are advice:
 where the kernel refuses (an old kernel, THP "never", memory too fragmented)
 nothing changes but speed. Other systems have no such call and get nothing.
