@@ -77,6 +77,19 @@ def test_list_rename_delete_and_search(store):
         store.messages(a)
 
 
+@pytest.mark.parametrize("stored, search", [
+    ("Café in Lyon", "CAFÉ"),    # beyond ASCII: SQL's LIKE folds only A-Z
+    ("STRASSE", "straße"),       # full case folding: ß folds to ss
+    ("ΣΟΦΙΑ", "σοφια"),
+    ("100% sure_thing", "100% SURE_"),  # LIKE's wildcards are plain text
+])
+def test_search_ignores_case_in_every_script(store, stored, search):
+    in_title = store.create(title=stored)
+    in_message = store.create(title="other", messages=[Message("user", f"said: {stored}.")])
+    store.create(title="unrelated", messages=[Message("user", "nothing here")])
+    assert sorted(c.id for c in store.list(search=search)) == [in_title, in_message]
+
+
 def test_update_and_delete_from(store):
     cid = _conversation(store)
     msgs = store.messages(cid)

@@ -147,6 +147,7 @@ class ConversationStore:
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA synchronous = NORMAL")  # in WAL mode: durable across app crashes
             db.execute("PRAGMA foreign_keys = ON")
+            db.create_function("folded_contains", 2, _folded_contains, deterministic=True)
             problems = db.execute("PRAGMA quick_check(1)").fetchone()[0]
             if problems != "ok":
                 error = sqlite3.DatabaseError(f"integrity check: {problems}")
@@ -198,10 +199,9 @@ class ConversationStore:
         sql = _INFO_SQL
         args: tuple = ()
         if search:
-            pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            sql += (" WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m "
-                    "WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\')")
-            args = (pattern,)
+            sql += (" WHERE folded_contains(c.title, ?1) OR EXISTS (SELECT 1 FROM messages m "
+                    "WHERE m.conversation_id = c.id AND folded_contains(m.content, ?1))")
+            args = (search.casefold(),)
         with self._reading() as db:
             rows = db.execute(sql + " ORDER BY c.updated DESC, c.id DESC", args).fetchall()
         return [_info(row) for row in rows]
@@ -389,6 +389,12 @@ def _store_error(path: Path, e: sqlite3.Error) -> StoreError:
     else:
         what = f"{path}: {e}"
     return StoreError(what)
+
+
+def _folded_contains(text: str, folded: str) -> bool:
+    """Whether `text` holds `folded` (already casefolded), case ignored in every script:
+    SQL's LIKE folds A-Z only, so "CAFÉ" would not find "café"."""
+    return folded in text.casefold()
 
 
 def _storable(conversation_id: int) -> bool:
