@@ -516,3 +516,13 @@ def test_a_name_with_a_newline_is_one_line_in_the_markdown_export(store, project
     chat = _session(FakeEngine(reply=lambda p: "ok"), store, project)
     list(chat.send("Look", [ODD]))
     assert '**"odd\\nname.py"**' in export_markdown(store, chat.conversation_id).splitlines()
+
+
+def test_a_file_given_with_a_tilde_is_the_file_in_the_home_folder(home, project, monkeypatch, capsys):
+    """As --root is: `--file=~/src/app.py` is not expanded by the shell."""
+    monkeypatch.setenv("HOME", str(project))
+    _load(monkeypatch, FakeEngine(reply=lambda p: _whole("src/app.py", RENAMED)))
+    argv = ["generate", "--template", "chatml", "--root", str(project), "--file=~/src/app.py", "--apply", "--yes",
+            "Rename name"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert (project / "src" / "app.py").read_text() == RENAMED

@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_options(app)
     add_rpc_options(app)
     add_cache_options(app)
-    app.add_argument("--root", metavar="DIR", type=files.root_folder,
+    app.add_argument("--root", metavar="DIR", type=files.home_path("--root"),
                      help="the project folder files are attached from and edits written to (default: the current "
                           "folder)")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")

@@ -14,7 +14,7 @@ from edgespec.cli.bars import stderr_progress
 from edgespec.chat.reply_lock import ReplyWaitStopped
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, decoded,
                                   engine_from_args, model_text, open_store, params_from_args)
-from edgespec.cli.files import add_file_options, workspace_from_args
+from edgespec.cli.files import add_file_options, home_path, workspace_from_args
 from edgespec.cli.output import error, stderr_stats, note, print_table
 from edgespec.cli.signals import unwinding
 from edgespec.errors import ContextFullError, EdgespecError
@@ -52,13 +52,13 @@ def add_parsers(sub) -> None:
                                    "that `edgespec import` reads back (on this machine or another).")
     p.add_argument("id", type=int, metavar="ID", help="the conversation (see `edgespec chats`)")
     p.add_argument("--format", choices=("md", "json"), default="md", help="md (default) or json")
-    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    p.add_argument("-o", "--output", metavar="FILE", type=home_path("--output"), help="write to FILE instead of stdout")
     p.set_defaults(handler=_cmd_export)
 
     p = sub.add_parser("import", help="store a conversation exported as JSON (`edgespec export ID --format json`)",
                        description="Store a conversation exported as JSON as a new conversation. The file is "
                                    "checked whole first: nothing is stored from one that is not an edgespec export.")
-    p.add_argument("file", metavar="FILE", help="a file written by `edgespec export ID --format json` (- reads stdin)")
+    p.add_argument("file", metavar="FILE", type=home_path("FILE"), help="a file written by `edgespec export ID --format json` (- reads stdin)")
     p.set_defaults(handler=_cmd_import)
 
 

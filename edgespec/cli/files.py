@@ -14,19 +14,21 @@ from edgespec.errors import EdgespecError
 def add_file_options(p: argparse.ArgumentParser) -> None:
     """--file (repeatable) and --root: files of the project folder attached to the message."""
     g = p.add_argument_group("files")
-    g.add_argument("--file", action="append", default=[], metavar="PATH",
+    g.add_argument("--file", action="append", default=[], metavar="PATH", type=home_path("--file"),
                    help="attach this file to the message (repeatable); its path is relative to --root")
-    g.add_argument("--root", metavar="DIR", type=root_folder,
+    g.add_argument("--root", metavar="DIR", type=home_path("--root"),
                    help="the project folder files are read from and written to (default: the current folder); "
                         "nothing outside it is read or written")
 
 
-def root_folder(text: str) -> str:
-    """--root's folder with a leading ~ expanded, as a model's path and --out are: the shell
-    leaves `--root=~/project` as it is."""
-    from edgespec.config import expand_home
+def home_path(option: str):
+    """The argparse type of every option that takes a path: the path with a leading ~ expanded,
+    as a model's path and --out are, since the shell leaves `--root=~/project` as it is."""
+    def expanded(text: str) -> str:
+        from edgespec.config import expand_home
 
-    return str(expand_home(text, what="--root"))
+        return str(expand_home(text, what=option))
+    return expanded
 
 
 def workspace_from_args(args: argparse.Namespace, *, stored_root: str | None = None):
@@ -45,7 +47,7 @@ def add_parsers(sub) -> None:
                                    "makes to its attached files as a diff, and write them after you confirm (or at "
                                    "once with --yes). A file changed on disk since the reply saw it is refused.")
     p.add_argument("--conversation", type=int, metavar="ID", help="the conversation (see `edgespec chats`)")
-    p.add_argument("--root", metavar="DIR", type=root_folder, help="the project folder (default: the conversation's)")
+    p.add_argument("--root", metavar="DIR", type=home_path("--root"), help="the project folder (default: the conversation's)")
     p.add_argument("--yes", action="store_true", help="apply without asking (for scripts)")
     p.add_argument("--new", action="store_true", help="also create files the conversation never attached")
     p.set_defaults(handler=_cmd_apply)

@@ -15,7 +15,7 @@ from edgespec.config import expand_home
 from edgespec.cli.bars import stderr_progress
 from edgespec.cli.options import (add_limited, add_model_options, add_sampling_options, add_template_option, decoded,
                                   engine_from_args, model_text, params_from_args, positive)
-from edgespec.cli.files import add_file_options, apply_edits, workspace_from_args
+from edgespec.cli.files import add_file_options, apply_edits, home_path, workspace_from_args
 from edgespec.cli.output import stderr_stats, note
 from edgespec.cli.signals import unwinding
 from edgespec.engine.events import GenerationParams
@@ -163,7 +163,7 @@ def _add_bench(sub) -> None:
     add_model_options(p)
     p.set_defaults(cache_disk=0, lookup_pool=0)  # a benchmark keeps nothing for a later run, nor drafts from earlier ones
     add_template_option(p)
-    p.add_argument("--prompts", metavar="FILE", help="a prompt suite YAML (default: the shipped one)")
+    p.add_argument("--prompts", metavar="FILE", type=home_path("--prompts"), help="a prompt suite YAML (default: the shipped one)")
     p.add_argument("--category", action="append", help="only these categories (repeatable)")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES),
                    help=f"comma-separated (default: all: {','.join(DEFAULT_MODES)}; {BASELINE} is plain llama.cpp "

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from edgespec import net
+from edgespec.cli.files import home_path
 from edgespec.cli.options import port
 from edgespec.cli.output import banner
 from edgespec.errors import EdgespecError
@@ -29,7 +30,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--device", metavar="NAME[,NAME...]", default=None,
                    help="devices to serve (default: the GPUs, else the CPU); --list-devices names them")
     p.add_argument("--list-devices", action="store_true", help="list this machine's devices and exit")
-    p.add_argument("--cache", metavar="DIR", default=None,
+    p.add_argument("--cache", metavar="DIR", default=None, type=home_path("--cache"),
                    help="keep the tensors clients send in DIR, so that a reload sends hashes instead of weights")
     p.set_defaults(handler=_cmd_worker)
 
