@@ -14,7 +14,47 @@ def one_line(text: str, limit: int) -> str:
     wrote: control characters (ANSI escapes, NUL, bell, C1 codes) and bidirectional
     overrides removed, line breaks and tabs as single spaces, at most `limit` characters."""
     text = " ".join(text.split())  # every kind of whitespace, line breaks included, as one space
-    return "".join(ch for ch in text if not _hidden(ch))[:limit].rstrip()
+    return cut("".join(ch for ch in text if not _hidden(ch)), limit).rstrip()
+
+
+def cut(text: str, limit: int) -> str:
+    """`text`'s first `limit` characters, or fewer: never a part of a character as a
+    reader sees one (a letter and its accents, an emoji sequence), which would show
+    as a bare letter, a stray mark or a different emoji."""
+    end = min(limit, len(text))
+    while 0 < end < len(text) and _inside_grapheme(text, end):
+        end -= 1
+    return text[:end]
+
+
+def _inside_grapheme(text: str, i: int) -> bool:
+    """Whether text[i - 1] and text[i] belong to one grapheme: a mark (combining accent,
+    variation selector), emoji skin tone, tag or ZWJ goes with the character before it,
+    the character after a ZWJ with the ZWJ, a low surrogate with its high one, and
+    regional indicators pair up into flags."""
+    before, ch = text[i - 1], text[i]
+    if before == _ZWJ or ch == _ZWJ or unicodedata.category(ch).startswith("M"):
+        return True
+    if "\U0001f3fb" <= ch <= "\U0001f3ff" or "\U000e0020" <= ch <= "\U000e007f":
+        return True
+    if "\ud800" <= before <= "\udbff" and "\udc00" <= ch <= "\udfff":
+        return True
+    return _regional(ch) and _regional_run(text, i) % 2 == 1
+
+
+def _regional(ch: str) -> bool:
+    return "\U0001f1e6" <= ch <= "\U0001f1ff"
+
+
+def _regional_run(text: str, i: int) -> int:
+    """How many regional indicators stand just before text[i]."""
+    start = i
+    while start > 0 and _regional(text[start - 1]):
+        start -= 1
+    return i - start
+
+
+_ZWJ = "\u200d"
 
 
 def terminal_text(text: str) -> str:

@@ -4,6 +4,7 @@ import pytest
 from tests.fakes import FakeEngine
 
 from edgespec.chat import ChatSession, ConversationStore
+from edgespec.chat import store as store_module
 from edgespec.chat.export import import_json
 from edgespec.chat.store import Message
 from edgespec.engine.events import GenerationParams
@@ -174,6 +175,25 @@ def test_conversations_are_stored_with_title_settings_stats_and_origins(store):
     reply = store.messages(info.id)[-1]
     assert reply.stats.generated_tokens == len("reply 1") and reply.stats.stop_reason == "eog"
     assert reply.from_draft == [i % 2 == 1 for i in range(len("reply 1"))]
+
+
+@pytest.mark.parametrize("grapheme", [
+    "e\u0301",                               # é as e + combining acute
+    "\U0001F469\u200D\U0001F4BB",            # woman technologist: a ZWJ sequence
+    "\u2764\uFE0F",                          # red heart with its emoji variation selector
+    "\U0001F44D\U0001F3FD",                  # thumbs up with a skin tone
+    "\U0001F1EB\U0001F1F7",                  # a flag: two regional indicators
+])
+def test_a_long_first_message_titles_the_chat_cut_between_whole_characters(store, grapheme):
+    from edgespec.chat.session import TITLE_CHARS
+
+    for inside in range(1, len(grapheme)):  # every cut that would fall inside the grapheme
+        start = "x" * (TITLE_CHARS - inside)
+        chat = ChatSession(FakeEngine(), store=store, template="chatml")
+        _run(chat.send(start + grapheme + " and more words"))
+        assert store.title(chat.conversation_id) == start, inside
+        assert store.title(store.create(title="y" * (store_module.TITLE_MAX - inside) + grapheme)) == \
+            "y" * (store_module.TITLE_MAX - inside)
 
 
 def test_settings_stored_by_others_are_kept(store):

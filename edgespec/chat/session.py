@@ -29,7 +29,7 @@ from edgespec.chat.reply_lock import reply_lock
 from edgespec.chat.store import ConversationStore, Message
 from edgespec.engine.events import Chunk, GenerationParams
 from edgespec.engine.protocol import ChatEngine
-from edgespec.errors import ContextFullError, FileAccessError
+from edgespec.errors import ContextFullError, FileAccessError, cut
 from edgespec.workspace.root import Workspace
 
 SAVE_EVERY_S = 0.5
@@ -410,7 +410,7 @@ class ChatSession:
         settings = self._settings()
         if self.conversation_id is None:
             first = next((m.content for m in self.messages if m.role == "user"), "New chat")
-            title = first.strip().splitlines()[0][:TITLE_CHARS] if first.strip() else "New chat"
+            title = cut(first.strip().splitlines()[0], TITLE_CHARS) if first.strip() else "New chat"
             self.conversation_id = self.store.create(title=title, settings=settings)
             # Held from the moment it exists: a second writer must not answer its first turn half-written.
             self._held.enter_context(reply_lock(self.store.path, self.conversation_id))
