@@ -28,6 +28,15 @@ An edit that copies a file is accepted in runs of 64 and more; on a 2-core CPU a
 for a 17-token pass and 52 for one token (bundled 1.5B, Zen 4), so auto, which
 prices every length, takes long drafts where the runs are long."""
 
+MAX_CTX = 2**24
+"""The largest context: llama.cpp's n_ctx is 32 bits (a larger one wrapped around to
+a small context, or asked for terabytes), and no model is trained past millions. No
+reply is longer than its context, so this is the most max tokens allows too."""
+
+MAX_TOP_K = 1_000_000
+"""The largest top-k: above the largest vocabularies (Gemma's 262,144 tokens),
+where top-k keeps every token, as 0 does; a larger one is a typo."""
+
 
 def _number(value: float) -> str:
     """2, 0.5, 16,777,216: whole numbers in full, with thousands separated."""
@@ -73,10 +82,10 @@ class Limit:
 LIMITS = MappingProxyType({
     "k": Limit("k", 0, MAX_DRAFT, MAX_DRAFT, "most tokens drafted per cycle; auto chooses up to this many; 0 = none"),
     "temperature": Limit("temperature", 0.0, 2.0, 0.0, "0 = greedy"),  # OpenAI's range
-    "top_k": Limit("top-k", 0, None, 0, "0 = off"),
+    "top_k": Limit("top-k", 0, MAX_TOP_K, 0, "0 = off"),
     "top_p": Limit("top-p", 0.0, 1.0, 1.0, "1 = off", above_low=True),
     "seed": Limit("seed", 0, None, None, "the same seed gives the same reply; none = a new one each time"),
-    "max_tokens": Limit("max tokens", 1, None, 512, "the longest reply, in tokens"),
+    "max_tokens": Limit("max tokens", 1, MAX_CTX, 512, "the longest reply, in tokens"),
 })
 """Per GenerationParams field: its range and default."""
 

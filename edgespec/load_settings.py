@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from edgespec.limits import Limit
+from edgespec.limits import MAX_CTX, Limit
 from edgespec.net import Split
 from edgespec.placement import CTX_CHOICES, CTX_FLOOR, CTX_MEMORY_SHARE
 
@@ -25,10 +25,6 @@ MIN_CTX = 32
 """The smallest context. llama.cpp's batch is never larger than the context asked
 for, and a verify pass (up to 17 tokens) and the draft model's 16-token
 calibration must each fit in one batch; nor does any chat fit in fewer tokens."""
-
-MAX_CTX = 2**24
-"""The largest context: llama.cpp's n_ctx is 32 bits (a larger one wrapped around to
-a small context, or asked for terabytes), and no model is trained past millions."""
 
 _CHOICES = ", ".join(f"{n:,}" for n in CTX_CHOICES)
 

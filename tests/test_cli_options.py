@@ -37,11 +37,23 @@ def no_load(monkeypatch):
 @pytest.mark.parametrize("option, message", [
     (["--top-p", "2"], "top-p"), (["--temperature", "-1"], "temperature"), (["--max-tokens", "0"], "max tokens"),
     (["--top-k", "-3"], "top-k"), (["--k", "-1"], "k must be"),
+    (["--top-k", str(10**30)], "top-k must be"), (["--max-tokens", str(10**30)], "max tokens must be"),
 ])
 @pytest.mark.parametrize("command", [["generate", "hi"], ["chat", "--once", "hi"]])
 def test_bad_sampling_options_are_refused_before_the_models_load(capsys, no_load, home, command, option, message):
     assert cli.main([*command, *option]) == cli.EXIT_ERROR
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [["--top-k", "\u0664\u0660"], ["--temperature", "\uff10.5"],
+                                    ["--ctx", "\u0664\u0660\u0669\u0666"], ["--max-tokens", "\u0968"]])
+def test_numbers_in_digits_other_than_0_to_9_are_refused_as_usage_errors(capsys, option):
+    """int() reads '٤٠' as 40: digits a keyboard layout or a pasted text put there are named, not read."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args(["generate", "hi", *option])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert option[0] in err and "digits 0-9" in err and "Traceback" not in err
 
 
 def test_k_above_what_a_verify_pass_holds_is_refused_naming_the_most(capsys, no_load, home):

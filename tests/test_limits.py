@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from edgespec import cli
 from edgespec.cli.options import params_from_args
 from edgespec.engine.events import GenerationParams
-from edgespec.limits import LIMITS, MAX_DRAFT
+from edgespec.limits import LIMITS, MAX_CTX, MAX_DRAFT, MAX_TOP_K
 from edgespec.engine.sampling import check_params
 from edgespec.server.schemas import ChatCompletionRequest
 from edgespec.tui.chat_settings import ChatSettings
@@ -18,8 +18,8 @@ from edgespec.tui.chat_settings import ChatSettings
 def test_the_table_holds_the_ranges_a_llama_cpp_or_openai_user_expects():
     table = {name: (limit.low, limit.high, limit.default, limit.above_low) for name, limit in LIMITS.items()}
     assert table == {
-        "k": (0, MAX_DRAFT, MAX_DRAFT, False), "temperature": (0, 2, 0, False), "top_k": (0, None, 0, False),
-        "top_p": (0, 1, 1, True), "seed": (0, None, None, False), "max_tokens": (1, None, 512, False),
+        "k": (0, MAX_DRAFT, MAX_DRAFT, False), "temperature": (0, 2, 0, False), "top_k": (0, MAX_TOP_K, 0, False),
+        "top_p": (0, 1, 1, True), "seed": (0, None, None, False), "max_tokens": (1, MAX_CTX, 512, False),
     }
     from edgespec.engine.choice import FAST_MAX_BATCH
 

@@ -58,7 +58,7 @@ def _within(limit):
     """An argparse type: a whole number in `limit`'s range (else a usage error naming it)."""
     def whole(text: str) -> int:
         try:
-            value = int(text)
+            value = int(_ascii(text))
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if not limit.allows(value):
@@ -181,12 +181,29 @@ def _non_negative(text: str) -> int:
 
 def _whole(text: str, *, least: int) -> int:
     try:
-        value = int(text)
+        value = int(_ascii(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < least:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least {least}, got {text!r}")
     return value
+
+
+def _ascii(text: str) -> str:
+    """`text`, refused where it holds more than ASCII: int() and float() read '٤٠' and '４０' as
+    40, digits a keyboard layout or a pasted text put there rather than a number meant."""
+    if not text.isascii():
+        raise argparse.ArgumentTypeError(f"expected a number written with the digits 0-9, got {text!r}")
+    return text
+
+
+def _ascii_number(kind: type):
+    """An argparse type: `kind` (int or float) read from ASCII text only (_ascii); argparse
+    names it in its message for text that is no number ("invalid int value")."""
+    def number(text: str):
+        return kind(_ascii(text))
+    number.__name__ = kind.__name__
+    return number
 
 
 def port(text: str) -> int:
@@ -228,7 +245,7 @@ def _rpc_workers(text: str):
 
 def _weights(text: str) -> tuple[float, ...]:
     try:
-        weights = tuple(float(w) for w in text.split(","))
+        weights = tuple(float(w) for w in _ascii(text).split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, e.g. 3,1 (got {text!r})") from None
     if any(not 0 <= w < math.inf for w in weights) or not sum(weights) > 0:  # NaN fails every comparison
@@ -310,7 +327,7 @@ def add_limited(g, name: str, kind: type, *, default=..., none: str = "", **kw) 
     limit = LIMITS[name]
     default = limit.default if default is ... else default
     said = f"; default {default:g}" if default is not None else f"; default: {none}" if none else ""
-    g.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
+    g.add_argument("--" + name.replace("_", "-"), type=_ascii_number(kind), default=default,
                    help=f"{limit.help} ({limit.range()}{said})", **kw)
 
 
