@@ -526,3 +526,19 @@ def test_a_file_given_with_a_tilde_is_the_file_in_the_home_folder(home, project,
             "Rename name"]
     assert cli.main(argv) == 0, capsys.readouterr().err
     assert (project / "src" / "app.py").read_text() == RENAMED
+
+
+def test_a_file_deleted_since_the_reply_is_refused_as_deleted_and_left_deleted(project, tmp_path):
+    """Applying would create it again, which the user may not want: refused, naming the cause."""
+    from edgespec.chat.attachments import PendingEdit, apply_edits
+    from edgespec.errors import StaleFileError
+    from edgespec.workspace.edits import FileEdit
+    from edgespec.workspace.root import sha256_hex
+
+    path = project / "src" / "app.py"
+    edit = PendingEdit(FileEdit("src/app.py", RENAMED, "whole"), sha256_hex(path.read_bytes()), APP)
+    path.unlink()
+    with pytest.raises(StaleFileError, match="src/app.py was deleted") as refused:
+        apply_edits(Workspace(project), [edit], allow_new=False, backups=tmp_path / "undo")
+    assert "changed on disk" not in str(refused.value)
+    assert not path.exists()

@@ -243,25 +243,35 @@ def apply_edits(workspace: Workspace, edits: Sequence[PendingEdit], *, allow_new
     file is checked before any is written, so a stale or read-only one leaves them all as
     they were, and a write that fails midway puts back those written before it."""
     for pending in edits:
-        if not _as_the_reply_saw_it(workspace, pending):
-            raise StaleFileError(f"{pending.path} changed on disk since the reply was written; nothing was applied. "
-                                 f"Send a message to show the model its current content.")
+        stale = _since_the_reply(workspace, pending)
+        if stale:
+            raise StaleFileError(stale)
     applied = apply_all(workspace, [(p.edit, p.base_sha256) for p in edits], allow_new=allow_new, backups=backups)
     written = [Attachment(p.path, p.edit.new_text, done.after_sha256, origin="applied")
                for p, done in zip(edits, applied)]
     return applied, written
 
 
-def _as_the_reply_saw_it(workspace: Workspace, pending: PendingEdit) -> bool:
-    """Whether the file still has the version the reply was based on. One that is no longer a
-    regular file within the limit (grown past it, a folder now) has not: refused as changed,
-    not with the advice its refusal as an attachment gives ("attach a smaller file")."""
+def _since_the_reply(workspace: Workspace, pending: PendingEdit) -> str | None:
+    """Why the file no longer has the version the reply was based on, for the user; None where
+    it has. A deleted file is refused too, as applying would create it again, which may not be
+    wanted. One that is no longer a regular file within the limit (grown past it, a folder now)
+    is refused as changed, not with the advice its refusal as an attachment gives ("attach a
+    smaller file")."""
+    changed = (f"{pending.path} changed on disk since the reply was written; nothing was applied. "
+               f"Send a message to show the model its current content.")
     try:
-        return workspace.sha256_of(pending.path) == pending.base_sha256
+        now = workspace.sha256_of(pending.path)
     except OutsideRootError:
         raise
     except FileAccessError:
-        return False
+        return changed
+    if now == pending.base_sha256:
+        return None
+    if now is None:
+        return (f"{pending.path} was deleted since the reply was written; nothing was applied, so it stays deleted. "
+                f"To have the reply's version, restore the file and apply again.")
+    return changed
 
 
 def undo_edits(workspace: Workspace, applied: Sequence[Applied]) -> None:
