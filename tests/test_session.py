@@ -6,6 +6,7 @@ from tests.fakes import FakeEngine
 from edgespec.chat import ChatSession, ConversationStore
 from edgespec.chat import store as store_module
 from edgespec.chat.export import import_json
+from edgespec.chat.session import ChangedElsewhereError
 from edgespec.chat.store import Message
 from edgespec.engine.events import GenerationParams
 from edgespec.errors import ContextFullError, TemplateError
@@ -194,6 +195,34 @@ def test_a_long_first_message_titles_the_chat_cut_between_whole_characters(store
         assert store.title(chat.conversation_id) == start, inside
         assert store.title(store.create(title="y" * (store_module.TITLE_MAX - inside) + grapheme)) == \
             "y" * (store_module.TITLE_MAX - inside)
+
+
+def _changed_elsewhere(store):
+    """A chat shown with one turn, to which another edgespec then added a second."""
+    shown = ChatSession(FakeEngine(), store=store, template="chatml")
+    _run(shown.send("one"))
+    other = ChatSession(FakeEngine(), store=store, conversation_id=shown.conversation_id, template="chatml")
+    _run(other.send("two"))
+    return shown, [(m.id, m.content) for m in store.messages(shown.conversation_id)]
+
+
+@pytest.mark.parametrize("turn", [lambda chat: chat.regenerate(), lambda chat: chat.edit(0, "uno")])
+def test_edit_and_regenerate_are_refused_when_the_stored_chat_changed_since_it_was_shown(store, turn):
+    shown, stored = _changed_elsewhere(store)
+    with pytest.raises(ChangedElsewhereError, match="another edgespec"):
+        _run(turn(shown))
+    assert [(m.id, m.content) for m in store.messages(shown.conversation_id)] == stored  # nothing acted on
+    assert [(m.id, m.content) for m in shown.messages] == stored and shown.reply is None  # read again, to show
+    _run(shown.regenerate())  # now on the reply the user sees: the other edgespec's
+    assert [m.content for m in store.messages(shown.conversation_id)][:3] == ["one", "reply 1", "two"]
+
+
+def test_a_turn_sent_says_when_it_read_turns_another_edgespec_added(store):
+    shown, _ = _changed_elsewhere(store)
+    _run(shown.send("three"))
+    assert shown.changed_elsewhere and [m.content for m in shown.messages][::2] == ["one", "two", "three"]
+    _run(shown.send("four"))
+    assert not shown.changed_elsewhere
 
 
 def test_settings_stored_by_others_are_kept(store):

@@ -342,6 +342,58 @@ async def test_regenerate_and_edit(store):
             ["better question", "edited answer"]
 
 
+def _turn_added_elsewhere(store, app) -> None:
+    """Another edgespec adds a turn to the chat the app shows."""
+    store.append(app.chat.conversation_id, Message("user", "asked elsewhere"))
+    store.append(app.chat.conversation_id, Message("assistant", "answered elsewhere"))
+
+
+def _stored(store, app) -> list[str]:
+    return [m.content for m in store.messages(app.chat.conversation_id) if m.role != "system"]
+
+
+async def test_regenerate_after_another_edgespec_added_a_turn_is_refused_and_shows_it(store):
+    """Ctrl+R regenerates the reply the user sees, never one stored since by another edgespec."""
+    app = two_turn_app(store, "third answer")
+    async with app.run_test() as pilot:
+        await two_turns(pilot, app)
+        _turn_added_elsewhere(store, app)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 6)
+        assert any("changed by another edgespec" in note for note in app.notes)
+        assert [b.content for b in boxes(app)] == _stored(store, app) == \
+            ["one", "first answer", "two", "second answer", "asked elsewhere", "answered elsewhere"]
+        await pilot.press("ctrl+r")  # now on the reply shown last
+        await wait_for(pilot, lambda: not app.chat.generating and boxes(app)[-1].content == "third answer")
+        assert _stored(store, app)[-2:] == ["asked elsewhere", "third answer"]
+
+
+async def test_edit_after_another_edgespec_added_a_turn_is_refused_and_reopened_on_the_same_message(store):
+    app = two_turn_app(store, "third answer")
+    async with app.run_test() as pilot:
+        await two_turns(pilot, app)
+        _turn_added_elsewhere(store, app)
+        await pilot.press("ctrl+g")  # the last message shown: "two"
+        app.screen.query_one("#value").load_text("TWO")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen) and len(boxes(app)) == 6)
+        assert _stored(store, app)[2:] == ["two", "second answer", "asked elsewhere", "answered elsewhere"]
+        await pilot.press("ctrl+s")  # resent, seeing what the edit drops
+        await wait_for(pilot, lambda: not app.chat.generating and boxes(app)[-1].content == "third answer")
+        assert [b.content for b in boxes(app)] == _stored(store, app) == ["one", "first answer", "TWO", "third answer"]
+
+
+async def test_a_message_sent_after_another_edgespec_added_a_turn_shows_that_turn(store):
+    app = two_turn_app(store, "third answer")
+    async with app.run_test() as pilot:
+        await two_turns(pilot, app)
+        _turn_added_elsewhere(store, app)
+        await send(pilot, "three")
+        await wait_for(pilot, lambda: not app.chat.generating and boxes(app)[-1].content == "third answer")
+        assert [b.content for b in boxes(app)] == _stored(store, app)
+        assert len(boxes(app)) == 8
+
+
 async def test_regenerate_on_an_earlier_reply_says_so_and_keeps_the_last(store):
     """Ctrl+R with an earlier reply focused regenerates nothing and says how to redo from
     there: it regenerated the last reply, throwing away one the user had not pointed at."""

@@ -29,7 +29,7 @@ from edgespec.chat.reply_lock import reply_lock
 from edgespec.chat.store import ConversationStore, Message
 from edgespec.engine.events import Chunk, GenerationParams
 from edgespec.engine.protocol import ChatEngine
-from edgespec.errors import ContextFullError, FileAccessError, cut
+from edgespec.errors import ContextFullError, EdgespecError, FileAccessError, cut
 from edgespec.workspace.root import Workspace
 
 SAVE_EVERY_S = 0.5
@@ -67,6 +67,11 @@ def settled_words(words: str) -> str:
     while end and not words[end - 1].isspace():
         end -= 1
     return words[:end].rstrip()
+
+
+class ChangedElsewhereError(EdgespecError):
+    """An edit or a regeneration was refused: another edgespec changed the stored chat
+    since it was shown, so the message the user picked may not be the one stored there."""
 
 
 class ChatSession:
@@ -108,6 +113,9 @@ class ChatSession:
         """Kept out of the engine's lookup pool (see keep_private)."""
         self._remembered: list[int] = []
         """What this session gave the lookup pool of the conversation (chat/remember.py)."""
+        self.changed_elsewhere = False
+        """Whether the last turn found the stored conversation changed by another process,
+        and read it again: a screen shows `messages` again."""
         if conversation_id is not None:
             self.load(conversation_id)
         else:
@@ -249,7 +257,7 @@ class ChatSession:
         """Drop the last assistant reply (if any) and reply to the last user message again
         (with the files that changed on disk since, as send() does)."""
         self.reply = None
-        with self._turn():
+        with self._turn(as_shown=True):
             keep = self.messages[:-1] if self.messages and self.messages[-1].role == "assistant" else self.messages
             if not keep or keep[-1].role != "user":
                 raise ValueError("regenerate() needs a conversation that ends with a user message")
@@ -264,14 +272,17 @@ class ChatSession:
         """Replace user message `index`, drop every message after it, and reply (with the
         files that changed on disk since, as send() does)."""
         self.reply = None
-        with self._turn():
+        with self._turn(as_shown=True):
             yield from self._edit(index, text)
 
     @contextmanager
-    def _turn(self) -> Iterator[None]:
+    def _turn(self, *, as_shown: bool = False) -> Iterator[None]:
         """One turn holds its stored conversation (another process replying there is
         waited for), and starts from what is stored: messages another process added
-        meanwhile are read, so that the prompt holds finished turns only."""
+        meanwhile are read, so that the prompt holds finished turns only. A turn
+        `as_shown` (an edit, a regeneration: it picks a message the user sees) is then
+        refused (ChangedElsewhereError) when what is stored is not what was shown."""
+        self.changed_elsewhere = False
         with ExitStack() as self._held:
             if self.store is not None and self.conversation_id is not None:
                 self._held.enter_context(reply_lock(self.store.path, self.conversation_id, on_wait=self.on_wait,
@@ -280,7 +291,13 @@ class ChatSession:
                 # A reply still being written when it was read ("interrupted" until it ends) is read again.
                 unfinished = any(m.status == "interrupted" for m in self.messages[-1:])
                 if self.store.last_message_id(self.conversation_id) != ours or unfinished:
+                    shown = [(m.id, m.content) for m in self.messages]
                     self.load(self.conversation_id)
+                    self.changed_elsewhere = [(m.id, m.content) for m in self.messages] != shown
+                if as_shown and self.changed_elsewhere:
+                    raise ChangedElsewhereError(
+                        "This chat was changed by another edgespec since it was shown; it is shown again as "
+                        "stored. Edit or regenerate again.")
             yield
 
     def _edit(self, index: int, text: str) -> Iterator[Chunk]:

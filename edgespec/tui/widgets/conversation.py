@@ -193,10 +193,13 @@ class Conversation(VerticalScroll):
         for later in boxes[boxes.index(box):]:
             await later.remove()
         await self.mount(MessageBox("user", text, attachments=box.attachments))
+        edited = session.messages[index].id
 
         def refused(error: str) -> None:
             self.notify(error, title="Not resent", severity="error", timeout=10)
-            self.post_message(self.Refused(text, [], edited=index))
+            # the same stored message, where the session (maybe read again) now has it; None: it is gone
+            at = index if edited is None else next((i for i, m in enumerate(session.messages) if m.id == edited), None)
+            self.post_message(self.Refused(text, [], edited=at))
 
         await self._reply(session, lambda: session.edit(index, text), refused)
 
@@ -277,4 +280,6 @@ class Conversation(VerticalScroll):
         if error:
             status = "error" if status == "done" else status
         await box.finish(content=content, status=status, stats=stats)
+        if event.session.changed_elsewhere:  # the turn read turns another edgespec stored: show them too
+            await self.show(event.session.messages)
         self.post_message(self.ReplyEnded(status, stats, error))
