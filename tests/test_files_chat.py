@@ -542,3 +542,18 @@ def test_a_file_deleted_since_the_reply_is_refused_as_deleted_and_left_deleted(p
         apply_edits(Workspace(project), [edit], allow_new=False, backups=tmp_path / "undo")
     assert "changed on disk" not in str(refused.value)
     assert not path.exists()
+
+
+def test_a_file_that_is_no_longer_utf8_is_named_when_it_cannot_be_sent_again(home, project, monkeypatch, capsys):
+    """A file changed on disk goes with the next message; one that can no longer be read as
+    text cannot, and the chat says so rather than answer from the old copy unannounced."""
+    engine = FakeEngine(reply=lambda p: "ok")
+    _load(monkeypatch, engine)
+    monkeypatch.chdir(project)
+    assert cli.main(["chat", "--new", "--template", "chatml", "--file", "src/app.py", "--once", "Look"]) == 0
+    capsys.readouterr()
+    (project / "src" / "app.py").write_bytes(APP.encode() + b"caf\xe9\n")
+    assert cli.main(["chat", "--template", "chatml", "--once", "Now?"]) == 0
+    err = capsys.readouterr().err
+    assert "src/app.py changed on disk" in err and "not UTF-8" in err, err
+    assert "caf" not in _prompt(engine)

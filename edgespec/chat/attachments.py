@@ -21,7 +21,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from edgespec.errors import ContextFullError, FileAccessError, OutsideRootError, StaleFileError
 from edgespec.workspace.apply import Applied, apply_all, undo
@@ -115,15 +115,29 @@ def latest(messages: Iterable) -> dict[str, Attachment]:
 
 def changed_on_disk(workspace: Workspace, messages: Sequence) -> list[Attachment]:
     """Files of the conversation whose bytes on disk differ from its newest version,
-    read again (origin "changed"); a file gone or no longer readable is left out."""
-    changed = []
+    read again (origin "changed"); a file gone, or no longer readable (not_sent_again
+    names it), is left out."""
+    return [read for _, read in _changed(workspace, messages) if isinstance(read, Attachment)]
+
+
+def not_sent_again(workspace: Workspace, messages: Sequence) -> list[str]:
+    """A one-line notice per file of the conversation that changed on disk but can no longer
+    be read (no longer UTF-8, grown past the limit): the next turn cannot send it, and the
+    model answers from the version it saw before, which the user should know."""
+    return [f"{path} changed on disk but cannot be sent to the model again, which still has its earlier "
+            f"version: {read}" for path, read in _changed(workspace, messages) if not isinstance(read, Attachment)]
+
+
+def _changed(workspace: Workspace, messages: Sequence) -> Iterator[tuple[str, Attachment | FileAccessError]]:
+    """Each file of the conversation whose bytes on disk differ from its newest version (a file
+    gone is not), with its content read again or why it cannot be."""
     for path, seen in latest(messages).items():
         try:
-            if workspace.sha256_of(path) not in (None, seen.sha256):
-                changed.append(Attachment.of(workspace.read(path), origin="changed"))
-        except FileAccessError:
-            continue
-    return changed
+            if workspace.sha256_of(path) in (None, seen.sha256):
+                continue
+            yield path, Attachment.of(workspace.read(path), origin="changed")
+        except FileAccessError as error:
+            yield path, error
 
 
 def model_messages(messages: Sequence) -> list[dict]:

@@ -66,6 +66,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from edgespec.chat import ChatSession
+    from edgespec.chat.attachments import not_sent_again
 
     if args.once is not None and not args.once.strip():
         raise EdgespecError("the message is empty: pass some text with --once, or leave --once out to read "
@@ -102,6 +103,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         at_terminal = args.once is None and sys.stdin.isatty()
         for text in [args.once] if args.once is not None else _stdin_lines():
             sent, last = True, None
+            for notice in not_sent_again(workspace, session.messages):
+                note(notice)
             try:
                 with _ctrl_c_stops_the_reply(engine, give_up, at_terminal):
                     for last in session.send(text, attach):
