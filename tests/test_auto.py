@@ -134,10 +134,40 @@ def test_cost_interpolation_follows_sizes_measured_later_and_a_restart():
     assert costs.target_pass(5) == pytest.approx(3.0)
     costs.observe(CycleReport(Plan(None, 0), drafted=4, accepted=0, draft_s=0.0, verify_s=2.0))  # a 5-token pass
     assert costs.target_pass(5) == pytest.approx(2.0)
-    assert costs.target_pass(3) == pytest.approx(1.5)  # between 1 and the newly measured 5
-    assert costs.target_pass(7) == pytest.approx(3.5)
+    drift = 1.0 + 0.2 * (2.0 / 3.0 - 1.0)  # the pass ran at 2/3 of the calibration's line: so may the others
+    assert costs.target_pass(1) == pytest.approx(drift)
+    assert costs.target_pass(3) == pytest.approx((drift + 2.0) / 2)  # between 1 and the newly measured 5
+    assert costs.target_pass(7) == pytest.approx((2.0 + 5.0 * drift) / 2)
     costs.restart()
     assert costs.target_pass(3) == pytest.approx(2.0)  # the calibration's line again
+
+
+def test_sizes_not_measured_since_the_calibration_move_with_those_that_were():
+    """A machine slower (or faster) than at its calibration is so at every size: a
+    context grown long, a noisy neighbour. Moving only the sizes in use (the single
+    pass, in plain decoding) would make the others look cheap beside them."""
+    costs = Costs({1: 0.032, 2: 0.064, 5: 0.130}, {})
+    for _ in range(30):  # plain cycles, each 12.5% dearer than calibrated
+        costs.observe(CycleReport(Plan(None, 0), drafted=0, accepted=0, draft_s=0.0, verify_s=0.036))
+    assert costs.target_pass(1) == pytest.approx(0.036, rel=0.01)
+    assert costs.target_pass(2) == pytest.approx(0.072, rel=0.01)
+    assert costs.target_pass(5) == pytest.approx(0.14625, rel=0.01)
+    costs.observe(CycleReport(Plan(None, 0), drafted=1, accepted=0, draft_s=0.0, verify_s=0.060))
+    assert costs.target_pass(2) == pytest.approx(0.072 + 0.2 * (0.060 - 0.072), rel=0.01)  # measured: its own
+
+
+def test_a_short_draft_that_does_not_pay_is_not_chosen_when_the_machine_slows():
+    """Where a 2-token pass costs two single ones (AMD EPYC Zen 4, 2 threads), a
+    1-token draft cannot pay: single passes measured slower than calibrated must
+    not make it look as if it did (it did so at 1.03-1.10x, and lost)."""
+    zen4 = {1: .032, 2: .064, 3: .091, 4: .103, 5: .130}
+    p = AutoPolicy(Costs(zen4, {"lookup": 0.0}), [PromptLookup()], k_max=1, priors={"lookup": 0.5})
+    p.acceptance[Bucket("lookup", "8-gram")] = Acceptance(0.95, weight=100.0)
+    p.ledger.saved = 10.0
+    history = list(range(200)) + list(range(100))  # 100 tokens of a 200-token copy so far
+    for _ in range(30):
+        p.costs.observe(CycleReport(Plan(None, 0), drafted=0, accepted=0, draft_s=0.0, verify_s=0.036))
+    assert p.plan(history).drafter is None
 
 
 def test_plain_when_drafting_cannot_pay():

@@ -45,11 +45,16 @@ class Costs:
 
     def __init__(self, target: dict[int, float], per_draft_token: dict[str, float],
                  per_catch_up_token: dict[str, float] | None = None):
-        self.target = dict(target)
         self.calibrated = dict(target)
         """The pass costs as first given (measured at load, at an empty context)."""
         self.calibrated_sizes = tuple(sorted(self.calibrated))
         """Their sizes: the passes whose costs are known, not interpolated."""
+        self.drift = 1.0
+        """How much dearer passes run now than calibrated (a running ratio over every
+        pass observed): what the sizes not measured since are taken to cost too."""
+        self.observed: set[int] = set()
+        """The sizes measured since the calibration (or the last restart)."""
+        self.target = dict(target)
         self.per_draft_token = dict(per_draft_token)
         self.per_catch_up_token = dict(per_catch_up_token or {})
         """Seconds per token a drafter takes to read the history it missed (in a batch)."""
@@ -59,6 +64,7 @@ class Costs:
         context had no room for them then (calibrate measures only what fits)."""
         self.calibrated.update(measured)
         self.calibrated_sizes = tuple(sorted(self.calibrated))
+        self.observed |= set(measured)  # measured now, as they run now
         self.target = {**self.target, **measured}
 
     def restart(self) -> None:
@@ -67,6 +73,7 @@ class Costs:
         last measured in a long conversation would read dear in a short one, and
         a size a policy stops using is never measured again. The first cycles
         relearn them."""
+        self.drift, self.observed = 1.0, set()
         self.target = dict(self.calibrated)
 
     @property
@@ -99,20 +106,7 @@ class Costs:
         return seconds
 
     def _interpolate(self, n: float) -> float:
-        if n in self.target:
-            return self.target[n]
-        sizes = self._sizes
-        i = bisect.bisect(sizes, n)  # sizes[i - 1] < n < sizes[i]
-        if i == len(sizes):  # beyond the largest measured size: extend the last slope
-            if i == 1:
-                return self.target[sizes[0]] * n / sizes[0]
-            lower, upper = sizes[-2], sizes[-1]
-        else:
-            lower, upper = sizes[max(i - 1, 0)], sizes[i]
-            if i == 0:  # below the smallest: its cost
-                return self.target[upper]
-        t_lo, t_hi = self.target[lower], self.target[upper]
-        return t_lo + (t_hi - t_lo) * (n - lower) / (upper - lower)
+        return interpolate(self.target, self._sizes, n)
 
     def break_even(self, name: str) -> float:
         """How likely a drafter's next guess must be to be accepted for drafting
@@ -132,9 +126,21 @@ class Costs:
         return self.per_catch_up_token.get(name, 0.0) * max(0, behind - STEADY_CATCH_UP)
 
     def observe(self, report: CycleReport) -> None:
+        """A cycle's pass updates its size's estimate and the drift, which moves
+        every size not measured since the calibration: passes run dearer at a long
+        context or beside a busy neighbour, and a size left at its calibrated cost
+        beside a single pass measured dearer would look cheap (a short draft priced
+        to pay on a machine where it loses)."""
         n = report.drafted + 1
+        calibrated = interpolate(self.calibrated, self.calibrated_sizes, n) if self.calibrated else 0.0
+        if calibrated > 0:
+            self.drift += EMA * (report.verify_s / calibrated - self.drift)
         old = self.target.get(n)
         self.target[n] = report.verify_s if old is None else old + EMA * (report.verify_s - old)
+        self.observed.add(n)
+        for size in self.calibrated_sizes:
+            if size not in self.observed:
+                self.target[size] = self.calibrated[size] * self.drift
         self._changed()
         if report.plan.drafter is None:
             return
@@ -147,6 +153,25 @@ class Costs:
                 _ema(self.per_catch_up_token, name, per_missed_token(report.catch_up_s, report.caught_up))
         elif report.asked > 0:  # the step that found a guess too unsure counts too
             _ema(self.per_draft_token, name, report.draft_s / (report.drafted + report.stopped))
+
+
+def interpolate(costs: dict[int, float], sizes: list[int] | tuple[int, ...], n: float) -> float:
+    """The time of a pass over n tokens from `costs` (by size; `sizes`, sorted):
+    linear between measured sizes, past the largest along the last slope, below
+    the smallest at its cost."""
+    if n in costs:
+        return costs[n]
+    i = bisect.bisect(sizes, n)  # sizes[i - 1] < n < sizes[i]
+    if i == len(sizes):  # beyond the largest measured size: extend the last slope
+        if i == 1:
+            return costs[sizes[0]] * n / sizes[0]
+        lower, upper = sizes[-2], sizes[-1]
+    else:
+        lower, upper = sizes[max(i - 1, 0)], sizes[i]
+        if i == 0:  # below the smallest: its cost
+            return costs[upper]
+    t_lo, t_hi = costs[lower], costs[upper]
+    return t_lo + (t_hi - t_lo) * (n - lower) / (upper - lower)
 
 
 def _ema(estimates: dict[str, float], name: str, value: float) -> None:
