@@ -902,3 +902,33 @@ async def test_a_message_sent_as_a_chat_opens_and_reloads_the_models_stays_in_th
         assert not boxes(app)
         assert prompt.text == "Summarise the notes" and _chips(app) == ["notes.txt"]
         loaded.set()
+
+
+@pytest.mark.parametrize("turn", ["send", "regenerate", "edit"])
+async def test_a_file_that_can_no_longer_be_sent_again_is_named_before_the_turn(store, project, turn):
+    """A file of the conversation changed on disk goes with the next turn; one that can no longer
+    be read as text cannot, and the app says so, as the CLI does, rather than let the model answer
+    from its old copy unannounced: before a message, a regeneration and an edit alike."""
+    from textual.widgets import TextArea
+
+    from edgespec.tui.screens.dialogs import TextPromptScreen
+
+    app = make_app(store, reply="ok", root=project)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await send(pilot, "Look @src/app.py")
+        await wait_for(pilot, lambda: not app.chat.generating and len(boxes(app)) == 2)
+        (project / "src" / "app.py").write_bytes(APP.encode() + b"caf\xe9\n")
+        if turn == "send":
+            await send(pilot, "Now?")
+        elif turn == "regenerate":
+            await pilot.press("ctrl+r")
+        else:
+            await pilot.press("ctrl+g")
+            await wait_for(pilot, lambda: isinstance(app.screen, TextPromptScreen))
+            app.screen.query_one(TextArea).load_text("Look again")
+            await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not app.chat.generating and len(app.engines[0].prompts) == 2)
+        said = [n for n in app.notes if "src/app.py changed on disk" in n]
+        assert len(said) == 1 and "not UTF-8" in said[0], app.notes
+        assert "caf" not in app.engines[0].detokenize(app.engines[0].prompts[-1])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from textual import on, work
 from textual.containers import VerticalScroll
@@ -25,6 +25,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from edgespec.chat.attachments import not_sent_again
 from edgespec.engine.events import Stats
 from edgespec.errors import EdgespecError
 from edgespec.tui.origin import chunk_spans, stored_spans
@@ -61,6 +62,13 @@ class Conversation(VerticalScroll):
         files: list[str]
         edited: int | None = None
         """Where in the session the user message is that `text` was to replace (None: a new message)."""
+
+    @dataclass
+    class _NotSentAgain(Message, bubble=False):
+        """Files of the conversation that changed on disk but that the turn cannot send
+        again (attachments.not_sent_again): one notice each."""
+
+        notices: list[str]
 
     @dataclass
     class _Decoded(Message, bubble=False):
@@ -164,7 +172,7 @@ class Conversation(VerticalScroll):
             self.notify(error, title="Not sent", severity="error", timeout=10)
             self.post_message(self.Refused(text, list(files or ())))
 
-        await self._reply(session, lambda: session.send(text, files or ()), refused)
+        await self._reply(session, lambda: session.send(text, files or ()), refused, list(session.messages))
 
     async def regenerate(self, session) -> bool:
         """Generate the last reply again (False: the last message is not a reply)."""
@@ -172,8 +180,12 @@ class Conversation(VerticalScroll):
         if not boxes or boxes[-1].role != "assistant":
             return False
         await boxes[-1].remove()
+        asked = list(session.messages)
+        if asked and asked[-1].role == "assistant":  # the turn answers again what that reply answered
+            asked.pop()
         await self._reply(session, lambda: session.regenerate(),
-                          lambda error: self.notify(error, title="Not regenerated", severity="error", timeout=10))
+                          lambda error: self.notify(error, title="Not regenerated", severity="error", timeout=10),
+                          asked)
         return True
 
     def session_index(self, session, box: MessageBox) -> int:
@@ -201,7 +213,7 @@ class Conversation(VerticalScroll):
             at = index if edited is None else next((i for i, m in enumerate(session.messages) if m.id == edited), None)
             self.post_message(self.Refused(text, [], edited=at))
 
-        await self._reply(session, lambda: session.edit(index, text), refused)
+        await self._reply(session, lambda: session.edit(index, text), refused, session.messages[:index + 1])
 
     def stop(self) -> None:
         """Stop the reply now, also mid-batch of a long prompt (Engine.interrupt); the reply is kept."""
@@ -209,9 +221,11 @@ class Conversation(VerticalScroll):
         if self.engine is not None:
             self.engine.interrupt()
 
-    async def _reply(self, session, make_chunks: Callable[[], Iterator], refused: Callable[[str], None]) -> None:
+    async def _reply(self, session, make_chunks: Callable[[], Iterator], refused: Callable[[str], None],
+                     asked: Sequence) -> None:
         """Stream the reply that `make_chunks` (a session's turn) generates into a new box;
-        `refused` says why, should the session refuse the turn before it begins."""
+        `refused` says why, should the session refuse the turn before it begins. The files of
+        `asked` (the messages the turn answers) that it cannot send again are named first."""
         box = MessageBox("assistant", show_origin=self.show_origin)
         await self.mount(box)
         box.begin()
@@ -219,16 +233,21 @@ class Conversation(VerticalScroll):
         self._stop.clear()
         pending = ReplyBuffer()
         redraws = RedrawTimer(self, lambda: self._show_pending(box, pending), self.render_share)
-        self._reply_worker(session, make_chunks, box, pending, redraws, refused)
+        self._reply_worker(session, make_chunks, box, pending, redraws, refused, asked)
 
     @work(thread=True, exclusive=True, group="reply")
     def _reply_worker(self, session, make_chunks: Callable[[], Iterator], box: MessageBox,
-                      pending: ReplyBuffer, redraws: RedrawTimer, refused: Callable[[str], None]) -> None:
+                      pending: ReplyBuffer, redraws: RedrawTimer, refused: Callable[[str], None],
+                      asked: Sequence) -> None:
         error = None
         chunks = None
         engine = session.engine
         self.decoding.acquire()
         try:
+            # here, off the screen's thread: each file of the conversation is read again
+            notices = not_sent_again(session.workspace, asked) if session.workspace is not None else []
+            if notices:
+                self.post_message(self._NotSentAgain(notices))
             chunks = make_chunks()
             for chunk in chunks:
                 if self._stop.is_set():
@@ -257,6 +276,12 @@ class Conversation(VerticalScroll):
             await box.write(text, runs)
         if stats is not None:
             self.post_message(self.ReplyProgressed(stats))
+
+    @on(_NotSentAgain)
+    def _not_sent_again(self, event: _NotSentAgain) -> None:
+        """The model answers from its earlier version of these files: the user should know."""
+        for notice in event.notices:
+            self.notify(notice, title="Not sent again", severity="warning", timeout=10)
 
     @on(_Decoded)
     async def _decoded(self, event: _Decoded) -> None:
