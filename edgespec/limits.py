@@ -38,6 +38,15 @@ MAX_TOP_K = 1_000_000
 where top-k keeps every token, as 0 does; a larger one is a typo."""
 
 
+def ascii_number(text: str) -> str:
+    """`text`, where it is written in ASCII; ValueError where it is not: int() and float()
+    read '٤٠' and '４０' as 40, digits a keyboard layout or a pasted text put there rather
+    than a number meant. The CLI and the app read the numbers people type through it."""
+    if not text.isascii():
+        raise ValueError(f"expected a number written with the digits 0-9, got {text!r}")
+    return text
+
+
 def _number(value: float) -> str:
     """2, 0.5, 16,777,216: whole numbers in full, with thousands separated."""
     return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"

@@ -580,6 +580,35 @@ async def test_a_pairs_mode_and_k_apply_unless_the_settings_name_them(store):
         assert (app.chat.session.params.mode, app.chat.session.params.k) == ("lookup", 5)
 
 
+NOT_DIGITS_0_9 = [("max_tokens", "\uff11\uff12\uff18"), ("top_k", "\u0661\u0662"), ("temperature", "\uff10.5"),
+                  ("n_ctx", "\u0664\u0660\u0669\u0666"), ("k", "\u0968")]
+"""A setting written in digits other than 0-9 (fullwidth, Arabic-Indic, Devanagari), which int() and float() read."""
+
+
+@pytest.mark.parametrize("field, text", NOT_DIGITS_0_9)
+async def test_a_setting_written_in_digits_other_than_0_to_9_is_refused_saying_so(store, field, text):
+    """int() reads '\uff11\uff12\uff18' as 128: the settings screen refuses it as the CLI does,
+    naming the digits, and keeps the settings as they were."""
+    app = make_app(store)
+    async with app.run_test(size=(120, 50)) as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        before = app.chat.settings
+        await pilot.press("ctrl+s")
+        app.screen.query_one(f"#{field}").value = text
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, SettingsScreen)
+        assert "digits 0-9" in str(app.screen.query_one("#error").render())
+        await pilot.press("escape")
+        assert app.chat.settings == before
+
+
+@pytest.mark.parametrize("field, text", NOT_DIGITS_0_9)
+def test_a_stored_setting_written_in_digits_other_than_0_to_9_is_refused(field, text):
+    """settings.yaml and a stored chat's settings are read as the screen's fields are."""
+    with pytest.raises(ValueError, match="digits 0-9"):
+        ChatSettings.from_dict({field: text})
+
+
 def test_chat_settings_validate_and_fill_from_defaults(tmp_path):
     with pytest.raises(ValueError, match="top-p"):
         ChatSettings(top_p=0)

@@ -13,7 +13,7 @@ from edgespec.chat.template import BUILTIN_FORMATS, known_template
 from edgespec.cli.output import note
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.errors import TemplateError
-from edgespec.limits import LIMITS
+from edgespec.limits import LIMITS, ascii_number
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS, SWITCHES, LoadSettings
 from edgespec.modes import DEFAULT_MODE, MODE_K, reply_decoding
 
@@ -190,11 +190,11 @@ def _whole(text: str, *, least: int) -> int:
 
 
 def _ascii(text: str) -> str:
-    """`text`, refused where it holds more than ASCII: int() and float() read '٤٠' and '４０' as
-    40, digits a keyboard layout or a pasted text put there rather than a number meant."""
-    if not text.isascii():
-        raise argparse.ArgumentTypeError(f"expected a number written with the digits 0-9, got {text!r}")
-    return text
+    """`text`, refused as a usage error where it holds more than ASCII (limits.ascii_number)."""
+    try:
+        return ascii_number(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _ascii_number(kind: type):

@@ -15,7 +15,7 @@ import yaml
 
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.errors import yaml_problem
-from edgespec.limits import LIMITS
+from edgespec.limits import LIMITS, ascii_number
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS, LoadSettings
 from edgespec.modes import DEFAULT_MODE, reply_decoding
 
@@ -135,7 +135,13 @@ _SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxoth
 
 
 def _typed(name: str, value, kind: type):
-    """`value` as `kind`; ValueError naming the setting where it is not one."""
+    """`value` as `kind`; ValueError naming the setting where it is not one (a number
+    written with digits other than 0-9 too: limits.ascii_number)."""
+    if isinstance(value, str) and kind in (int, float):
+        try:
+            ascii_number(value)
+        except ValueError as e:
+            raise ValueError(f"{name.replace('_', ' ')}: {e}") from None
     try:
         if (kind is bool) != isinstance(value, bool):
             raise TypeError  # bool("no") is True, int(True) is 1

@@ -15,6 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
 from edgespec.engine.events import MODES
+from edgespec.limits import ascii_number
 from edgespec.load_settings import FLASH_ATTN, LOAD_LIMITS
 from edgespec.tui.chat_settings import AUTO, ChatSettings
 from edgespec.tui.widgets.long_text import LongTextArea
@@ -36,6 +37,19 @@ LABELS = {
 }
 WHOLE = {"top_k", "max_tokens", "k", *LOAD_LIMITS}
 """The fields that take whole numbers (the load settings' also take AUTO)."""
+
+
+def _whole(label: str, text: str) -> int:
+    """`text` as a whole number written with the digits 0-9 (limits.ascii_number: int()
+    reads '１２８' as 128); ValueError naming the field `label` where it is not one."""
+    try:
+        ascii_number(text)
+    except ValueError as e:
+        raise ValueError(f"{label}: {e}") from None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{label}: {text!r} is not a whole number") from None
 
 
 @dataclass
@@ -98,10 +112,7 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
             elif name == "k" and not data[name]:
                 data[name] = None
             else:
-                try:
-                    data[name] = int(data[name])
-                except ValueError:
-                    raise ValueError(f"{LABELS[name]}: {data[name]!r} is not a whole number") from None
+                data[name] = _whole(LABELS[name], data[name])
         return ChatSettings.from_dict(data, defaults=self.settings)
 
     def action_save(self, as_default: bool = False) -> None:
