@@ -603,6 +603,39 @@ def test_a_body_that_does_not_come_whole_in_time_gets_a_408_and_its_connection_c
         served.stop()
 
 
+def test_a_streaming_client_that_stops_reading_is_dropped_and_its_reply_cancelled(monkeypatch, caplog, capfd):
+    """A client that sends a streamed request and never reads its reply held its connection
+    forever (the server's writes wait for room in a full TCP window), and the engine wrote
+    the whole reply to nobody while every other request waited."""
+    from edgespec.server import listen
+
+    monkeypatch.setattr(listen, "SEND_TIMEOUT_S", 0.5)
+    caplog.set_level(logging.INFO, logger="edgespec.server")
+    engine = FakeEngine(reply=lambda _: "x" * 4000, delay_s=0.005)  # 20 s of reply, 200 events a second
+    server = ServerThread(create_app(lambda: engine, ServerSettings(model_id="fake")))
+    # The connection's buffers small at both ends (the server's is its listening socket's), so that
+    # kilobytes unread fill them, not the megabytes that loopback's grow to.
+    server.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    try:
+        server.wait_ready(30)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as stuck:
+            stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # before connecting, as the window's scale
+            stuck.connect(("127.0.0.1", server.sock.getsockname()[1]))
+            body = json.dumps({"prompt": "hi", "stream": True}).encode()
+            stuck.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            assert until(lambda: engine.prompts and not engine.generating, 10), "the reply went on to nobody"
+            assert engine.cache.count(ord("x")) < 4000  # cut short, not written to the end
+            status, answer = http("POST", server.url + "/v1/completions", completion_body(max_tokens=2))
+            assert status == 200 and answer["choices"][0]["text"] == "xx"
+        dropped = [r for r in caplog.records if "did not read" in r.getMessage()]
+        assert len(dropped) == 1 and dropped[0].exc_info is None, caplog.text
+        err = capfd.readouterr().err  # uvicorn's log
+        assert "Traceback" not in err and "ASGI" not in err, err
+    finally:
+        server.stop()
+
+
 def test_a_model_that_fails_to_load_stops_the_server_with_its_error():
     def load():
         raise ModelFileError("no such model file: x.gguf")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import signal
 import socket
@@ -19,6 +20,8 @@ from fastapi import FastAPI
 
 from edgespec import net
 from edgespec.errors import ServeError
+
+log = logging.getLogger("edgespec.server")
 
 
 def check_exposure(host: str, *, api_key: str | None, allow_no_key: bool) -> str | None:
@@ -135,6 +138,13 @@ the head's first byte; then the connection is closed. A client sending a header 
 a second (slowloris), or nothing, held a connection forever: uvicorn times out only a
 connection idle after a response (timeout_keep_alive). 30 s is far more than any
 client on a working network needs."""
+SEND_TIMEOUT_S = 30
+"""How long a response may wait for its client to read (the connection's buffers full
+of what it has not read: uvicorn's writes wait for room) before the connection is
+dropped, which cancels a reply still running as a client gone does. A client that sent
+a streamed request and never read held its connection forever, and the engine wrote the
+whole reply to nobody. Writes wait only once the kernel's buffers and uvicorn's 64 KiB
+are full: 30 s of that is a client that no longer reads."""
 HEAD_DRAIN_BYTES = 4 * 1024 * 1024
 """How much more of an over-long head is read (and dropped) after the 431, so that
 the client, still sending, reads the answer instead of a reset."""
@@ -153,7 +163,8 @@ _HEAD_END = re.compile(rb"\n\r?\n")
 def http_protocol():
     """uvicorn's HTTP/1.1 protocol (h11), answering a request head over HEAD_BYTES
     with a 431 in OpenAI's error format instead of a bare 400 (h11 catches a head
-    still incomplete past the limit; a whole one read at once is measured here)."""
+    still incomplete past the limit; a whole one read at once is measured here), and
+    timing the head (HEAD_TIMEOUT_S) and a client's reading (SEND_TIMEOUT_S)."""
     import json
 
     import h11
@@ -168,15 +179,37 @@ def http_protocol():
     class Protocol(H11Protocol):
         _dropping: int | None = None
         _head_timer: asyncio.TimerHandle | None = None
+        _send_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._time_head()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
+            for timer in (self._head_timer, self._send_timer):
+                if timer is not None:
+                    timer.cancel()
             super().connection_lost(exc)
+
+        def pause_writing(self) -> None:
+            """SEND_TIMEOUT_S runs while the transport's buffer is full, and ends once it has room."""
+            super().pause_writing()
+            if self._send_timer is None:
+                self._send_timer = asyncio.get_running_loop().call_later(SEND_TIMEOUT_S, self._drop_stalled)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._send_timer is not None:
+                self._send_timer.cancel()
+                self._send_timer = None
+
+        def _drop_stalled(self) -> None:
+            """Abort, not close: close would wait for the unread bytes to be sent. The
+            request then sees its client gone, and what runs of its reply is cancelled."""
+            client = "%s:%d" % self.client if self.client else "a client"
+            log.warning("%s did not read its reply for %g s: connection dropped, the rest of the reply cancelled",
+                        client, SEND_TIMEOUT_S)
+            self.transport.abort()
 
         def data_received(self, data: bytes) -> None:
             if self._dropping is not None:
