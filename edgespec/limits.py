@@ -37,6 +37,12 @@ MAX_TOP_K = 1_000_000
 """The largest top-k: above the largest vocabularies (Gemma's 262,144 tokens),
 where top-k keeps every token, as 0 does; a larger one is a typo."""
 
+MAX_SEED = 2**32 - 2
+"""The largest seed: llama.cpp's sampler (the benchmark's llama.cpp baseline) takes a
+32-bit seed, wrapping a larger one around (2^32 is 0), and reads 2^32 - 1
+(LLAMA_DEFAULT_SEED) as a new random seed each time, which breaks a seed's promise.
+numpy's Generator, which samples the engine's replies, takes any seed from 0."""
+
 
 def ascii_number(text: str) -> str:
     """`text`, where it is written in ASCII; ValueError where it is not: int() and float()
@@ -85,7 +91,8 @@ class Limit:
     def check(self, value: float | None) -> None:
         """Raise ValueError naming the parameter, its range and the value (None: not set, allowed)."""
         if value is not None and not self.allows(value):
-            raise ValueError(f"{self.label} must be {self.range()} ({self.help}), got {value:g}")
+            shown = f"{value:,}" if isinstance(value, int) else f"{value:g}"  # a seed in full, not 4.29497e+09
+            raise ValueError(f"{self.label} must be {self.range()} ({self.help}), got {shown}")
 
 
 LIMITS = MappingProxyType({
@@ -93,7 +100,7 @@ LIMITS = MappingProxyType({
     "temperature": Limit("temperature", 0.0, 2.0, 0.0, "0 = greedy"),  # OpenAI's range
     "top_k": Limit("top-k", 0, MAX_TOP_K, 0, "0 = off"),
     "top_p": Limit("top-p", 0.0, 1.0, 1.0, "1 = off", above_low=True),
-    "seed": Limit("seed", 0, None, None, "the same seed gives the same reply; none = a new one each time"),
+    "seed": Limit("seed", 0, MAX_SEED, None, "the same seed gives the same reply; none = a new one each time"),
     "max_tokens": Limit("max tokens", 1, MAX_CTX, 512, "the longest reply, in tokens"),
 })
 """Per GenerationParams field: its range and default."""

@@ -38,6 +38,7 @@ def no_load(monkeypatch):
     (["--top-p", "2"], "top-p"), (["--temperature", "-1"], "temperature"), (["--max-tokens", "0"], "max tokens"),
     (["--top-k", "-3"], "top-k"), (["--k", "-1"], "k must be"),
     (["--top-k", str(10**30)], "top-k must be"), (["--max-tokens", str(10**30)], "max tokens must be"),
+    (["--seed", str(2**32 - 1)], "seed must be from 0 to 4,294,967,294"),
 ])
 @pytest.mark.parametrize("command", [["generate", "hi"], ["chat", "--once", "hi"]])
 def test_bad_sampling_options_are_refused_before_the_models_load(capsys, no_load, home, command, option, message):

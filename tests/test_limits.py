@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from edgespec import cli
 from edgespec.cli.options import params_from_args
 from edgespec.engine.events import GenerationParams
-from edgespec.limits import LIMITS, MAX_CTX, MAX_DRAFT, MAX_TOP_K
+from edgespec.limits import LIMITS, MAX_CTX, MAX_DRAFT, MAX_SEED, MAX_TOP_K
 from edgespec.engine.sampling import check_params
 from edgespec.server.schemas import ChatCompletionRequest
 from edgespec.tui.chat_settings import ChatSettings
@@ -19,11 +19,30 @@ def test_the_table_holds_the_ranges_a_llama_cpp_or_openai_user_expects():
     table = {name: (limit.low, limit.high, limit.default, limit.above_low) for name, limit in LIMITS.items()}
     assert table == {
         "k": (0, MAX_DRAFT, MAX_DRAFT, False), "temperature": (0, 2, 0, False), "top_k": (0, MAX_TOP_K, 0, False),
-        "top_p": (0, 1, 1, True), "seed": (0, None, None, False), "max_tokens": (1, MAX_CTX, 512, False),
+        "top_p": (0, 1, 1, True), "seed": (0, MAX_SEED, None, False), "max_tokens": (1, MAX_CTX, 512, False),
     }
     from edgespec.engine.choice import FAST_MAX_BATCH
 
     assert MAX_DRAFT == FAST_MAX_BATCH - 1 == 64  # the longest draft one verify pass holds
+
+
+def test_the_largest_seed_is_one_llama_cpp_and_numpy_both_keep():
+    """llama.cpp's sampler takes a 32-bit seed and reads its largest (LLAMA_DEFAULT_SEED) as
+    a new random seed each time; numpy's Generator takes any seed from 0."""
+    import llama_cpp
+    import numpy as np
+
+    assert MAX_SEED == llama_cpp.LLAMA_DEFAULT_SEED - 1 == 2**32 - 2
+    assert np.random.default_rng(MAX_SEED).random() == np.random.default_rng(MAX_SEED).random()
+
+
+@pytest.mark.parametrize("face, said", [("cli", "seed must be from 0 to 4,294,967,294"),
+                                        ("engine", "seed must be from 0 to 4,294,967,294"),
+                                        ("server", "less than or equal to 4294967294")])
+def test_a_seed_past_the_largest_is_refused_naming_the_range(face, said):
+    with pytest.raises((ValueError, ValidationError)) as refused:
+        CHECKS[face]("seed", 10**30)
+    assert said in str(refused.value)
 
 
 def _edges():

@@ -269,7 +269,8 @@ def test_import_checks_every_field_of_a_replys_statistics(store, stats, message)
     ({"max_tokens": 0}, "settings: max tokens must be from 1 to 16,777,216 .*got 0"),
     ({"mode": "fast"}, "settings: mode 'fast' is not one of plain, draft, lookup, auto"),
     ({"params": {"temperature": 9.5}}, "settings: params: temperature must be from 0 to 2 .*got 9.5"),
-    ({"params": {"seed": -1}}, "settings: params: seed must be at least 0 .*got -1"),
+    ({"params": {"seed": -1}}, "settings: params: seed must be from 0 to 4,294,967,294 .*got -1"),
+    ({"params": {"seed": 2**32}}, "settings: params: seed must be from 0 to 4,294,967,294 .*got 4,294,967,296"),
     ({"params": {"mode": "turbo"}}, "settings: params: mode 'turbo' is not one of"),
 ])
 def test_import_refuses_settings_out_of_the_ranges_the_app_reads_them_with(store, settings, message):
