@@ -10,6 +10,8 @@ import re
 import socket
 from dataclasses import dataclass
 
+from edgespec.limits import ascii_number
+
 RPC_PORT = 50052
 """llama.cpp's RPC port (rpc-server's default), also `edgespec worker`'s."""
 
@@ -112,6 +114,10 @@ def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
             raise ValueError(f"RPC worker {item!r}: expected HOST:PORT, e.g. 192.168.1.7:{RPC_PORT}")
         if not is_host(host):
             raise ValueError(f"RPC worker {item!r}: {host!r} is not a host name or an IPv4 address")
+        try:
+            ascii_number(port)
+        except ValueError:
+            raise ValueError(f"RPC worker {item!r}: the port must be written with the digits 0-9") from None
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"RPC worker {item!r}: the port must be a number from 1 to 65535")
         address = ip_address(host)  # 127.1 and 127.0.0.1 are one worker, named the usual way

@@ -61,3 +61,12 @@ def test_an_extra_colon_is_said_to_be_one_not_blamed_on_ipv6(text):
         parse_endpoints(text)
     message = str(raised.value)
     assert "expected HOST:PORT with one ':'" in message and "IPv" not in message  # a worker speaks IPv4 only
+
+
+@pytest.mark.parametrize("port", ["٥٠٥٠", "５０５０", "५०५०", "5²"])
+def test_a_worker_port_written_in_digits_other_than_0_9_is_refused_saying_so(port):
+    """int() reads '٥٠٥٠' and '５０５０' as 5050, and isdigit() passes '²', which int() then
+    refuses with its own words: the port is read as every other number typed is."""
+    with pytest.raises(ValueError, match=r"RPC worker '127\.0\.0\.1:.+': the port must be written with the "
+                                         r"digits 0-9"):
+        parse_endpoints(f"127.0.0.1:{port}")
