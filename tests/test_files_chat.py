@@ -268,6 +268,22 @@ def test_generate_file_apply_yes_writes_the_edit_and_prints_the_diff(home, proje
     assert (project / "src" / "app.py").read_text() == RENAMED
 
 
+
+def test_a_reply_writing_a_file_twice_says_the_last_version_is_applied(home, project, monkeypatch, capsys):
+    """generate --apply and chat each print one line naming the file written twice: the
+    diff shows only the last version, and nothing else tells the user there was another."""
+    reply = _whole("src/app.py", APP.replace("hi", "hello")) + _whole("src/app.py", RENAMED)
+    _load(monkeypatch, FakeEngine(reply=lambda p: reply))
+    argv = ["generate", "--template", "chatml", "--root", str(project), "--file", "src/app.py", "--apply", "--yes", "Rename name"]
+    assert cli.main(argv) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "whole 2 times" in line]
+    assert said == ["edgespec: note: the reply writes src/app.py whole 2 times: the last version is the one shown and applied"]
+    assert (project / "src" / "app.py").read_text() == RENAMED
+    (project / "src" / "app.py").write_text(APP)
+    monkeypatch.chdir(project)
+    assert cli.main(["chat", "--new", "--template", "chatml", "--file", "src/app.py", "--once", "Rename name"]) == 0
+    assert [line for line in capsys.readouterr().err.splitlines() if "whole 2 times" in line] == said
+
 def test_generate_refuses_files_that_do_not_fit_naming_each_with_its_tokens(home, project, monkeypatch, capsys):
     (project / "big.py").write_text("x = 1\n" * 400)
     engine = FakeEngine(n_ctx=512)

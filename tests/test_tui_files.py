@@ -345,6 +345,18 @@ async def test_the_diff_appears_after_a_reply_and_apply_then_undo_restore_the_by
         await wait_for(pilot, lambda: (project / "src" / "app.py").read_bytes() == APP.encode())
 
 
+
+async def test_the_diff_of_a_file_the_reply_writes_twice_says_the_last_version_is_applied(store, project):
+    first = "def greet(name):\n    print('hello', name)\n"
+    reply = f"src/app.py\n```python\n{first}```\nBetter:\n{REPLY}"
+    app = make_app(store, reply=reply, root=project)
+    async with app.run_test() as pilot:
+        await _ready(pilot)
+        await send(pilot, "Rename name @src/app.py")
+        await wait_for(pilot, lambda: isinstance(app.screen, DiffScreen) and app.screen.query(".diff-body"))
+        said = [str(label.render()) for label in app.screen.query(".versions")]
+        assert said == ["The reply writes src/app.py whole 2 times: the last version is the one shown and applied."]
+
 async def test_a_message_being_written_when_the_reply_ends_keeps_its_keys_from_the_diff(store, project):
     """The diff opened by itself when a reply ended and took the keys: the next message's
     "a" applied the edits unreviewed (and was missing from the message). While a message

@@ -737,13 +737,32 @@ def test_a_usage_snippet_after_the_whole_file_does_not_replace_it():
     for after in ("You can check it with `m.py`:\n", "Then `m.py` holds:\n", "m.py\n"):
         reply = f"Here is the updated `m.py`:\n```python\n{new}```\n{after}```python\nimport m\nprint(m.x3)\n```\n"
         assert parse_edits(reply, {"m.py": old, "b.py": ""}) == [FileEdit("m.py", new, "whole")]
-    # two complete versions: the later one is meant
+    # two complete versions: the later one is meant, and the edit says there were two
     newer = new.replace("x4 = 4", "x4 = 44")
     assert parse_edits(f"m.py\n```python\n{new}```\nBetter:\nm.py\n```python\n{newer}```\n", {"m.py": old}) == [
-        FileEdit("m.py", newer, "whole")]
+        FileEdit("m.py", newer, "whole", versions=2)]
     # a single block under the file's path is its new content, however short
     assert parse_edits("m.py\n```python\nx = 1\n```\n", {"m.py": old}) == [FileEdit("m.py", "x = 1\n", "whole")]
 
+
+
+def test_a_file_written_whole_more_than_once_says_how_many_versions_the_reply_holds():
+    """The last whole version is applied, and the edit counts the different versions so the
+    faces can say so: the user reviewing the diff did not know an earlier one was dropped.
+    The same version twice, a new file, and search/replace blocks (applied together) too."""
+    files = {"a.py": "x = 1\ny = 2\nz = 3\n", "b.py": "b = 1\n"}
+    one, two = "x = 5\ny = 2\nz = 3\n", "x = 6\ny = 2\nz = 3\n"
+    reply = f"a.py\n```python\n{one}```\nb.py\n```python\nb = 2\n```\nOr rather:\na.py\n```python\n{two}```\n"
+    assert parse_edits(reply, files) == [FileEdit("a.py", two, "whole", versions=2), FileEdit("b.py", "b = 2\n", "whole")]
+    assert parse_edits(f"a.py\n```python\n{one}```\na.py\n```python\n{one}```\n", files) == [
+        FileEdit("a.py", one, "whole")]
+    assert parse_edits("n.py\n```python\nn = 1\n```\nn.py\n```python\nn = 2\n```\n", files) == [
+        FileEdit("n.py", "n = 2\n", "whole", new=True, versions=2)]
+    blocks = "".join(f"a.py\n<<<<<<< SEARCH\n{s}\n=======\n{r}\n>>>>>>> REPLACE\n\n"
+                     for s, r in (("x = 1", "x = 10"), ("z = 3", "z = 30")))
+    assert parse_edits(blocks, files) == [FileEdit("a.py", "x = 10\ny = 2\nz = 30\n", "replace")]
+    with pytest.raises(EditError, match="twice in different forms"):  # whole and search/replace: refused
+        parse_edits(f"a.py\n```python\n{one}```\n{blocks}", files)
 
 def test_a_first_line_naming_its_own_file_is_kept_in_a_file_with_a_bom():
     """The file's first comment names it: the model's copy of that line is content, not a

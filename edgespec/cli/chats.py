@@ -14,7 +14,7 @@ from edgespec.cli.bars import stderr_progress
 from edgespec.chat.reply_lock import ReplyWaitStopped
 from edgespec.cli.options import (add_model_options, add_sampling_options, add_template_option, decoded,
                                   engine_from_args, model_text, open_store, params_from_args)
-from edgespec.cli.files import add_file_options, home_path, workspace_from_args
+from edgespec.cli.files import add_file_options, home_path, note_versions, workspace_from_args
 from edgespec.cli.output import error, stderr_stats, note, print_table
 from edgespec.cli.signals import unwinding
 from edgespec.errors import ContextFullError, EdgespecError
@@ -124,12 +124,14 @@ def _cmd_chat(args: argparse.Namespace) -> int:
                 print(stderr_stats(last.stats) + left_out, file=sys.stderr)
             attach = []  # the files go with the first message
             try:
-                changed = [e.path for e in session.pending_edits()]
+                edits = session.pending_edits()
             except EdgespecError as e:  # the reply's changes do not apply; the reply itself is kept
                 note(f"the reply's changes cannot be applied: {e}")
-                changed = []
-            if changed:
-                note(f"the reply changes {', '.join(changed)}: `edgespec apply` shows the diff and writes it")
+                edits = []
+            if edits:
+                note(f"the reply changes {', '.join(e.path for e in edits)}: `edgespec apply` shows the diff and "
+                     "writes it")
+                note_versions(edits)
     if not sent:
         raise EdgespecError("stdin held no message, so nothing was sent: type messages one per line, or pass one "
                             "with --once")

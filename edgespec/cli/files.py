@@ -88,6 +88,7 @@ def apply_edits(edits: Sequence, workspace, *, yes: bool, allow_new: bool = Fals
 
     for pending in edits:  # the diffs go to stdout, or to `out` (stderr where stdout holds JSON)
         (out or sys.stdout).write(pending.diff or f"{quoted_path(pending.path)}: no change\n")
+    note_versions(edits)
     new = [p.path for p in edits if p.edit.new]
     if new and not allow_new:
         note(f"not creating {', '.join(new)}, which the conversation never attached (--new creates "
@@ -105,6 +106,17 @@ def apply_edits(edits: Sequence, workspace, *, yes: bool, allow_new: bool = Fals
     for a in written:
         note(f"applied to {workspace.root / a.path}")
     return written
+
+
+def note_versions(edits: Sequence) -> None:
+    """One note for each file the reply wrote whole more than once (FileEdit.versions): the
+    diff shows only the last version, and nothing else says there was another."""
+    from edgespec.workspace.root import quoted_path
+
+    for pending in edits:
+        if pending.edit.versions > 1:
+            note(f"the reply writes {quoted_path(pending.path)} whole {pending.edit.versions} times: "
+                 "the last version is the one shown and applied")
 
 
 def _confirm(question: str) -> bool:

@@ -40,6 +40,9 @@ class FileEdit:
     """The form the reply used: "whole", "diff" or "replace"."""
     new: bool = False
     """The path is not an attached file: the user confirms before it is created."""
+    versions: int = 1
+    """How many different whole versions of the file the reply wrote; `new_text` is the last.
+    More than one, the faces say so beside the diff: it shows only the version applied."""
 
 
 _EXAMPLE_PATH = "shapes.py"
@@ -593,33 +596,36 @@ def _build(path: str, pieces: _Pieces, files: Mapping[str, str]) -> FileEdit | N
         if _echoes_example(path, new_text):
             return None
         _refuse_elision(path, "", new_text)
-        return FileEdit(path, new_text, WHOLE, new=True)
+        return FileEdit(path, new_text, WHOLE, new=True, versions=_versions(pieces.wholes))
     bom = BOM if original.startswith(BOM) else ""
     body = original[len(bom) :]  # a BOM is not part of the first line: the model rarely copies it
     old_lines = _split(body)
+    versions = 1
     if pieces.kind == WHOLE:
-        whole = _chosen(pieces.wholes, old_lines)
-        if whole is None:
+        candidates = _candidates(pieces.wholes, old_lines)
+        if not candidates:
             return None
-        new_lines = _without_bom(whole.lines)
+        new_lines, versions = _without_bom(candidates[-1].lines), _versions(candidates)
     else:
         blocks = [_Block(_without_bom(b.search), _without_bom(b.replace), b.near) for b in pieces.blocks]
         new_lines = _apply_blocks(path, old_lines, blocks, pieces.kind)
     new_text = _finish(body, new_lines)
     new_text = bom + new_text if new_text else ""
     _refuse_elision(path, original, new_text)
-    return None if new_text == original else FileEdit(path, new_text, pieces.kind)
+    return None if new_text == original else FileEdit(path, new_text, pieces.kind, versions=versions)
 
 
-def _chosen(wholes: list[_Whole], old: list[str]) -> _Whole | None:
-    """The block that is a file's new content: the last that could be all of it (after it, a
-    snippet showing how to use the file is not); else a block under the file's path, the
-    last, however short; a block without a path must look whole (None: no edit)."""
+def _candidates(wholes: list[_Whole], old: list[str]) -> list[_Whole]:
+    """The blocks that may be a file's new content, the last of which is: those that could be
+    all of it (after it, a snippet showing how to use the file is not); else the blocks under
+    the file's path, however short; a block without a path must look whole ([]: no edit)."""
     complete = [whole for whole in wholes if _looks_whole(whole.lines, old)]
-    if complete:
-        return complete[-1]
-    named = [whole for whole in wholes if not whole.inferred]
-    return named[-1] if named else None
+    return complete or [whole for whole in wholes if not whole.inferred]
+
+
+def _versions(wholes: list[_Whole]) -> int:
+    """How many different texts `wholes` hold (the same version written twice is one)."""
+    return len({tuple(_without_bom(whole.lines)) for whole in wholes})
 
 
 def _echoes_example(path: str, text: str) -> bool:

@@ -69,6 +69,10 @@ class DiffScreen(ModalScreen[bool]):
                         head += f": cannot be applied, {problem}"
                     # a file's name may hold what a terminal would act on
                     yield Label(Text(terminal_text(head), style="bold red" if problem else "bold"))
+                    if pending.edit.versions > 1:  # the diff shows only the last: say there were others
+                        yield Label(Text(terminal_text(f"The reply writes {pending.path} whole {pending.edit.versions} "
+                                                       "times: the last version is the one shown and applied."),
+                                         style="yellow"), classes="versions")
                     yield Static(coloured_diff(diff or "(no change)\n"), classes="diff-body")
             with Horizontal(classes="buttons"):
                 yield Button("Apply (a)", variant="primary", id="apply", disabled=bool(self.problems))
