@@ -6,6 +6,7 @@ command line stand here too, where the launcher (edgespec/__main__.py) and the
 command line (edgespec/cli/) both read them.
 """
 
+import signal
 import unicodedata
 
 
@@ -95,6 +96,10 @@ class Terminated(BaseException):
     """SIGTERM or SIGHUP came (`args[0]`, the signal's number): raised where the command was, to
     unwind as Ctrl+C does (the models closed, saving what an exit saves), then the launcher ends by
     that signal, as other programs end. Not an Exception: nothing that handles errors may keep it."""
+
+
+ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+"""Signals that ask edgespec to end (Terminated): `kill`, a service stopped, a terminal closed."""
 
 
 class EdgespecError(Exception):

@@ -4,6 +4,9 @@ downloads, failures (Textual Pilot), plus the app's pure helpers."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 import threading
 import time
 
@@ -13,7 +16,7 @@ import yaml
 from edgespec.chat.store import ConversationStore, Message, StoreError
 from edgespec.engine.events import Stats
 from edgespec.engine.info import LayerRun
-from edgespec.errors import ModelFileError
+from edgespec.errors import ENDING_SIGNALS, ModelFileError, Terminated
 from edgespec.models.progress import Progress
 from edgespec.tui import origin
 from edgespec.tui.library import ModelChoice, PullProgress
@@ -226,6 +229,64 @@ async def test_quitting_mid_reply_keeps_the_reply_and_frees_the_models_after_the
     [info] = store.list()
     stored = store.messages(info.id)[-1]
     assert stored.role == "assistant" and stored.status == "stopped" and stored.content.startswith("word word")
+
+
+@pytest.mark.parametrize("signum", ENDING_SIGNALS)
+async def test_kill_or_a_closed_terminal_mid_reply_quits_as_the_quit_key_does(store, signum):
+    """SIGTERM (`kill`) or SIGHUP (the terminal closed) mid-reply ended the process at once: the
+    terminal left in the app's screen, the reply lost. The app quits as on its quit key (the reply
+    stopped and stored as far as it went, the models freed after the decode step), says which
+    signal ended it (the launcher ends by it), and gives the signal back to the handler before it."""
+    came = []
+    before = signal.signal(signum, lambda sig, _frame: came.append(sig))  # the app's gone: seen here, not pytest ended
+    try:
+        hold = threading.Event()
+        app = make_app(store, reply="word " * 200, hold=hold, hold_after=40)
+        async with app.run_test() as pilot:
+            await wait_for(pilot, lambda: app.model_state == "ready")
+            await send(pilot, "Talk", key=False)
+            await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) >= 40)
+            threading.Timer(0.3, hold.set).start()  # the decode step in flight ends a moment after the signal
+            os.kill(os.getpid(), signum)
+            await wait_for(pilot, lambda: not app.is_running, timeout=5)
+        assert app.ended_by == signum and not came
+        [engine] = app.engines
+        assert engine.closed and not engine.closed_while_generating
+        [info] = store.list()
+        stored = store.messages(info.id)[-1]
+        assert stored.role == "assistant" and stored.status == "stopped" and stored.content.startswith("word word")
+        os.kill(os.getpid(), signum)  # after the app: the handler before it has the signal again
+        await wait_for(pilot, lambda: came == [signum], timeout=5)
+    finally:
+        signal.signal(signum, before)
+
+
+def test_the_app_ended_by_a_signal_ends_the_command_by_it(monkeypatch):
+    """The launcher ends the process by the signal that ended the app (143, 129), as after a CLI command."""
+    import io
+
+    import edgespec.tui.app as app_module
+    from edgespec import tui
+
+    class Ended:
+        ended_by = signal.SIGTERM
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self):
+            pass
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(app_module, "EdgespecApp", Ended)
+    monkeypatch.setattr(sys, "stdin", Tty())
+    monkeypatch.setattr(sys, "stderr", Tty())
+    with pytest.raises(Terminated) as raised:
+        tui.run_app(target="t.gguf")
+    assert raised.value.args == (signal.SIGTERM,)
 
 
 async def test_quitting_while_the_words_are_read_ahead_stops_the_reading_and_frees_the_models(store):

@@ -14,10 +14,7 @@ import signal
 import threading
 from typing import Iterator
 
-from edgespec.errors import Terminated
-
-ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
-"""Signals that ask a command to end: `kill`, a service stopped, a terminal closed."""
+from edgespec.errors import ENDING_SIGNALS, Terminated
 
 
 @contextlib.contextmanager

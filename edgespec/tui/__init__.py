@@ -13,7 +13,7 @@ def run_app(*, pair: str | None = None, target: str | None = None, draft: str | 
     `root`: the project folder files are attached from (default: the current folder)."""
     import sys
 
-    from edgespec.errors import EdgespecError
+    from edgespec.errors import EdgespecError, Terminated
     from edgespec.tui.app import EdgespecApp
     from edgespec.tui.library import ModelChoice
 
@@ -29,4 +29,7 @@ def run_app(*, pair: str | None = None, target: str | None = None, draft: str | 
         from edgespec.models.registry import DEFAULT_PAIR
 
         choice = ModelChoice(pair=pair or DEFAULT_PAIR, draft=draft, no_draft=no_draft)
-    EdgespecApp(choice, template=template, rpc=rpc, cache=cache, load_given=load, root=root).run()
+    app = EdgespecApp(choice, template=template, rpc=rpc, cache=cache, load_given=load, root=root)
+    app.run()
+    if app.ended_by is not None:  # the app has closed as on its quit key: the launcher ends by the signal
+        raise Terminated(app.ended_by)

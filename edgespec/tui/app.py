@@ -24,6 +24,8 @@ loading reports each model file assembled, made or verified as a
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import sys
 import threading
 from dataclasses import dataclass, replace
@@ -38,7 +40,7 @@ from textual.message import Message
 from edgespec import __version__
 from edgespec.chat.store import ConversationStore, StoreError, clean_title
 from edgespec.engine.protocol import ChatEngine
-from edgespec.errors import EdgespecError, terminal_text
+from edgespec.errors import ENDING_SIGNALS, EdgespecError, terminal_text
 from edgespec.limits import LIMITS
 from edgespec.load_settings import LoadSettings
 from edgespec.models.progress import Progress, ProgressCallback
@@ -156,6 +158,10 @@ class EdgespecApp(App):
             template=template, pair_decoding=self.pair_decoding, reload_for=self.reload_for)
         """All that the chat screen is given of the app."""
         self._chat = ChatScreen(self.context)
+        self.ended_by: int | None = None
+        """The signal that ended the app (ENDING_SIGNALS); None: the user quit it."""
+        self._handlers_before: dict[int, object] = {}
+        """The handlers of ENDING_SIGNALS before the app took them, given back as it ends."""
 
     @property
     def chat(self) -> ChatScreen:
@@ -215,6 +221,7 @@ class EdgespecApp(App):
         await super().on_event(event)
 
     def on_mount(self) -> None:
+        self._take_ending_signals()
         self.sub_title = f"v{__version__}"
         defaults = self._defaults
         if defaults is None:
@@ -381,7 +388,31 @@ class EdgespecApp(App):
             yield SystemCommand(f"{binding.description} ({binding.key.split(',')[0]})", doc,
                                 lambda action=action, node=node: self.run_action(action, node))
 
+    # -- ending ------------------------------------------------------------------------
+    def _take_ending_signals(self) -> None:
+        """SIGTERM and SIGHUP (`kill`, the terminal closed) quit the app as its quit key does: Python's
+        default ends the process at once, the terminal left in the app's screen and the reply lost.
+        The handler only schedules the quit on the app's loop, which it may interrupt anywhere.
+        Only on the main thread, where handlers run and are set."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        loop = asyncio.get_running_loop()
+
+        def ending(signum: int, _frame) -> None:
+            loop.call_soon_threadsafe(self._end_by, signum)
+
+        self._handlers_before = {sig: signal.signal(sig, ending) for sig in ENDING_SIGNALS}
+
+    def _end_by(self, signum: int) -> None:
+        self.ended_by = signum
+        self.exit()
+
     def on_unmount(self) -> None:
+        # Given back first: another signal while the app winds down ends it at once, as after
+        # a command's (cli/signals.py), the saving cut short.
+        for sig, handler in self._handlers_before.items():
+            signal.signal(sig, handler)
+        self._handlers_before = {}
         runtime = sys.modules.get("edgespec.engine.runtime")  # imported by any load (not at start: it is heavy)
         if runtime is not None:
             runtime.stop_loading()  # a load running now ends at its next report: quitting does not wait for it
