@@ -44,12 +44,14 @@ MAX_SEED = 2**32 - 2
 numpy's Generator, which samples the engine's replies, takes any seed from 0."""
 
 
-def ascii_number(text: str) -> str:
-    """`text`, where it is written in ASCII; ValueError where it is not: int() and float()
-    read '٤٠' and '４０' as 40, digits a keyboard layout or a pasted text put there rather
-    than a number meant. The CLI and the app read the numbers people type through it."""
+def ascii_number(text: str, *, what: str = "") -> str:
+    """`text`, where it is written in ASCII; ValueError (naming `what`, where given) where it
+    is not: int() and float() read '٤٠' and '４０' as 40, digits a keyboard layout or a pasted
+    text put there rather than a number meant. The CLI and the app read the numbers people
+    type through it."""
     if not text.isascii():
-        raise ValueError(f"expected a number written with the digits 0-9, got {text!r}")
+        named = f"{what}: " if what else ""
+        raise ValueError(f"{named}expected a number written with the digits 0-9, got {text!r}")
     return text
 
 

@@ -138,10 +138,7 @@ def _typed(name: str, value, kind: type):
     """`value` as `kind`; ValueError naming the setting where it is not one (a number
     written with digits other than 0-9 too: limits.ascii_number)."""
     if isinstance(value, str) and kind in (int, float):
-        try:
-            ascii_number(value)
-        except ValueError as e:
-            raise ValueError(f"{name.replace('_', ' ')}: {e}") from None
+        ascii_number(value, what=name.replace("_", " "))
     try:
         if (kind is bool) != isinstance(value, bool):
             raise TypeError  # bool("no") is True, int(True) is 1

@@ -42,10 +42,7 @@ WHOLE = {"top_k", "max_tokens", "k", *LOAD_LIMITS}
 def _whole(label: str, text: str) -> int:
     """`text` as a whole number written with the digits 0-9 (limits.ascii_number: int()
     reads '１２８' as 128); ValueError naming the field `label` where it is not one."""
-    try:
-        ascii_number(text)
-    except ValueError as e:
-        raise ValueError(f"{label}: {e}") from None
+    ascii_number(text, what=label)
     try:
         return int(text)
     except ValueError:
