@@ -451,6 +451,24 @@ def test_switching_back_to_a_draft_model_spreads_its_catch_up_over_the_cycles_it
     assert one_cycle < 1 / 0.10  # what the old rule compared: plain would have won
 
 
+def test_a_draft_model_is_not_switched_back_to_where_the_other_drafters_leave_it_nothing():
+    """The rule a probe follows holds for a switch: a draft model that sat out while
+    prompt lookup copied nearly all of the reply is not read up to date, however
+    right it is rated, when the reading costs more than it can win where lookup
+    leaves room. Spread over the cycles it would serve, the reading looked cheap; but
+    in a reply that copies, those cycles are lookup's (an edit replayed on a 2-core
+    Xeon lost 25% to such a switch, 13 tokens before its end)."""
+    costs = Costs({1: 0.10, 5: 0.23}, {"draft": 0.03, "lookup": 0.0}, {"draft": 0.01})
+    draft = FakeDraftModel()
+    p = AutoPolicy(costs, [PromptLookup(), draft], k_max=4, priors={"draft": 0.99, "lookup": 0.5})
+    p.ledger.saved = 10.0  # the lookup run saved plenty: the ledger does not decide
+    draft.missed = 30  # reading 0.3 s: spread over SWITCH_CYCLES, switching would pay
+    assert p.plan([1, 2, 3, 4, 5, 6]).drafter is draft
+    p.ledger.plain_s, p.ledger.plain_by = 10.0, {"lookup": 9.8}  # but lookup served 98% of this reply
+    assert p._expected_saving(draft, p.ledger) < costs.catch_up("draft", 30)
+    assert p.plan([1, 2, 3, 4, 5, 6]).drafter is None
+
+
 def test_a_new_reply_warms_a_draft_model_that_can_pay_and_probes_it_early():
     p = policy(CPU, 0.010, prior=0.3)  # at 30% the draft model is never chosen outright
     history = [1, 2, 3, 4, 5, 6]

@@ -495,6 +495,8 @@ class AutoPolicy(Policy):
             bucket = Bucket(drafter.name, offer.key)
             a = self._acceptance(bucket)
             catch_up = self._catch_up(drafter, history) if offer.k_max > 0 else 0.0
+            if self._not_worth_catching_up(drafter, catch_up):
+                continue
             # drafting on demand (a draft model): it drafts while its guesses are worth a column
             p_draft = self.costs.break_even(drafter.name) if offer.proposal is None else None
             ks = k_choices(offer.k_max, self.costs.calibrated_sizes)
@@ -509,11 +511,7 @@ class AutoPolicy(Policy):
         if drafter is None:
             return None
         catch_up = self._catch_up(drafter, history)
-        if (catch_up > self.costs.draft(drafter.name, self.PROBE_K)
-                and catch_up > self._expected_saving(drafter, self.ledger)):
-            # It sat out (reading what it missed costs more than the probe's own
-            # drafting), and the reading would cost more than it can win where the
-            # other drafters leave room in this reply (none, where lookup copies).
+        if self._not_worth_catching_up(drafter, catch_up):
             return None
         k = next((k for k in range(min(self.PROBE_K, offer.k_max), 0, -1)
                   if self._worst_loss(drafter, k, catch_up) <= self.ledger.credit_for(drafter.name)), 0)
@@ -523,6 +521,14 @@ class AutoPolicy(Policy):
         bucket = Bucket(drafter.name, offer.key)
         return Plan(drafter, k, bucket=bucket, p_draft=self.costs.break_even(drafter.name), kind="probe",
                     acceptance=self._acceptance(bucket).rate)
+
+    def _not_worth_catching_up(self, drafter: Drafter, catch_up_s: float) -> bool:
+        """Whether the drafter sat out (reading what it missed costs more than a probe's
+        own drafting) and the reading would cost more than it can win where the other
+        drafters leave room in this reply (none, where lookup copies): then neither a
+        probe nor a switch to it pays, however right it is rated."""
+        return (catch_up_s > self.costs.draft(drafter.name, self.PROBE_K)
+                and catch_up_s > self._expected_saving(drafter, self.ledger))
 
     def _catch_up(self, drafter: Drafter, history: Sequence[int]) -> float:
         """Seconds the drafter needs to read what it missed of `history`."""
