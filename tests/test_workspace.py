@@ -217,7 +217,7 @@ def test_diff_with_wrong_line_numbers():
 
 def test_diff_whose_context_is_missing_is_refused():
     reply = "```diff\n--- a/main.py\n+++ b/main.py\n@@ -1 +1 @@\n-print('bye')\n+print('x')\n```\n"
-    with pytest.raises(EditError):
+    with pytest.raises(EditError, match=r"diff hunk changes \(starting \"print\('bye'\)\"\) are not in the file"):
         parse_edits(reply, {"main.py": MAIN})
 
 
@@ -255,6 +255,40 @@ def test_overlapping_blocks_are_refused():
     )
     with pytest.raises(EditError):
         parse_edits(reply, files)
+
+
+def _blocks(path: str, *pairs: tuple[str, str]) -> str:
+    return path + "\n" + "".join(f"<<<<<<< SEARCH\n{s}=======\n{r}>>>>>>> REPLACE\n\n" for s, r in pairs)
+
+
+def test_a_block_that_edits_what_an_earlier_block_wrote_applies_after_it():
+    """Aider applies a file's blocks in order: block 2 finds the line block 1 renamed (absent
+    from the file as attached), and a block after it that matches the original applies too."""
+    original = "def old(x):\n    return x\n\n\nprint(old(1))\n"
+    reply = _blocks(
+        "a.py",
+        ("def old(x):\n", "def new(x):\n"),
+        ("def new(x):\n    return x\n", "def new(x):\n    return x + 1\n"),
+        ("print(old(1))\n", "print(new(1))\n"),
+    )
+    expected = "def new(x):\n    return x + 1\n\n\nprint(new(1))\n"
+    assert parse_edits(reply, {"a.py": original}) == [FileEdit("a.py", expected, "replace")]
+
+
+def test_a_chained_block_keeps_the_rules_of_any_other():
+    files = {"a.py": "x = 1\ny = 2\nz = 3\n"}
+    # its search text in none of the texts: refused, naming the block and its first line
+    missing = _blocks("a.py", ("x = 1\n", "x = 10\n"), ("w = 3\nq = 4\n", "w = 30\n"))
+    with pytest.raises(EditError, match=r"edit 2 of 2 \(starting 'w = 3'\) is not in the file as attached, nor after"):
+        parse_edits(missing, files)
+    # twice in the text the block before it wrote: refused as ambiguous
+    twice = _blocks("a.py", ("x = 1\n", "x = 10\nx = 10\n"), ("x = 10\n", "x = 11\n"))
+    with pytest.raises(EditError, match="occurs 2 times"):
+        parse_edits(twice, files)
+    # the same insertion twice matches the original twice over: refused, not inserted twice
+    again = _blocks("a.py", ("y = 2\n", "import os\ny = 2\n"), ("y = 2\n", "import os\ny = 2\n"))
+    with pytest.raises(EditError, match="overlap"):
+        parse_edits(again, files)
 
 
 @pytest.mark.parametrize("placeholder", ["    # ... existing code ...", "# rest of the code unchanged", "// ...", "... rest unchanged"])

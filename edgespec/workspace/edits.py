@@ -6,7 +6,8 @@ Three forms are read, whichever the model wrote:
     "whole" format is what small coding models (Qwen2.5-Coder 1.5B) follow best.
   - diff: a ```diff block with ---/+++ headers; hunks are placed by their context lines,
     so wrong line numbers in @@ headers do no harm.
-  - replace: a path line, then <<<<<<< SEARCH / ======= / >>>>>>> REPLACE blocks.
+  - replace: a path line, then <<<<<<< SEARCH / ======= / >>>>>>> REPLACE blocks; as in
+    Aider, a block may edit what an earlier block for the same file wrote.
 An edit that cannot be applied exactly as meant raises EditError; nothing is half-applied.
 Every edit keeps the file's newline style (CRLF stays CRLF, CR alone stays CR; in a file
 that mixes CRLF and LF, each line its own), its BOM and its final-newline state, and the
@@ -691,18 +692,39 @@ def _looks_whole(new: list[str], old: list[str]) -> bool:
 
 
 def _apply_blocks(path: str, old: list[str], blocks: list[_Block], kind: str) -> list[str]:
-    """Every block placed in the original first, refused if two overlap, then all applied."""
-    placed = []
-    for block in blocks:
-        if not any(line.strip() for line in block.search):
-            if old:
-                what = "a search/replace block with an empty SEARCH" if kind == REPLACE else "a diff hunk without context"
-                raise EditError(f"The reply has {what} for {path}, so where it goes is unclear; ask for the lines it changes.")
-            placed.append((0, 0, block.replace))
-            continue
-        placed.append(_place(path, old, block, kind))
-    placed.sort(key=lambda span: span[0])
-    for (start, stop, _), (next_start, _, _) in zip(placed, placed[1:]):
+    """The blocks placed together in the original, refused if two overlap, then all applied.
+
+    A search/replace block whose SEARCH is not in the original is placed in the text the
+    blocks before it produce, as Aider applies a file's blocks in order (block 2 edits the
+    line block 1 renamed); the blocks after it are placed in that text too. A diff's hunks
+    all describe the file as attached, so each is placed in it."""
+    text, placed = old, []
+    for index, block in enumerate(blocks):
+        span = _place_or_insert(path, text, block, kind)
+        chained = kind == REPLACE and span is None and bool(placed)
+        if chained:
+            text, placed = _applied(path, text, placed), []
+            span = _place_or_insert(path, text, block, kind)
+        if span is None:
+            raise EditError(_not_found(path, blocks, index, kind, chained=chained))
+        placed.append(span)
+    return _applied(path, text, placed)
+
+
+def _place_or_insert(path: str, old: list[str], block: _Block, kind: str) -> tuple[int, int, list[str]] | None:
+    """_place, or the start of an empty file for a block with nothing to look for (refused in any other file)."""
+    if any(line.strip() for line in block.search):
+        return _place(path, old, block)
+    if old:
+        what = "a search/replace block with an empty SEARCH" if kind == REPLACE else "a diff hunk without context"
+        raise EditError(f"The reply has {what} for {path}, so where it goes is unclear; ask for the lines it changes.")
+    return 0, 0, block.replace
+
+
+def _applied(path: str, old: list[str], placed: list[tuple[int, int, list[str]]]) -> list[str]:
+    """`old` with each placed replacement in its span, refused if two spans overlap."""
+    placed = sorted(placed, key=lambda span: span[0])
+    for (_, stop, _), (next_start, _, _) in zip(placed, placed[1:]):
         if next_start < stop:
             raise EditError(f"Two of the reply's edits to {path} overlap; ask the model for one edit of those lines.")
     new = list(old)
@@ -711,11 +733,26 @@ def _apply_blocks(path: str, old: list[str], blocks: list[_Block], kind: str) ->
     return new
 
 
+def _not_found(path: str, blocks: list[_Block], index: int, kind: str, *, chained: bool) -> str:
+    """Why blocks[index] was refused: which block, the start of what it looks for, and where that was looked for."""
+    which = f" {index + 1} of {len(blocks)}" if len(blocks) > 1 else ""
+    first = next(line.strip() for line in blocks[index].search if line.strip())
+    if len(first) > 60:
+        first = first[:59] + "…"
+    starting = f"starting {first!r}"
+    if kind == DIFF:
+        what = f"the lines the reply's diff hunk{which} changes ({starting}) are"
+    else:
+        what = f"the SEARCH text of the reply's edit{which} ({starting}) is"
+    after = ", nor after the reply's edits before it" if chained else ""
+    return f"In {path}, {what} not in the file as attached{after}; ask the model to copy the lines exactly."
+
+
 Reindent = Callable[[list[str]], list[str]]
 
 
-def _place(path: str, old: list[str], block: _Block, kind: str) -> tuple[int, int, list[str]]:
-    """Where a block's search lines are in the original, and its replacement as it fits there.
+def _place(path: str, old: list[str], block: _Block) -> tuple[int, int, list[str]] | None:
+    """Where a block's search lines are in `old`, and its replacement as it fits there (None: not there).
 
     The ladder: exact lines; then trailing spaces and whitespace-only lines ignored; then
     the same lines at a uniform indentation offset, re-applied to the replacement; then all
@@ -740,8 +777,7 @@ def _place(path: str, old: list[str], block: _Block, kind: str) -> tuple[int, in
             if hits:
                 start, reindent = hits[0]
                 return start, start + size, _keep_unchanged(old[start : start + size], search, replace, reindent(replace))
-    what = "the lines a diff hunk changes are" if kind == DIFF else "the SEARCH text of a reply's edit is"
-    raise EditError(f"In {path}, {what} not in the file as attached; ask the model to copy the lines exactly.")
+    return None
 
 
 def _keep_unchanged(found: list[str], search: list[str], replace: list[str], placed: list[str]) -> list[str]:
