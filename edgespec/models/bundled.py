@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from edgespec.config import dirs
 from edgespec.errors import DownloadError, ModelFileError, RegistryError
@@ -117,7 +117,8 @@ class PackageFileSource(Source):
                             f"remove it with: pip uninstall {self.pip.split()[-1]}")
 
 STALE_TEMP_SECONDS = 600
-"""A temporary file untouched this long belongs to an assembly that died."""
+"""Where files cannot be locked (Windows): a temporary file untouched this long belongs to
+an assembly that died."""
 
 
 def assembled_path(entry: ModelEntry, *, models_dir: Path | None = None) -> Path:
@@ -158,6 +159,7 @@ def assemble(entry: ModelEntry, *, models_dir: Path | None = None,
     dest = assembled_path(entry, models_dir=models_dir)
     fix = f"Remove it (`edgespec rm {entry.name}`) and run `edgespec pull {entry.name}` to assemble it again."
     if dest.exists():
+        remove_dead_temps(dest)
         return verify_file(dest, name=entry.name, size=entry.size, sha256=entry.sha256,
                            progress=progress, fix=fix)
     parts = find_parts(entry)
@@ -205,15 +207,14 @@ def package_file_path(entry: ModelEntry) -> Path | None:
 def write_in_place(dest: Path, *, size: int, name: str, doing: str) -> Iterator[Path]:
     """A temporary file next to `dest` for the block to write; renamed to `dest`
     when the block ends without error, deleted otherwise, so `dest` only ever
-    holds a complete file. Checks the free space first, clears temporary files
-    left by crashed runs, and turns a full disk into a message.
+    holds a complete file. Clears temporary files left by killed runs, checks the
+    free space, and turns a full disk into a message.
 
     The file is created with the user's umask, as any other file they make."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(dest)
+    remove_dead_temps(dest)
     _check_space(dest.parent, size, name)
-    tmp = dest.parent / f".{dest.name}.{secrets.token_hex(6)}.tmp"
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    tmp, held = _new_temp(dest)
     try:
         yield tmp
         os.replace(tmp, dest)
@@ -234,6 +235,62 @@ def write_in_place(dest: Path, *, size: int, name: str, doing: str) -> Iterator[
         raise
     finally:
         tmp.unlink(missing_ok=True)
+        held.close()
+
+
+def remove_dead_temps(dest: Path) -> None:
+    """Delete the temporary files of `dest` that no running write holds: those of runs
+    killed midway (SIGKILL, a power cut run no cleanup), which would otherwise stay, as
+    large as the model, once a later run has made the file."""
+    now = time.time()
+    for tmp in dest.parent.glob(f".{dest.name}.*.tmp"):
+        try:
+            with open(os.open(tmp, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+                locked = _lock(f)
+                if locked:  # unlinked while locked: a writer that locks it after this finds its name gone
+                    tmp.unlink()
+            if locked is None and now - tmp.stat().st_mtime > STALE_TEMP_SECONDS:  # no locks: its age tells
+                tmp.unlink()
+        except OSError:
+            pass
+
+
+def _new_temp(dest: Path) -> tuple[Path, BinaryIO]:
+    """A new empty temporary file beside `dest`, and the open file that holds its lock
+    until the write ends (closed already where files cannot be locked): the kernel lets
+    go of the lock of a killed process, which tells remove_dead_temps that nobody writes
+    the file any more."""
+    while True:
+        tmp = dest.parent / f".{dest.name}.{secrets.token_hex(6)}.tmp"
+        held = open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb")
+        try:
+            locked = _lock(held)
+            if locked is None:
+                held.close()  # no lock to keep (Windows), where a file still open cannot be renamed
+                return tmp, held
+            if locked and os.path.samestat(os.fstat(held.fileno()), os.stat(tmp)):
+                return tmp, held
+        except FileNotFoundError:  # removed by another run between its creation and the lock
+            pass
+        except BaseException:
+            held.close()
+            tmp.unlink(missing_ok=True)
+            raise
+        held.close()  # locked by another run's remove_dead_temps, which deletes it
+
+
+def _lock(f: BinaryIO) -> bool | None:
+    """Lock `f` for this process: True if locked, False if another process (or another
+    open of the file) holds the lock, None where files cannot be locked (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _concatenate(parts: list[Path], path: Path, meter: Meter) -> str:
@@ -274,13 +331,3 @@ def _check_space(directory: Path, needed: int, name: str) -> None:
         raise DownloadError(f"not enough disk space for {name}: it needs {human_bytes(needed)} in {directory}, "
                             f"which has {human_bytes(free)} free. Free some space, or set EDGESPEC_HOME "
                             f"to a directory on a larger disk.")
-
-
-def _remove_stale_temps(dest: Path) -> None:
-    now = time.time()
-    for tmp in dest.parent.glob(f".{dest.name}.*.tmp"):
-        try:
-            if now - tmp.stat().st_mtime > STALE_TEMP_SECONDS:
-                tmp.unlink()
-        except OSError:
-            pass

@@ -15,7 +15,7 @@ from typing import Callable
 
 from edgespec.config import dirs
 from edgespec.errors import DownloadError
-from edgespec.models.bundled import write_in_place
+from edgespec.models.bundled import remove_dead_temps, write_in_place
 from edgespec.models.checksum import verify_file
 from edgespec.models.gguf_header import check_magic
 from edgespec.models.progress import Meter, ProgressCallback
@@ -33,11 +33,12 @@ def requantized(entry: ModelEntry, source_file: Callable[[], Path], *, models_di
     `source_file()` gets (assembled or downloaded as needed).
 
     Written through bundled.write_in_place, so an interrupted run leaves
-    nothing that looks finished."""
+    nothing that looks finished, and what a killed run left is cleared."""
     source = _source(entry)
     dest = derived_path(entry, models_dir=models_dir)
     fix = f"Remove it (`edgespec rm {entry.name}`); it is made again from {source.model} on next use."
     if dest.exists():
+        remove_dead_temps(dest)
         return verify_file(dest, name=entry.name, size=entry.size, sha256=entry.sha256, progress=progress, fix=fix)
     from edgespec.llama.quantize import (
         quantize,  # the native library, only when there is work
