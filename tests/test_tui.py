@@ -231,6 +231,55 @@ async def test_quitting_mid_reply_keeps_the_reply_and_frees_the_models_after_the
     assert stored.role == "assistant" and stored.status == "stopped" and stored.content.startswith("word word")
 
 
+def _last_stored(path):
+    """The last message of the only conversation in the store at `path`, read by a connection of its own."""
+    with ConversationStore(path) as reader:
+        [info] = reader.list()
+        return reader.messages(info.id)[-1]
+
+
+async def test_quitting_mid_reply_closes_the_store_the_app_opened_after_storing_the_reply(home):
+    """The store the app opened is closed as it ends, after the stopped reply is stored in it:
+    SQLite folds its write-ahead log into the database and removes it. (A store given to the
+    app is the giver's to close: the tests above read theirs after the app.)"""
+    hold = threading.Event()
+    app = make_app(None, reply="word " * 200, hold=hold, hold_after=40)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Talk", key=False)
+        await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) >= 40)
+        threading.Timer(0.3, hold.set).start()  # the decode step in flight ends a moment after the quit
+        await pilot.press("ctrl+q")
+    path = home / "data" / "conversations.db"
+    assert not path.with_name(path.name + "-wal").exists()
+    with pytest.raises(StoreError):
+        app.store.list()
+    stored = _last_stored(path)
+    assert stored.role == "assistant" and stored.status == "stopped" and stored.content.startswith("word word")
+
+
+async def test_a_decode_step_outlasting_the_quit_still_stores_its_reply(home, monkeypatch):
+    """Quitting gives up waiting for the decode step after QUIT_WAIT_S and leaves the models to the
+    process's exit; the store stays open too, so the reply that step then stops is stored."""
+    import edgespec.tui.app as app_module
+
+    monkeypatch.setattr(app_module, "QUIT_WAIT_S", 0.05)
+    hold = threading.Event()
+    app = make_app(None, reply="word " * 200, hold=hold, hold_after=40)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await send(pilot, "Talk", key=False)
+        await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) >= 40)
+        await pilot.press("ctrl+q")
+    [engine] = app.engines
+    assert not engine.closed  # the decode step is still under way
+    hold.set()
+    path = home / "data" / "conversations.db"
+    await wait_for(None, lambda: _last_stored(path).status != "interrupted", timeout=5)
+    stored = _last_stored(path)
+    assert stored.role == "assistant" and stored.status == "stopped" and stored.content.startswith("word word")
+
+
 @pytest.mark.parametrize("signum", ENDING_SIGNALS)
 async def test_kill_or_a_closed_terminal_mid_reply_quits_as_the_quit_key_does(store, signum):
     """SIGTERM (`kill`) or SIGHUP (the terminal closed) mid-reply ended the process at once: the

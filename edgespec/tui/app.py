@@ -130,6 +130,8 @@ class EdgespecApp(App):
         self.choice = choice or ModelChoice()
         self.store, self._store_problem = (store, "") if store is not None else open_store()
         """The conversation store, and what opening it needed telling (shown once the app is up)."""
+        self._owns_store = store is None
+        """Whether the app opened the store, and so closes it as it ends (a store given is the giver's)."""
         self._load: EngineLoader = load or self._load_installed
         self._library = library
         self.defaults_path = defaults_path
@@ -418,5 +420,11 @@ class EdgespecApp(App):
             runtime.stop_loading()  # a load running now ends at its next report: quitting does not wait for it
         self._chat.stop_reply()
         engine = self.models.engine
-        if engine is not None and self.context.decoding.acquire(timeout=QUIT_WAIT_S):
-            engine.close()
+        # The models are freed, and the store closed, once no decode uses them: a reply's worker
+        # stores the stopped reply before it lets go of the decoding lock. Held past QUIT_WAIT_S
+        # (or, with no models, held at all), both are left to the process's exit.
+        if self.context.decoding.acquire(timeout=QUIT_WAIT_S if engine is not None else 0):
+            if engine is not None:
+                engine.close()
+            if self._owns_store:
+                self.store.close()
