@@ -242,6 +242,24 @@ class Stoppable(FakeEngine):
             yield chunk
 
 
+@pytest.mark.parametrize("argv", [["generate", "hi"], ["chat", "--once", "hi"], ["serve", "--port", "0"]],
+                         ids=["generate", "chat", "serve"])
+def test_ctrl_c_while_the_models_load_ends_with_one_line_and_130(home, monkeypatch, capsys, argv):
+    """Ctrl+C while a model is assembled, downloaded or read by llama.cpp reaches the command
+    as KeyboardInterrupt out of load_engine (serve loads on its engine thread and raises it
+    from there): the interrupted status and one line, never a traceback."""
+    import edgespec.load
+    from edgespec.errors import EXIT_INTERRUPTED
+
+    def load_engine(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(edgespec.load, "load_engine", load_engine)
+    assert cli.main(argv) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert err.endswith("\nedgespec: interrupted\n") and "Traceback" not in err, err
+
+
 class CtrlCAfter(io.StringIO):
     """A terminal where Ctrl+C is pressed once, after `n` characters of output."""
 
