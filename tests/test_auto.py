@@ -6,7 +6,9 @@ import logging
 import pytest
 
 from edgespec.engine.auto import Acceptance, AutoPolicy, Ledger, expected_tokens, expected_verify, k_choices
-from edgespec.engine.costs import CATCH_UP_PROBE, Costs, load_costs, pass_sizes, per_missed_token, save_costs
+from edgespec.engine.costs import (
+    CATCH_UP_PROBE, Costs, keep_healed, load_costs, pass_sizes, per_missed_token, save_costs,
+)
 from edgespec.engine.policy import Bucket, CycleReport, Plan
 from edgespec.engine.drafters import Draft, Drafter, Offer, PromptLookup
 from tests.blocking import returns_without_blocking
@@ -257,6 +259,60 @@ def test_a_new_reply_prices_passes_from_the_calibration_again():
     assert p.costs.target == CPU
     plan = p.plan(history)
     assert plan.drafter.name == "lookup" and plan.k >= 2
+
+
+def plain_pass(seconds, *, size=1):
+    """A cycle's report: a pass over `size` tokens (a draft of size - 1) that took `seconds`."""
+    return CycleReport(Plan(None, 0), drafted=size - 1, accepted=0, draft_s=0.0, verify_s=seconds)
+
+
+def test_a_calibration_taken_at_a_busy_moment_heals_to_the_fastest_pass_seen_at_the_next_reply():
+    """Seen: a single pass calibrated at 125 ms on a machine where it runs in 106 when
+    quiet. A busy machine only makes passes slower, so the fastest pass of a size seen
+    in a cycle is what the size costs at most: the next reply starts from it."""
+    costs = Costs({1: 0.125, 5: 0.300}, {"draft": 0.010}, {"draft": 0.002})
+    for seconds in (0.110, 0.106, 0.130):
+        costs.observe(plain_pass(seconds))
+    costs.observe(plain_pass(0.050, size=3))  # not a calibrated size: nothing to heal
+    costs.restart()
+    assert costs.calibrated == costs.target == {1: 0.106, 5: 0.300}
+    assert (costs.per_draft_token, costs.per_catch_up_token) == ({"draft": 0.010}, {"draft": 0.002})
+    assert costs.fresh().target == {1: 0.106, 5: 0.300}
+
+
+def test_slower_passes_never_raise_a_calibrated_size():
+    """The calibration runs at an empty context, the cheapest a pass gets: a pass
+    measured slower since ran at a longer context or beside a busy neighbour."""
+    costs = Costs({1: 0.106, 5: 0.300}, {})
+    for _ in range(20):
+        costs.observe(plain_pass(0.140))
+        costs.observe(plain_pass(0.420, size=5))
+    costs.restart()
+    assert costs.calibrated == costs.target == {1: 0.106, 5: 0.300}
+
+
+def test_a_kept_calibration_is_lowered_to_a_healed_one_and_its_draft_prices_kept(tmp_path):
+    """What a process healed is kept for the next, size by size and only lower (another
+    process may have kept a lower one meanwhile); the draft prices stay as measured at
+    load, not as the last reply's cycles moved them."""
+    kept = tmp_path / "costs.json"
+    draft, catch_up = {"draft": 0.010, "lookup": 0.0}, {"draft": 0.002}
+    save_costs(Costs({1: 0.125, 2: 0.150, 5: 0.300}, draft, catch_up), kept)
+    costs = load_costs(kept)
+    costs.observe(plain_pass(0.106))
+    costs.observe(plain_pass(0.420, size=5))
+    costs.observe(CycleReport(Plan(FakeDraftModel(), 1), drafted=1, accepted=1, draft_s=0.030, verify_s=0.160))
+    costs.restart()
+    save_costs(Costs({1: 0.125, 2: 0.140, 5: 0.300}, draft, catch_up), kept)  # another process healed size 2
+    keep_healed(costs, kept)
+    again = load_costs(kept)
+    assert again.calibrated == {1: 0.106, 2: 0.140, 5: 0.300}
+    assert (again.per_draft_token, again.per_catch_up_token) == (draft, catch_up)
+    written = kept.stat().st_ino  # (each write replaces the file)
+    keep_healed(costs, kept)  # nothing lower: not written again
+    assert kept.stat().st_ino == written
+    keep_healed(costs, tmp_path / "gone.json")  # none kept (cleared meanwhile): none made
+    assert not (tmp_path / "gone.json").exists()
 
 
 def test_a_catch_up_after_idle_cycles_is_measured_apart_from_drafting():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from edgespec.engine.costs import calibrate, pass_sizes
 from edgespec.engine.detok import Detokenizer
 from edgespec.engine.events import GenerationParams
-from edgespec.engine.runtime import Engine, ModelSettings
+from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings
 from edgespec.errors import ContextFullError, IncompatibleDraftError, ModelFileError
 from tests.synthetic import FIRST_WORD
 
@@ -269,6 +270,29 @@ def test_a_first_auto_reply_at_a_nearly_full_context_does_not_keep_auto_from_dra
         drafted = sum(run(engine, PROMPTS[3], **vars(params))[2].stats.drafted for _ in range(3))
         assert set(pass_sizes(8)) <= set(engine.auto(params).costs.calibrated)
         assert drafted > 0  # the draft is the target: every guess is right
+
+
+def test_a_calibration_kept_from_a_busy_moment_is_kept_lower_once_a_process_saw_faster_passes(
+        synth_target, tmp_path):
+    """A calibration measured while the machine was busy would price drafts wrong in every
+    later process: a process that saw faster passes keeps them, at its close."""
+    cache = CacheSettings(ram_mib=0, disk=tmp_path)  # the calibration kept beside the snapshots
+    params = GenerationParams(mode="auto", k=4, max_tokens=20)
+    model = settings(synth_target, flash_attn=False)  # (not probed: beside the point)
+    with Engine.load(model, model, cache=cache) as engine:
+        run(engine, PROMPTS[3], **vars(params))  # calibrated, and kept
+    (kept,) = (tmp_path / "costs").glob("*.json")
+    busy = json.loads(kept.read_text())
+    busy["target"] = {n: 10.0 for n in busy["target"]}  # a pass of any size: 10 s
+    kept.write_text(json.dumps(busy))
+    with Engine.load(model, model, cache=cache) as engine:
+        run(engine, PROMPTS[3], **vars(params))
+        assert json.loads(kept.read_text()) == busy  # not rewritten on a reply's path
+    healed = json.loads(kept.read_text())
+    assert healed["target"]["1"] < 1.0 and all(t <= 10.0 for t in healed["target"].values())
+    assert healed["target"].keys() == busy["target"].keys()
+    assert (healed["per_draft_token"], healed["per_catch_up_token"]) == (
+        busy["per_draft_token"], busy["per_catch_up_token"])
 
 
 def test_reset_with_learnt_starts_auto_over_as_a_new_process_would(engines):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from edgespec.engine.auto import AutoPolicy
-from edgespec.engine.costs import calibrate, load_costs, pass_sizes, save_costs
+from edgespec.engine.costs import calibrate, keep_healed, load_costs, pass_sizes, save_costs
 from edgespec.engine.drafters import Drafter
 from edgespec.engine.events import MODES, GenerationParams
 from edgespec.engine.exact import largest_exact_batch
@@ -51,6 +51,8 @@ class Policies:
         """max_verify_batch once known (with exact kernels, once the probe has run)."""
         self._probe_timings: dict[int, float] = {}
         self._auto: AutoPolicy | None = None
+        self._kept: set[Path] = set()
+        """Where auto's calibration was read from or kept (by k_max): each is healed at `keep_healed`."""
 
     def choose(self, params: GenerationParams) -> Policy:
         """The policy for params.mode: which drafter (if any) and how many tokens."""
@@ -111,6 +113,15 @@ class Policies:
             self._auto = AutoPolicy(self._auto.costs.fresh(), self.drafters, k_max=self._auto.k_max,
                                     priors=ACCEPTANCE_PRIORS)
 
+    def keep_healed(self) -> None:
+        """Keep auto's calibration as this process's cycles healed it (Costs.heal) for
+        the next process: a calibration measured at a busy moment would otherwise price
+        drafts wrong in every process after. Written where it changed, once (at the
+        engine's close: on no reply's path)."""
+        if self._auto is not None:
+            for kept in sorted(self._kept):
+                keep_healed(self._auto.costs, kept)
+
     def _make_auto(self, k_max: int) -> AutoPolicy:
         if self._auto is None:
             kept = self.costs_path(k_max)
@@ -123,6 +134,8 @@ class Policies:
                                   measured=measured)
                 if kept:
                     save_costs(costs, kept)
+            if kept:
+                self._kept.add(kept)
             self._auto = AutoPolicy(costs, self.drafters, k_max=k_max, priors=ACCEPTANCE_PRIORS)
         elif {n for n in self._unmeasured(k_max) if n <= self.target.seq.room}:
             costs = self._auto.costs
@@ -131,5 +144,6 @@ class Policies:
             kept = self.costs_path(k_max)
             if kept:
                 save_costs(costs, kept)
+                self._kept.add(kept)
         self._auto.k_max = k_max
         return self._auto

@@ -1,6 +1,7 @@
 """What speculation costs on this machine: target passes by batch size, a
 draft step, a draft model's catch-up on history it missed. Measured once at
-load (`calibrate`) and kept current from every cycle (`Costs.observe`).
+load (`calibrate`), kept current from every cycle (`Costs.observe`), and the
+calibration lowered to the fastest passes cycles show (`Costs.heal`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class Costs:
         pass observed): what the sizes not measured since are taken to cost too."""
         self.observed: set[int] = set()
         """The sizes measured since the calibration (or the last restart)."""
+        self.fastest: dict[int, float] = {}
+        """The fastest pass of each calibrated size seen in a cycle: what `heal` lowers it to."""
         self.target = dict(target)
         self.per_draft_token = dict(per_draft_token)
         self.per_catch_up_token = dict(per_catch_up_token or {})
@@ -68,13 +71,32 @@ class Costs:
         self.target = {**self.target, **measured}
 
     def restart(self) -> None:
-        """Pass costs back to the calibration's, for a new reply. A pass costs
-        more at a longer context, but the estimates are kept by size only: sizes
-        last measured in a long conversation would read dear in a short one, and
-        a size a policy stops using is never measured again. The first cycles
-        relearn them."""
+        """Pass costs back to the calibration's, for a new reply, healed (`heal`).
+        A pass costs more at a longer context, but the estimates are kept by size
+        only: sizes last measured in a long conversation would read dear in a short
+        one, and a size a policy stops using is never measured again. The first
+        cycles relearn them."""
+        self.heal()
         self.drift, self.observed = 1.0, set()
         self.target = dict(self.calibrated)
+
+    def heal(self) -> None:
+        """Lower each calibrated size to the fastest pass of it seen in a cycle. The
+        calibration measures each size once, at an empty context, the cheapest a pass
+        gets, and a busy machine only makes a pass slower: a size measured at a busy
+        moment (seen: a single pass at 125 ms against 106 quiet) would price every
+        later reply's drafts wrong, and one pass seen faster shows what it costs.
+        Never raised: a slower pass ran at a longer context or beside a busy neighbour.
+        Only between replies (restart, fresh, keep_healed): within one, the drift is a
+        ratio to one calibration."""
+        self.lower_to(self.fastest)
+
+    def lower_to(self, passes: dict[int, float]) -> bool:
+        """Lower each calibrated size to its time in `passes` where that is less
+        (the others stay); whether any was lowered."""
+        lower = {n: seconds for n, seconds in passes.items() if seconds < self.calibrated.get(n, 0.0)}
+        self.calibrated.update(lower)
+        return bool(lower)
 
     @property
     def target(self) -> dict[int, float]:
@@ -94,8 +116,9 @@ class Costs:
         self._interpolated: dict[float, float] = {}
 
     def fresh(self) -> "Costs":
-        """A copy at the calibration's pass costs and the current draft costs: what a
-        new AutoPolicy starts from, apart from these estimates as they move on."""
+        """A copy at the calibration's pass costs (healed) and the current draft costs:
+        what a new AutoPolicy starts from, apart from these estimates as they move on."""
+        self.heal()
         return Costs(self.calibrated, self.per_draft_token, self.per_catch_up_token)
 
     def target_pass(self, n: float) -> float:
@@ -137,6 +160,8 @@ class Costs:
             self.drift += EMA * (report.verify_s / calibrated - self.drift)
         old = self.target.get(n)
         self.target[n] = report.verify_s if old is None else old + EMA * (report.verify_s - old)
+        if n in self.calibrated:
+            self.fastest[n] = min(report.verify_s, self.fastest.get(n, math.inf))
         self.observed.add(n)
         for size in self.calibrated_sizes:
             if size not in self.observed:
@@ -252,6 +277,18 @@ def save_costs(costs: Costs, path: Path) -> None:
         logging.getLogger("edgespec.cache").warning("could not keep the calibration in %s: %s", path, e)
         with contextlib.suppress(OSError):  # (no folder to clean: a file in its place)
             tmp.unlink(missing_ok=True)
+
+
+def keep_healed(costs: Costs, path: Path) -> None:
+    """Lower the calibration kept in `path` to `costs`' healed one (Costs.heal) where
+    that is less, and write it again if it changed; its draft prices stay as kept
+    (measured at load: the running ones follow the last reply's context). Only
+    lowered: another process may have kept a lower one meanwhile. None kept (not
+    there, or not one): none made. Best effort, as save_costs."""
+    costs.heal()
+    kept = load_costs(path)
+    if kept is not None and kept.lower_to(costs.calibrated):
+        save_costs(kept, path)
 
 
 def load_costs(path: Path) -> Costs | None:

@@ -581,13 +581,15 @@ class Engine:
                 m.pool.save()
 
     def close(self) -> None:
-        """Save what the caches hold (see save) and the lookup pool, then free the models
-        (a target whose RPC worker was lost is abandoned: see LlamaModel.close)."""
+        """Save what the caches hold (see save), the lookup pool and auto's calibration as
+        healed (Policies.keep_healed), then free the models (a target whose RPC worker
+        was lost is abandoned: see LlamaModel.close)."""
         try:
             self.save()
         except Exception as e:  # keeping the reading for next time must never stop a close
             log.warning("could not save the KV caches: %s", e)
         self._save_pool()  # logs its own failures
+        self.policies.keep_healed()  # (so does save_costs)
         self._pool = None
         if self._draft:
             self._draft.close()
