@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -471,6 +472,25 @@ def test_every_get_route_answers_head_as_get_does_without_a_body():
             assert head_status == get_status and head_body == b"" and get_body, path
     finally:
         served.stop()
+
+
+def test_the_openapi_schema_builds_without_warnings_one_operation_id_each():
+    """Each read route answers GET and HEAD; listed under both, its two operations shared
+    one operationId (OpenAPI wants each unique), and building the schema warned "Duplicate
+    Operation ID" three times; the id ended in `_get` or `_head` by the run. The schema lists
+    the GET, under FastAPI's id for it; HEAD is GET without the body."""
+    app = create_app(FakeEngine, ServerSettings(model_id="fake"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        schema = app.openapi()
+    assert not [w for w in caught if "Operation ID" in str(w.message)]
+    ids = [operation["operationId"] for path in schema["paths"].values() for operation in path.values()]
+    assert len(ids) == len(set(ids)), ids
+    assert {path: set(operations) for path, operations in schema["paths"].items()} == {
+        "/health": {"get"}, "/v1/models": {"get"}, "/v1/models/{model_id}": {"get"},
+        "/v1/chat/completions": {"post"}, "/v1/completions": {"post"}}
+    assert [schema["paths"][path]["get"]["operationId"] for path in ("/health", "/v1/models")] == [
+        "health_health_get", "models_v1_models_get"]
 
 
 @pytest.mark.parametrize("declared", [99_999_999_999, 100 * 1024 * 1024])

@@ -10,6 +10,7 @@ arrival order. The engine below does not know it is being served.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import hashlib
 import hmac
@@ -23,6 +24,9 @@ from typing import Callable, ClassVar
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
+from fastapi.utils import generate_unique_id
 from starlette.background import BackgroundTask
 from sse_starlette import EventSourceResponse
 
@@ -190,6 +194,7 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
         return await _respond(request, job, body, _TextShape(reply_id, body.model or settings.model_id),
                               prompt_param="prompt", stopping=stopping)
 
+    app.openapi = lambda: _openapi(app)
     app.add_middleware(_Guard, api_key=settings.api_key, max_body=settings.max_body_bytes)
     if settings.cors_origins:  # outermost, so that preflight requests need no key
         # Any request header: the origin is what is trusted, and browser clients add their own
@@ -197,6 +202,30 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST"], allow_headers=["*"])
     return app
+
+
+def _openapi(app: FastAPI) -> dict:
+    """The app's OpenAPI schema, built once, with each read route listed under GET alone
+    (_listed). FastAPI's own lists it under GET and HEAD with one operationId, which OpenAPI
+    wants unique (it warns "Duplicate Operation ID"), and that id ends in `_get` or `_head`
+    by the run (it names whichever method of the route's set comes first)."""
+    if app.openapi_schema is None:
+        app.openapi_schema = get_openapi(
+            title=app.title, version=app.version, openapi_version=app.openapi_version,
+            description=app.description, routes=[_listed(route) for route in app.routes],
+            separate_input_output_schemas=app.separate_input_output_schemas)
+    return app.openapi_schema
+
+
+def _listed(route):
+    """`route` as the schema lists it: HEAD is GET without the body (READ_METHODS), so a read
+    route is listed by its GET, under FastAPI's id for it."""
+    if not isinstance(route, APIRoute) or "HEAD" not in route.methods:
+        return route
+    listed = copy.copy(route)
+    listed.methods = route.methods - {"HEAD"}
+    listed.unique_id = listed.operation_id or generate_unique_id(listed)
+    return listed
 
 
 def _card(model_id: str, created: int, thread: EngineThread) -> ModelCard:
