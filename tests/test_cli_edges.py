@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -255,9 +256,12 @@ def test_ctrl_c_while_the_models_load_ends_with_one_line_and_130(home, monkeypat
         raise KeyboardInterrupt
 
     monkeypatch.setattr(edgespec.load, "load_engine", load_engine)
+    handlers = list(logging.getLogger("edgespec.server").handlers)
     assert cli.main(argv) == EXIT_INTERRUPTED
     err = capsys.readouterr().err
     assert err.endswith("\nedgespec: interrupted\n") and "Traceback" not in err, err
+    # serve's log handler goes with it: left, it would write to this test's closed stream
+    assert logging.getLogger("edgespec.server").handlers == handlers
 
 
 class CtrlCAfter(io.StringIO):

@@ -65,11 +65,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("edgespec.server")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    app = server.create_app(lambda: engine_from_args(args, progress=stderr_progress(), settings=load), settings)
-    print(f"edgespec serve: loading {model_id} ...", file=sys.stderr)
-    server.run(app, sock, verbose=args.verbose, on_ready=lambda: print(
-        f"edgespec serve: ready at {base} (model \"{model_id}\"{', API key required' if api_key else ''}); "
-        "Ctrl+C stops it", file=sys.stderr, flush=True))
+    try:
+        app = server.create_app(lambda: engine_from_args(args, progress=stderr_progress(), settings=load), settings)
+        print(f"edgespec serve: loading {model_id} ...", file=sys.stderr)
+        server.run(app, sock, verbose=args.verbose, on_ready=lambda: print(
+            f"edgespec serve: ready at {base} (model \"{model_id}\"{', API key required' if api_key else ''}); "
+            "Ctrl+C stops it", file=sys.stderr, flush=True))
+    finally:
+        # The log is the command's, not the process's: a caller that goes on (a test, an
+        # embedding program) must not have the server's lines written to a stream it closed.
+        log.removeHandler(handler)
     print("edgespec serve: stopped", file=sys.stderr)
     return 0
 
