@@ -12,7 +12,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 import platformdirs
 
@@ -98,3 +98,19 @@ def read_kept(path: Path, *, limit: int) -> bytes:
         if size > limit:
             raise ValueError(f"{path}: {size} bytes, more than the {limit} such a file holds")
         return f.read(limit + 1)
+
+
+def try_lock(f: IO) -> bool | None:
+    """Lock an open file for this process without waiting: True if locked, False if another
+    process (or another open of the file) holds its lock, None where files cannot be locked
+    (outside POSIX). The kernel lets go of a killed process's locks, so a lock held means
+    its writer is alive."""
+    try:
+        import fcntl  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from edgespec.config import dirs
+from edgespec.config import dirs, try_lock
 from edgespec.errors import DownloadError, ModelFileError, RegistryError
 from edgespec.models.checksum import CHUNK, record_verified, verify_file
 from edgespec.models.progress import Meter, ProgressCallback, human_bytes
@@ -246,7 +246,7 @@ def remove_dead_temps(dest: Path) -> None:
     for tmp in dest.parent.glob(f".{dest.name}.*.tmp"):
         try:
             with open(os.open(tmp, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
-                locked = _lock(f)
+                locked = try_lock(f)
                 if locked:  # unlinked while locked: a writer that locks it after this finds its name gone
                     tmp.unlink()
             if locked is None and now - tmp.stat().st_mtime > STALE_TEMP_SECONDS:  # no locks: its age tells
@@ -264,7 +264,7 @@ def _new_temp(dest: Path) -> tuple[Path, BinaryIO]:
         tmp = dest.parent / f".{dest.name}.{secrets.token_hex(6)}.tmp"
         held = open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb")
         try:
-            locked = _lock(held)
+            locked = try_lock(held)
             if locked is None:
                 held.close()  # no lock to keep (Windows), where a file still open cannot be renamed
                 return tmp, held
@@ -277,20 +277,6 @@ def _new_temp(dest: Path) -> tuple[Path, BinaryIO]:
             tmp.unlink(missing_ok=True)
             raise
         held.close()  # locked by another run's remove_dead_temps, which deletes it
-
-
-def _lock(f: BinaryIO) -> bool | None:
-    """Lock `f` for this process: True if locked, False if another process (or another
-    open of the file) holds the lock, None where files cannot be locked (Windows)."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
 
 
 def _concatenate(parts: list[Path], path: Path, meter: Meter) -> str:

@@ -59,7 +59,7 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit
 from urllib.request import HTTPRedirectHandler, Request, build_opener
 
-from edgespec.config import read_kept
+from edgespec.config import read_kept, try_lock
 from edgespec.errors import EdgespecError
 from edgespec.models.progress import Meter, ProgressCallback
 
@@ -416,15 +416,10 @@ def _open_locked(part: Path, mode: str) -> tuple[IO[bytes], bool]:
 
 def _lock(f, part: Path) -> bool:
     """Refuse a .part another process is writing (POSIX; elsewhere no lock: returns False)."""
-    try:
-        import fcntl
-    except ImportError:
-        return False
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise BlockingIOError(f"{part} is being downloaded by another process") from None
-    return True
+    locked = try_lock(f)
+    if locked is False:
+        raise BlockingIOError(f"{part} is being downloaded by another process")
+    return bool(locked)
 
 
 class _DropAuthOnOtherHosts(HTTPRedirectHandler):
