@@ -215,13 +215,19 @@ async def test_escape_stops_the_reply_and_keeps_it(store, key):
             assert app.is_running
 
 
+async def talk_until_streaming(pilot, app):
+    """Send a message once the models are ready, and wait until its reply (a fake's, held
+    after 40 characters: make_app's `hold_after`) is streaming."""
+    await wait_for(pilot, lambda: app.model_state == "ready")
+    await send(pilot, "Talk", key=False)
+    await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) >= 40)
+
+
 async def test_quitting_mid_reply_keeps_the_reply_and_frees_the_models_after_the_decode(store):
     hold = threading.Event()
     app = make_app(store, reply="word " * 200, hold=hold, hold_after=40)
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.model_state == "ready")
-        await send(pilot, "Talk", key=False)
-        await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) >= 40)
+        await talk_until_streaming(pilot, app)
         threading.Timer(0.3, hold.set).start()  # the decode step in flight ends a moment after the quit
         await pilot.press("ctrl+q")
     [engine] = app.engines
@@ -245,9 +251,7 @@ async def test_quitting_mid_reply_closes_the_store_the_app_opened_after_storing_
     hold = threading.Event()
     app = make_app(None, reply="word " * 200, hold=hold, hold_after=40)
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.model_state == "ready")
-        await send(pilot, "Talk", key=False)
-        await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) >= 40)
+        await talk_until_streaming(pilot, app)
         threading.Timer(0.3, hold.set).start()  # the decode step in flight ends a moment after the quit
         await pilot.press("ctrl+q")
     path = home / "data" / "conversations.db"
@@ -267,9 +271,7 @@ async def test_a_decode_step_outlasting_the_quit_still_stores_its_reply(home, mo
     hold = threading.Event()
     app = make_app(None, reply="word " * 200, hold=hold, hold_after=40)
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.model_state == "ready")
-        await send(pilot, "Talk", key=False)
-        await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) >= 40)
+        await talk_until_streaming(pilot, app)
         await pilot.press("ctrl+q")
     [engine] = app.engines
     assert not engine.closed  # the decode step is still under way
@@ -292,9 +294,7 @@ async def test_kill_or_a_closed_terminal_mid_reply_quits_as_the_quit_key_does(st
         hold = threading.Event()
         app = make_app(store, reply="word " * 200, hold=hold, hold_after=40)
         async with app.run_test() as pilot:
-            await wait_for(pilot, lambda: app.model_state == "ready")
-            await send(pilot, "Talk", key=False)
-            await wait_for(pilot, lambda: len(boxes(app)) == 2 and len(boxes(app)[1].content) >= 40)
+            await talk_until_streaming(pilot, app)
             threading.Timer(0.3, hold.set).start()  # the decode step in flight ends a moment after the signal
             os.kill(os.getpid(), signum)
             await wait_for(pilot, lambda: not app.is_running, timeout=5)
