@@ -650,6 +650,28 @@ def test_a_cold_draft_model_is_not_probed_where_the_other_drafters_leave_it_noth
     assert p.plan(history).drafter is draft
 
 
+def test_a_draft_model_is_not_warmed_for_savings_the_ledger_will_not_let_it_make():
+    """A slow 2-core Xeon's costs: a 4-token pass is cheaper than a 3-token one, 1-token
+    drafts do not pay, and the worst case of the 3-token ones that do (182 ms), with a
+    1-token bet's after it, is more than a reply's first credit (136 ms): the ledger lets
+    the model make no draft that pays until other drafters have saved. Read at the
+    shipped prior (70%), the model sat idle and first replies ran 4-5% slower than plain
+    decoding, beyond their ledger. Where a short draft the credit covers pays (a cheap
+    draft step), its savings pay for the longer ones, and the model is read as before."""
+    xeon = {1: .106, 2: .164, 3: .219, 4: .194, 5: .237, 8: .358, 9: .386, 16: .450, 17: .536}
+
+    def warmed(draft_token_s):
+        costs = Costs(xeon, {"draft": draft_token_s, "lookup": 0.0}, {"draft": .0093})
+        draft = FakeDraftModel()
+        draft.missed = 50  # a new prompt to read: 0.45 s
+        p = AutoPolicy(costs, [PromptLookup(), draft], k_max=16, priors={"draft": 0.7, "lookup": 0.5})
+        p.prefill(list(range(50)))
+        return draft.prefilled == [50]
+
+    assert not warmed(.0315)
+    assert warmed(.005)
+
+
 def test_a_draft_model_that_cannot_pay_even_when_right_is_left_cold():
     p = policy(CPU, CPU[1], prior=0.9)  # a draft token costs as much as a target token
     p.prefill([1, 2, 3, 4, 5, 6])
