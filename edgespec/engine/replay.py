@@ -372,14 +372,18 @@ MACHINES = {
     "dear draft": ({1: .035, 2: .052, 3: .062, 4: .072, 5: .085, 9: .140, 17: .250}, .025, .008),
     "cheap draft": ({1: .035, 2: .052, 3: .062, 4: .072, 5: .085, 9: .140, 17: .250}, .004, .0012),
     "no batching gain": (_linear(.035, .035), .010, .0035),
+    "cpu kernel blocks": ({1: .106, 2: .164, 3: .219, 4: .194, 5: .237, 8: .358, 9: .386, 16: .450, 17: .536},
+                          .0315, .0093),
     "gpu": (_linear(.010, .0002), .002, .0002),
     "slow link": (_linear(.040, .0008), .010, .0035),
 }
 """Cost profiles of the machines auto mode is replayed on (tests/test_replay.py,
 scripts/speculation_ceiling.py --machine): CPUs whose verify column costs
 a third to a half of a pass, a CPU with exact kernels (short passes only), draft
-models dear and cheap, a machine where batching gains nothing, a GPU, and RPC
-over a slow link."""
+models dear and cheap, a machine where batching gains nothing, a slow CPU whose
+kernels work in blocks of 4 columns (a 4-token pass cheaper than a 3-token one, as
+calibrated on a 2-core Xeon: only 3-token drafts pay there), a GPU, and RPC over a
+slow link."""
 
 
 def machine_costs(name: str) -> Costs:
