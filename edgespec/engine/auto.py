@@ -410,12 +410,12 @@ class AutoPolicy(Policy):
         the stretches the other drafters left to plain decoding in the last reply
         (`last`): in a session of edits that prompt lookup copies, a draft model has
         little left to win, and reading each conversation into it costs seconds.
-        `covered` (a reply's reading, which no cycle's ledger pays for): saved only
+        `covered` (for a reply's reading, which no cycle's ledger pays for): saved only
         where a draft the ledger's credit covers now pays (`_ks_the_ledger_covers`),
-        whose savings then pay for longer ones: where only
-        3-token drafts pay and their worst case is more than a reply's first credit (a
-        2-core Xeon: 182 ms and a 1-token bet's after it, against 136), the model, read,
-        sat idle, and first replies ran 4-5% slower than plain decoding."""
+        whose savings then pay for longer ones. Where only 3-token drafts pay and their
+        worst case is more than a reply's first credit (a 2-core Xeon: 182 ms and a
+        1-token bet's after it, against 136), the model, read, sat idle, and first
+        replies ran 4-5% slower than plain decoding."""
         plain = 1.0 / self.costs.target_pass(1)
         ks = self._ks_the_ledger_covers(drafter) if covered else None
         gains = []
