@@ -1,17 +1,19 @@
 """What speculation costs on this machine: target passes by batch size, a
 draft step, a draft model's catch-up on history it missed. Measured once at
 load (`calibrate`), kept current from every cycle (`Costs.observe`), and the
-calibration lowered to the fastest passes cycles show (`Costs.heal`).
+calibration lowered to the typical passes cycles show (`Costs.heal`).
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import json
 import logging
 import math
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -31,6 +33,17 @@ draft token (drafted, never fed to it) and the target's own token. Part of
 the cost of drafting. A catch-up over more tokens, after auto left the draft
 model idle, is the price of switching back to it, measured and charged apart:
 it is paid once per switch, not per drafted token, and it is not free."""
+
+
+HEAL_PASSES = 3
+"""Passes of a size a process must run before they tell what it costs (Costs.heal)."""
+
+HEALED_TO = "median"
+"""How a kept calibration's sizes are healed (Costs.heal), part of its file's name: one
+healed another way (to the fastest passes, which priced drafts wrong) is measured again."""
+
+HEAL_KEPT = 101
+"""The latest passes of each size that healing looks at."""
 
 
 def per_missed_token(seconds: float, read: int) -> float:
@@ -55,8 +68,8 @@ class Costs:
         pass observed): what the sizes not measured since are taken to cost too."""
         self.observed: set[int] = set()
         """The sizes measured since the calibration (or the last restart)."""
-        self.fastest: dict[int, float] = {}
-        """The fastest pass of each calibrated size seen in a cycle: what `heal` lowers it to."""
+        self.seen: dict[int, collections.deque[float]] = {}
+        """The latest passes of each calibrated size run in cycles (HEAL_KEPT): what `heal` lowers it to."""
         self.target = dict(target)
         self.per_draft_token = dict(per_draft_token)
         self.per_catch_up_token = dict(per_catch_up_token or {})
@@ -81,15 +94,19 @@ class Costs:
         self.target = dict(self.calibrated)
 
     def heal(self) -> None:
-        """Lower each calibrated size to the fastest pass of it seen in a cycle. The
-        calibration measures each size once, at an empty context, the cheapest a pass
-        gets, and a busy machine only makes a pass slower: a size measured at a busy
-        moment (seen: a single pass at 125 ms against 106 quiet) would price every
-        later reply's drafts wrong, and one pass seen faster shows what it costs.
-        Never raised: a slower pass ran at a longer context or beside a busy neighbour.
-        Only between replies (restart, fresh, keep_healed): within one, the drift is a
-        ratio to one calibration."""
-        self.lower_to(self.fastest)
+        """Lower each calibrated size to the median of its passes run in cycles (of
+        HEAL_PASSES at least). The calibration measures each size once, at an empty
+        context, the cheapest a pass gets, and a busy machine only makes a pass slower:
+        a size measured at a busy moment (seen: a single pass at 125 ms against 106
+        quiet) would price every later reply's drafts wrong. The median, not the fastest:
+        a size run hundreds of times (a single pass) shows a far luckier fastest pass
+        than one run a few times, and healed to their fastest passes the sizes' prices
+        drift apart by how often each ran (a 2-core Xeon: 4-token drafts priced at 1.65
+        single passes, run at 1.58). Never raised: a slower pass ran at a longer context
+        or beside a busy neighbour. Only between replies (restart, fresh, keep_healed):
+        within one, the drift is a ratio to one calibration."""
+        self.lower_to({n: statistics.median(passes) for n, passes in self.seen.items()
+                       if len(passes) >= HEAL_PASSES})
 
     def lower_to(self, passes: dict[int, float]) -> bool:
         """Lower each calibrated size to its time in `passes` where that is less
@@ -161,7 +178,7 @@ class Costs:
         old = self.target.get(n)
         self.target[n] = report.verify_s if old is None else old + EMA * (report.verify_s - old)
         if n in self.calibrated:
-            self.fastest[n] = min(report.verify_s, self.fastest.get(n, math.inf))
+            self.seen.setdefault(n, collections.deque(maxlen=HEAL_KEPT)).append(report.verify_s)
         self.observed.add(n)
         for size in self.calibrated_sizes:
             if size not in self.observed:

@@ -22,6 +22,7 @@ from edgespec.engine.attention import choose_cpu_flash_attn, ubatch
 from edgespec.engine.auto import AutoPolicy
 from edgespec.engine.cache import KVSequence
 from edgespec.engine.choice import Policies, decoded_mode
+from edgespec.engine.costs import HEALED_TO
 from edgespec.engine.drafters import DraftModel, engine_drafters
 from edgespec.engine.regions import Region, Regions
 from edgespec.engine.events import Chunk, GenerationParams
@@ -392,7 +393,8 @@ class Engine:
         key = cache_key(target=self._target.pool.key, draft=self._draft.pool.key if self._draft else None,
                         threads=self._target.settings.n_threads or os.cpu_count(), k_max=k_max,
                         n_batch=self._target.ctx.n_batch, exact=self._target.exact,
-                        huge_pages=[bool(m.model.huge_pages) for m in (self._target, self._draft) if m])
+                        huge_pages=[bool(m.model.huge_pages) for m in (self._target, self._draft) if m],
+                        healed=HEALED_TO)
         return folder / "costs" / f"{key}.json"
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerationParams, *,
