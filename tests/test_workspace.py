@@ -217,7 +217,7 @@ def test_diff_with_wrong_line_numbers():
 
 def test_diff_whose_context_is_missing_is_refused():
     reply = "```diff\n--- a/main.py\n+++ b/main.py\n@@ -1 +1 @@\n-print('bye')\n+print('x')\n```\n"
-    with pytest.raises(EditError, match=r"diff hunk changes \(starting \"print\('bye'\)\"\) are not in the file"):
+    with pytest.raises(EditError, match=r"the lines the reply's diff hunk \(starting \"print\('bye'\)\"\) changes are not in the file"):
         parse_edits(reply, {"main.py": MAIN})
 
 
@@ -241,24 +241,36 @@ def test_search_replace_blocks_all_apply_or_none():
         parse_edits(missing, files)
 
 
+def _blocks(path: str, *pairs: tuple[str, str]) -> str:
+    return path + "\n" + "".join(f"<<<<<<< SEARCH\n{s}=======\n{r}>>>>>>> REPLACE\n\n" for s, r in pairs)
+
+
 def test_ambiguous_search_is_refused():
     reply = "a.py\n<<<<<<< SEARCH\nx = 1\n=======\nx = 2\n>>>>>>> REPLACE\n"
-    with pytest.raises(EditError):
+    with pytest.raises(EditError, match=r"In a\.py, what the reply's edit \(starting 'x = 1'\) looks for occurs 2 times;"):
         parse_edits(reply, {"a.py": "x = 1\nx = 1\n"})
 
 
-def test_overlapping_blocks_are_refused():
-    files = {"a.py": "x = 1\ny = 2\nz = 3\n"}
-    reply = (
-        "a.py\n<<<<<<< SEARCH\nx = 1\ny = 2\n=======\nx = 0\n>>>>>>> REPLACE\n"
-        "<<<<<<< SEARCH\ny = 2\nz = 3\n=======\nz = 0\n>>>>>>> REPLACE\n"
+def test_an_ambiguous_block_among_several_is_named():
+    """With several blocks for one file, the refusal says which one to fix, as for a block found nowhere."""
+    reply = _blocks("a.py", ("y = 2\n", "y = 20\n"), ("x = 1\n", "x = 10\n"), ("z = 3\n", "z = 30\n"))
+    with pytest.raises(EditError, match=r"the reply's edit 2 of 3 \(starting 'x = 1'\) looks for occurs 2 times"):
+        parse_edits(reply, {"a.py": "x = 1\ny = 2\nx = 1\nz = 3\n"})
+
+
+def test_overlapping_blocks_are_refused_naming_both_in_reply_order():
+    files = {"a.py": "a = 1\nb = 2\nc = 3\nd = 4\ne = 5\n"}
+    # edit 4 starts above edit 2 in the file; the refusal names them as the reply numbers them
+    reply = _blocks(
+        "a.py",
+        ("a = 1\n", "a = 10\n"),
+        ("c = 3\nd = 4\n", "cd = 34\n"),
+        ("e = 5\n", "e = 50\n"),
+        ("b = 2\nc = 3\n", "bc = 23\n"),
     )
-    with pytest.raises(EditError):
+    named = r"The reply's edit 2 of 4 \(starting 'c = 3'\) and edit 4 of 4 \(starting 'b = 2'\) to a\.py overlap;"
+    with pytest.raises(EditError, match=named):
         parse_edits(reply, files)
-
-
-def _blocks(path: str, *pairs: tuple[str, str]) -> str:
-    return path + "\n" + "".join(f"<<<<<<< SEARCH\n{s}=======\n{r}>>>>>>> REPLACE\n\n" for s, r in pairs)
 
 
 def test_a_block_that_edits_what_an_earlier_block_wrote_applies_after_it():
@@ -283,11 +295,11 @@ def test_a_chained_block_keeps_the_rules_of_any_other():
         parse_edits(missing, files)
     # twice in the text the block before it wrote: refused as ambiguous
     twice = _blocks("a.py", ("x = 1\n", "x = 10\nx = 10\n"), ("x = 10\n", "x = 11\n"))
-    with pytest.raises(EditError, match="occurs 2 times"):
+    with pytest.raises(EditError, match=r"edit 2 of 2 \(starting 'x = 10'\) looks for occurs 2 times"):
         parse_edits(twice, files)
     # the same insertion twice matches the original twice over: refused, not inserted twice
     again = _blocks("a.py", ("y = 2\n", "import os\ny = 2\n"), ("y = 2\n", "import os\ny = 2\n"))
-    with pytest.raises(EditError, match="overlap"):
+    with pytest.raises(EditError, match=r"edit 1 of 2 \(starting 'y = 2'\) and edit 2 of 2 \(starting 'y = 2'\) to a\.py overlap"):
         parse_edits(again, files)
 
 

@@ -698,52 +698,60 @@ def _apply_blocks(path: str, old: list[str], blocks: list[_Block], kind: str) ->
     blocks before it produce, as Aider applies a file's blocks in order (block 2 edits the
     line block 1 renamed); the blocks after it are placed in that text too. A diff's hunks
     all describe the file as attached, so each is placed in it."""
+    names = [_named(blocks, index, kind) for index in range(len(blocks))]
     text, placed = old, []
     for index, block in enumerate(blocks):
-        span = _place_or_insert(path, text, block, kind)
+        span = _place_or_insert(path, text, block, kind, names[index])
         chained = kind == REPLACE and span is None and bool(placed)
         if chained:
-            text, placed = _applied(path, text, placed), []
-            span = _place_or_insert(path, text, block, kind)
+            text, placed = _applied(path, text, placed, names), []
+            span = _place_or_insert(path, text, block, kind, names[index])
         if span is None:
-            raise EditError(_not_found(path, blocks, index, kind, chained=chained))
-        placed.append(span)
-    return _applied(path, text, placed)
+            raise EditError(_not_found(path, names[index], kind, chained=chained))
+        placed.append((*span, index))
+    return _applied(path, text, placed, names)
 
 
-def _place_or_insert(path: str, old: list[str], block: _Block, kind: str) -> tuple[int, int, list[str]] | None:
+def _place_or_insert(path: str, old: list[str], block: _Block, kind: str, name: str) -> tuple[int, int, list[str]] | None:
     """_place, or the start of an empty file for a block with nothing to look for (refused in any other file)."""
     if any(line.strip() for line in block.search):
-        return _place(path, old, block)
+        return _place(path, old, block, name)
     if old:
         what = "a search/replace block with an empty SEARCH" if kind == REPLACE else "a diff hunk without context"
         raise EditError(f"The reply has {what} for {path}, so where it goes is unclear; ask for the lines it changes.")
     return 0, 0, block.replace
 
 
-def _applied(path: str, old: list[str], placed: list[tuple[int, int, list[str]]]) -> list[str]:
-    """`old` with each placed replacement in its span, refused if two spans overlap."""
+def _applied(path: str, old: list[str], placed: list[tuple[int, int, list[str], int]], names: list[str]) -> list[str]:
+    """`old` with each placed replacement in its span, refused if two spans overlap (naming both blocks)."""
     placed = sorted(placed, key=lambda span: span[0])
-    for (_, stop, _), (next_start, _, _) in zip(placed, placed[1:]):
+    for (_, stop, _, index), (next_start, _, _, next_index) in zip(placed, placed[1:]):
         if next_start < stop:
-            raise EditError(f"Two of the reply's edits to {path} overlap; ask the model for one edit of those lines.")
+            first, second = sorted((index, next_index))
+            raise EditError(f"The reply's {names[first]} and {names[second]} to {path} overlap; ask the model for one edit of those lines.")
     new = list(old)
-    for start, stop, lines in reversed(placed):
+    for start, stop, lines, _ in reversed(placed):
         new[start:stop] = lines
     return new
 
 
-def _not_found(path: str, blocks: list[_Block], index: int, kind: str, *, chained: bool) -> str:
-    """Why blocks[index] was refused: which block, the start of what it looks for, and where that was looked for."""
+def _named(blocks: list[_Block], index: int, kind: str) -> str:
+    """How a refusal names blocks[index], so a reply with several for one file says which to fix:
+    its number among them (when there are several) and the start of what it looks for."""
+    noun = "diff hunk" if kind == DIFF else "edit"
     which = f" {index + 1} of {len(blocks)}" if len(blocks) > 1 else ""
-    first = next(line.strip() for line in blocks[index].search if line.strip())
+    first = next((line.strip() for line in blocks[index].search if line.strip()), "")
     if len(first) > 60:
         first = first[:59] + "…"
-    starting = f"starting {first!r}"
+    return f"{noun}{which} (starting {first!r})" if first else f"{noun}{which}"
+
+
+def _not_found(path: str, name: str, kind: str, *, chained: bool) -> str:
+    """Why the block named `name` (see _named) was refused, and where what it looks for was looked for."""
     if kind == DIFF:
-        what = f"the lines the reply's diff hunk{which} changes ({starting}) are"
+        what = f"the lines the reply's {name} changes are"
     else:
-        what = f"the SEARCH text of the reply's edit{which} ({starting}) is"
+        what = f"the SEARCH text of the reply's {name} is"
     after = ", nor after the reply's edits before it" if chained else ""
     return f"In {path}, {what} not in the file as attached{after}; ask the model to copy the lines exactly."
 
@@ -751,12 +759,13 @@ def _not_found(path: str, blocks: list[_Block], index: int, kind: str, *, chaine
 Reindent = Callable[[list[str]], list[str]]
 
 
-def _place(path: str, old: list[str], block: _Block) -> tuple[int, int, list[str]] | None:
+def _place(path: str, old: list[str], block: _Block, name: str) -> tuple[int, int, list[str]] | None:
     """Where a block's search lines are in `old`, and its replacement as it fits there (None: not there).
 
     The ladder: exact lines; then trailing spaces and whitespace-only lines ignored; then
     the same lines at a uniform indentation offset, re-applied to the replacement; then all
-    of these again without blank lines around the search. A second match anywhere is refused."""
+    of these again without blank lines around the search. A second match anywhere is refused,
+    naming the block by `name` (see _named)."""
     search, replace = block.search, block.replace
     for trimmed in (False, True):
         if trimmed:
@@ -773,7 +782,7 @@ def _place(path: str, old: list[str], block: _Block) -> tuple[int, int, list[str
             if len(hits) > 1 and block.near is not None:
                 hits = [hit for hit in hits if hit[0] == block.near - 1] or hits
             if len(hits) > 1:
-                raise EditError(f"The text a reply's edit looks for occurs {len(hits)} times in {path}; ask for an edit with more surrounding lines.")
+                raise EditError(f"In {path}, what the reply's {name} looks for occurs {len(hits)} times; ask for an edit with more surrounding lines.")
             if hits:
                 start, reindent = hits[0]
                 return start, start + size, _keep_unchanged(old[start : start + size], search, replace, reindent(replace))
