@@ -1562,6 +1562,47 @@ async def test_an_older_search_that_ends_late_does_not_replace_a_newer_ones_list
     store.close()
 
 
+async def test_a_search_that_ends_after_the_quit_ends_quietly(tmp_path, monkeypatch):
+    """A search still running as the user quits ends on a closed store (the app closes the one it
+    opened) with the app gone. Its worker must end without an error: reaching for the app then
+    raises (NoActiveAppError; RuntimeError from call_from_thread once App.run has returned, which
+    blocks while the app winds down), a traceback or a hang at exit."""
+    from edgespec.tui.widgets import sidebar
+
+    monkeypatch.setattr(sidebar, "SEARCH_PAUSE_S", 0.05)
+    failures = []
+    run_worker = sidebar.ConversationList.run_worker
+
+    def recording_run_worker(self, work, *args, **kwargs):
+        def recorded():
+            try:
+                return work()
+            except BaseException as e:
+                failures.append(e)
+                raise
+
+        return run_worker(self, recorded, *args, **kwargs)
+
+    monkeypatch.setattr(sidebar.ConversationList, "run_worker", recording_run_worker)
+    chats = SearchRecordingStore(tmp_path / "chats.db")
+    chats.create(title="Lanes", messages=[Message("user", "bike lanes")])
+    chats.hold["bi"] = threading.Event()
+    app = make_app(chats)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.model_state == "ready")
+        await pilot.press("ctrl+f", "b", "i")
+        await wait_for(pilot, lambda: chats.held.is_set())
+        await pilot.press("ctrl+q")
+    chats.close()  # as the app closes the store it opened
+    chats.hold["bi"].set()
+    deadline = time.monotonic() + 10
+    while "bi" not in chats.finished:
+        assert time.monotonic() < deadline, "the search did not end"
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)  # for what the worker does next
+    assert failures == []
+
+
 async def test_a_reply_that_waits_for_another_edgespec_in_the_same_chat_says_so(store):
     from edgespec.chat.reply_lock import reply_lock
 

@@ -78,15 +78,30 @@ class ConversationList(Vertical):
             store_failed(self, e)
             return None
 
+    @dataclass
+    class Searched(Message, bubble=False):
+        """A search run off the UI thread ended: its conversations, or why the store failed."""
+
+        search: str
+        found: list[ConversationInfo] | StoreError
+
     @work(thread=True, exclusive=True, group="search")
     def _search(self, search: str) -> None:
+        # The result comes back as a message, not through the app: the user may quit (and the
+        # store close) mid-search, and a message to a closed widget is dropped, where reaching
+        # for the app then raises or blocks at exit.
         try:
-            conversations = self.store.list(search=search)
+            found: list[ConversationInfo] | StoreError = self.store.list(search=search)
         except StoreError as e:
-            self.app.call_from_thread(store_failed, self, e)
-            return
+            found = e
         if not get_current_worker().is_cancelled:
-            self.app.call_from_thread(self._show, search, conversations)
+            self.post_message(self.Searched(search, found))
+
+    def on_conversation_list_searched(self, event: Searched) -> None:
+        if isinstance(event.found, StoreError):
+            store_failed(self, event.found)
+        else:
+            self._show(event.search, event.found)
 
     def _show(self, search: str | None, conversations: list[ConversationInfo]) -> None:
         """List `conversations`, found for `search`, unless the search text has changed since
