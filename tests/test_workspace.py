@@ -258,6 +258,20 @@ def test_an_ambiguous_block_among_several_is_named():
         parse_edits(reply, {"a.py": "x = 1\ny = 2\nx = 1\nz = 3\n"})
 
 
+def test_a_block_with_nothing_to_look_for_in_a_file_with_text_is_refused_naming_it():
+    """An empty SEARCH (or a diff hunk that only adds) can only go into an empty file:
+    elsewhere where it goes is unclear, and the refusal says which block it is."""
+    reply = _blocks("a.py", ("x = 1\n", "x = 10\n"), ("", "y = 2\n"))
+    with pytest.raises(EditError, match=r"^The reply's edit 2 of 2 for a\.py has an empty SEARCH, so where it goes is "
+                                        r"unclear; ask for the lines it changes\.$"):
+        parse_edits(reply, {"a.py": "x = 1\n"})
+    hunk = "```diff\n--- a/a.py\n+++ b/a.py\n@@ -0,0 +1 @@\n+y = 2\n```\n"
+    with pytest.raises(EditError, match=r"^The reply's diff hunk for a\.py has no lines of the file around it, so where it "
+                                        r"goes is unclear"):
+        parse_edits(hunk, {"a.py": "x = 1\n"})
+    assert parse_edits(_blocks("a.py", ("", "y = 2\n")), {"a.py": ""}) == [FileEdit("a.py", "y = 2\n", "replace")]
+
+
 def test_overlapping_blocks_are_refused_naming_both_in_reply_order():
     files = {"a.py": "a = 1\nb = 2\nc = 3\nd = 4\ne = 5\n"}
     # edit 4 starts above edit 2 in the file; the refusal names them as the reply numbers them

@@ -717,8 +717,8 @@ def _place_or_insert(path: str, old: list[str], block: _Block, kind: str, name: 
     if any(line.strip() for line in block.search):
         return _place(path, old, block, name)
     if old:
-        what = "a search/replace block with an empty SEARCH" if kind == REPLACE else "a diff hunk without context"
-        raise EditError(f"The reply has {what} for {path}, so where it goes is unclear; ask for the lines it changes.")
+        lacks = "an empty SEARCH" if kind == REPLACE else "no lines of the file around it"
+        raise EditError(f"The reply's {name} for {path} has {lacks}, so where it goes is unclear; ask for the lines it changes.")
     return 0, 0, block.replace
 
 
