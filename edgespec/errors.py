@@ -122,6 +122,10 @@ class ContextFullError(EdgespecError):
     """The prompt alone does not fit in the context window."""
 
 
+class NoFimTokensError(EdgespecError):
+    """A completion with a suffix asks for a model whose vocabulary has no fill-in-the-middle tokens."""
+
+
 class InvalidTokenError(EdgespecError, ValueError):
     """A prompt holds a token id that the model's vocabulary does not have."""
 

@@ -43,13 +43,16 @@ class FakeEngine:
                  specials: tuple[str, ...] = CHATML["specials"], bos_text: str = CHATML["bos"],
                  eos_text: str = CHATML["eos"], reply: Callable[[str], str] | None = None,
                  delay_s: float = 0.0, has_draft: bool = False, hold: threading.Event | None = None,
-                 hold_after: int = 0):
+                 hold_after: int = 0, fim: tuple[str, str, str] | None = None):
+        """`fim`: the texts of fill-in-the-middle tokens (prefix, suffix, middle), special tokens too."""
         self.n_ctx = n_ctx
         self.chat_template = chat_template
         self.has_draft = has_draft
-        self._specials = {text: SPECIAL_BASE + i for i, text in enumerate((bos_text, eos_text, *specials))}
+        self._specials = {text: SPECIAL_BASE + i
+                          for i, text in enumerate((bos_text, eos_text, *specials, *(fim or ())))}
         self.bos = self._specials[bos_text]
         self.eos = self._specials[eos_text]
+        self.fim_tokens = tuple(self._specials[text] for text in fim) if fim else None
         self._reply = reply
         self._delay_s = delay_s
         self._hold = hold

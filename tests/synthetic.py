@@ -16,6 +16,8 @@ import numpy as np
 SPECIALS = ["<unk>", "<s>", "</s>"]
 BYTES = [f"<0x{b:02X}>" for b in range(256)]  # byte fallback: any text can be tokenized
 FIRST_WORD = len(SPECIALS) + len(BYTES)
+FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+"""Fill-in-the-middle control tokens (prefix, suffix, middle), Qwen2.5-Coder's texts."""
 
 
 def vocabulary(n_words: int, *, byte_tokens: bool = True) -> list[str]:
@@ -38,10 +40,13 @@ def write_model(
     base_seed: int | None = None,
     noise: float = 0.0,
     byte_tokens: bool = True,
+    fim: bool = False,
 ) -> Path:
     """Write a random model; with base_seed, the weights of that model plus `noise`.
-    Without byte tokens the vocabulary is tiny, but only token ids can be fed."""
-    tokens = vocabulary(n_words, byte_tokens=byte_tokens)
+    Without byte tokens the vocabulary is tiny, but only token ids can be fed. With
+    `fim`, the FIM tokens follow the words, named in the GGUF's metadata."""
+    fims = FIM if fim else []
+    tokens = vocabulary(n_words, byte_tokens=byte_tokens) + fims
     n_vocab = len(tokens)
     n_quiet = len(SPECIALS) + (len(BYTES) if byte_tokens else 0)
     weights = _weights(base_seed if base_seed is not None else seed, n_vocab, n_embd, n_layer,
@@ -68,8 +73,11 @@ def write_model(
     w.add_token_scores([0.0] * n_vocab)
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
     types += [gguf.TokenType.BYTE] * (len(BYTES) if byte_tokens else 0)
-    types += [gguf.TokenType.NORMAL] * (n_vocab - len(types))
+    types += [gguf.TokenType.NORMAL] * n_words + [gguf.TokenType.CONTROL] * len(fims)
     w.add_token_types(types)
+    fim_keys = (gguf.Keys.Tokenizer.FIM_PRE_ID, gguf.Keys.Tokenizer.FIM_SUF_ID, gguf.Keys.Tokenizer.FIM_MID_ID)
+    for key, text in zip(fim_keys, fims):
+        w.add_uint32(key, tokens.index(text))
     w.add_unk_token_id(0)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)

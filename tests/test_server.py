@@ -34,7 +34,8 @@ from edgespec.net import is_loopback  # noqa: E402
 from edgespec.server import ServerSettings, bind, check_exposure, create_app, run  # noqa: E402
 from tests.fakes import FakeEngine, SlowReader  # noqa: E402
 from tests.server_helpers import KEY, ServerThread, http  # noqa: E402
-from tests.synthetic import FIRST_WORD  # noqa: E402
+from tests.synthetic import FIM as SYNTHETIC_FIM  # noqa: E402
+from tests.synthetic import FIRST_WORD, write_model  # noqa: E402
 
 MODEL = "smollm2"
 CTX = 1024
@@ -281,7 +282,6 @@ def test_a_body_json_cannot_read_says_why(body, words):
     ("/v1/chat/completions", {"functions": [{"name": "f"}], "tool_choice": "none"}, "functions"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/completions", {"echo": True}, "echo"),
-    ("/v1/completions", {"suffix": "}"}, "suffix"),
     ("/v1/completions", {"logprobs": 2}, "logprobs"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
 ])
@@ -297,6 +297,50 @@ def test_an_unsupported_feature_is_refused_naming_its_field(path, fields, param)
         assert "not supported" in answer["error"]["message"]
     finally:
         served.stop()
+
+
+FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+
+def test_a_suffix_asks_a_model_with_fill_in_the_middle_tokens_for_the_middle():
+    """Editors' autocomplete sends the text before the cursor as the prompt and the text
+    after it as `suffix`; the model reads them between its FIM tokens (prefix, suffix,
+    middle order, as llama-server's infill). Both are the user's text: one holding a FIM
+    token's text stays text, else a file could end the prefix or open the middle."""
+    engine = FakeEngine(fim=FIM)
+    pre, suf, mid = engine.fim_tokens
+    server = ServerThread(create_app(lambda: engine, ServerSettings(model_id="fake")))
+    try:
+        server.wait_ready(30)
+        before, after = "def f(<|fim_suffix|>", "<|fim_middle|>):\n"
+        status, body = http("POST", server.url + "/v1/completions", completion_body(prompt=before, suffix=after))
+        assert status == 200 and body["choices"][0]["text"] == "reply"
+        text = lambda t: engine.tokenize(t, special=False)  # noqa: E731
+        assert engine.prompts[-1] == [engine.bos, pre, *text(before), suf, *text(after), mid]
+        assert engine.prompts[-1].count(suf) == engine.prompts[-1].count(mid) == 1
+        status, _ = http("POST", server.url + "/v1/completions", completion_body(prompt="", suffix="x"))
+        assert status == 200 and engine.prompts[-1] == [engine.bos, pre, suf, ord("x"), mid]  # the file's start
+        status, _ = http("POST", server.url + "/v1/completions", completion_body(prompt="x<s>", suffix=""))
+        assert status == 200 and engine.prompts[-1] == engine.tokenize("x<s>", add_bos=True)  # no suffix: as before
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("prompt, param, words", [
+    ("def f(", "suffix", "has no fill-in-the-middle tokens"),
+    ([104, 105], "prompt", "token ids"),
+])
+def test_a_suffix_is_refused_for_a_model_without_fim_tokens_or_with_token_ids(prompt, param, words):
+    engine = FakeEngine(fim=FIM) if isinstance(prompt, list) else FakeEngine()
+    server = ServerThread(create_app(lambda: engine, ServerSettings(model_id="fake")))
+    try:
+        server.wait_ready(30)
+        status, body = http("POST", server.url + "/v1/completions", completion_body(prompt=prompt, suffix=")"))
+        assert status == 400 and body["error"]["param"] == param, body
+        assert words in body["error"]["message"] and "not supported" in body["error"]["message"]
+        assert not engine.prompts
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("fields", [
@@ -929,6 +973,29 @@ def test_the_draft_model_holds_the_conversation_with_the_reply_before_the_next_r
         assert engine.draft_seq.tokens == engine.target_seq.tokens and engine.target_seq.tokens[:len(prompt)] == prompt
     finally:
         served.stop()
+
+
+def test_a_suffix_reaches_a_real_model_between_its_fim_tokens_as_plain_text(synth_target, tmp_path):
+    """llama.cpp names the FIM tokens from the GGUF's metadata; the prompt and suffix
+    are tokenized by the model's own tokenizer without parsing special texts."""
+    with Engine.load(ModelSettings(synth_target, n_ctx=256, n_threads=1)) as plain:
+        assert plain.fim_tokens is None
+    engine = Engine.load(ModelSettings(write_model(tmp_path / "fim.gguf", seed=1, fim=True),
+                                       n_ctx=256, n_threads=1, n_batch=64))
+    pre, suf, mid = engine.fim_tokens
+    assert [engine.token_text(t) for t in (pre, suf, mid)] == SYNTHETIC_FIM
+    server = ServerThread(create_app(lambda: engine, ServerSettings(model_id="synthetic")))
+    try:
+        server.wait_ready(30)
+        before, after = "a <|fim_middle|>", " b"
+        status, body = http("POST", server.url + "/v1/completions",
+                            completion_body(prompt=before, suffix=after, max_tokens=2))
+        assert status == 200, body
+        text = lambda t: engine.tokenize(t, special=False)  # noqa: E731
+        prompt = [engine.bos, pre, *text(before), suf, *text(after), mid]
+        assert engine.target_seq.tokens[:len(prompt)] == prompt and mid not in text(before)
+    finally:
+        server.stop()
 
 
 def test_token_ids_outside_the_vocabulary_are_refused_and_never_kept(synth_target, tmp_path):

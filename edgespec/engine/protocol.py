@@ -23,6 +23,10 @@ class ChatEngine(Protocol):
     def eos(self) -> int | None: ...
 
     @property
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """The target's fill-in-the-middle tokens (prefix, suffix, middle); None where it lacks one."""
+
+    @property
     def chat_template(self) -> str | None:
         """The GGUF's own Jinja chat template, if it has one."""
 

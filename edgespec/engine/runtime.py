@@ -352,6 +352,12 @@ class Engine:
     def eos(self) -> int | None:
         return self._target.model.eos()
 
+    @property
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        model = self._target.model
+        tokens = (model.fim_pre(), model.fim_suf(), model.fim_mid())
+        return None if None in tokens else tokens
+
     def is_eog(self, token: int) -> bool:
         """Whether the target ends a reply at this token."""
         return self._target.model.is_eog(token)

@@ -177,6 +177,21 @@ class LlamaModel:
         token = llama_cpp.llama_vocab_eos(self._vocab)
         return None if token < 0 else token
 
+    def fim_pre(self) -> int | None:
+        """The fill-in-the-middle token that opens the text before the gap (llama_vocab_fim_pre)."""
+        token = llama_cpp.llama_vocab_fim_pre(self._vocab)
+        return None if token < 0 else token
+
+    def fim_suf(self) -> int | None:
+        """The one that opens the text after the gap (llama_vocab_fim_suf)."""
+        token = llama_cpp.llama_vocab_fim_suf(self._vocab)
+        return None if token < 0 else token
+
+    def fim_mid(self) -> int | None:
+        """The one after which the model writes the gap's text (llama_vocab_fim_mid)."""
+        token = llama_cpp.llama_vocab_fim_mid(self._vocab)
+        return None if token < 0 else token
+
     def add_bos(self) -> bool:
         return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
 

@@ -186,11 +186,13 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
 
     @app.post("/v1/completions", response_model=Completion)
     async def completions(body: CompletionRequest, request: Request):
-        """The continuation of a raw prompt (no chat template; special tokens are parsed)."""
+        """The continuation of a raw prompt (no chat template; special tokens are parsed);
+        with `suffix`, the text between the prompt and the suffix, for a model with
+        fill-in-the-middle tokens (both texts plain: no special tokens parsed)."""
         check_model(body.model)
         params = _params(body, settings)
         reply_id = f"cmpl-{uuid.uuid4().hex[:24]}"
-        job = thread.submit(lambda c: c.complete(body.prompt, params, request_id=reply_id))
+        job = thread.submit(lambda c: c.complete(body.prompt, params, suffix=body.suffix, request_id=reply_id))
         return await _respond(request, job, body, _TextShape(reply_id, body.model or settings.model_id),
                               prompt_param="prompt", stopping=stopping)
 

@@ -17,7 +17,8 @@ from edgespec.chat.prompt import Prompt, PromptEncoder, Region
 from edgespec.chat.remember import request_doc
 from edgespec.chat.words import stats_line
 from edgespec.engine.events import GenerationParams, Stats
-from edgespec.errors import ContextFullError
+from edgespec.engine.protocol import ChatEngine
+from edgespec.errors import ContextFullError, NoFimTokensError
 
 log = logging.getLogger("edgespec.server")
 
@@ -39,6 +40,21 @@ class Done:
     text: str
     finish_reason: str
     stats: Stats
+
+
+def fim_prompt(engine: ChatEngine, prefix: str, suffix: str, *, model: str = "the model") -> list[int]:
+    """The prompt that asks the model for the text between `prefix` and `suffix`:
+    BOS as a raw prompt has it, then each text after its fill-in-the-middle token,
+    then the middle token, after which the model writes the gap (prefix, suffix,
+    middle: llama-server's infill order). Both texts are the user's, tokenized as
+    plain text: a file holding "<|fim_middle|>" cannot end its part or open the
+    middle. Raises NoFimTokensError for a model without these tokens."""
+    if engine.fim_tokens is None:
+        raise NoFimTokensError(f"'suffix' is not supported: {model} has no fill-in-the-middle tokens "
+                               f"(serve a model that has them, such as a coder model, or send no suffix)")
+    pre, suf, mid = engine.fim_tokens
+    return [*engine.tokenize("", add_bos=True), pre, *engine.tokenize(prefix, special=False),
+            suf, *engine.tokenize(suffix, special=False), mid]
 
 
 class Completer:
@@ -66,9 +82,15 @@ class Completer:
         return self._generate(prompt, prompt.tokens, prompt.params(params), request_id, regions=prompt.regions,
                               doc=request_doc(messages))
 
-    def complete(self, prompt: str | list[int], params: GenerationParams, *,
+    def complete(self, prompt: str | list[int], params: GenerationParams, *, suffix: str | None = None,
                  request_id: str = "") -> Iterator[Delta | Done]:
-        """Stream the continuation of a raw prompt (text, special tokens parsed, or token ids)."""
+        """Stream the continuation of a raw prompt (text, special tokens parsed, or token ids);
+        with a `suffix`, the text between a text prompt and it (`fim_prompt`)."""
+        if suffix:
+            if not isinstance(prompt, str):
+                raise ValueError("a suffix needs a text prompt, not token ids")
+            tokens = fim_prompt(self.engine, prompt, suffix, model=self.files["target"])
+            return self._generate(None, tokens, params, request_id, doc=request_doc(tokens))
         if isinstance(prompt, list):
             return self._generate(None, prompt, params, request_id, doc=request_doc(prompt))
         encoded = self._encoder.encode_text(prompt)

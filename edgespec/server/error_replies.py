@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-from edgespec.errors import (ContextFullError, EdgespecError, InvalidTokenError, TemplateError, WorkerLostError,
-                             WorkerUnreachableError)
+from edgespec.errors import (ContextFullError, EdgespecError, InvalidTokenError, NoFimTokensError, TemplateError,
+                             WorkerLostError, WorkerUnreachableError)
 from edgespec.server.engine_thread import Cancelled
 
 log = logging.getLogger("edgespec.server")
@@ -48,6 +48,8 @@ def api_error(exc: BaseException, *, prompt_param: str = "messages") -> ApiError
         return ApiError(400, str(exc), param=prompt_param, code="context_length_exceeded")
     if isinstance(exc, InvalidTokenError):
         return ApiError(400, f"{exc}.", param=prompt_param)
+    if isinstance(exc, NoFimTokensError):
+        return ApiError(400, str(exc), param="suffix")
     if isinstance(exc, TemplateError):
         return ApiError(400, str(exc), param="messages")
     if isinstance(exc, ValueError):  # a setting the engine refused (e.g. mode "draft" with no draft model)

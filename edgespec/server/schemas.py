@@ -214,10 +214,13 @@ class ChatCompletionRequest(_Generation):
 
 
 class CompletionRequest(_Generation):
+    suffix: Text | None = None
+    """The text after the gap the reply fills (an editor's text after the cursor), for a
+    model with fill-in-the-middle tokens; empty: none. Declared before `prompt`, whose
+    checks read it."""
     prompt: Text | list[StrictInt]
     """A text, or token ids; sent as a list of one of them (a batch of one), that one."""
     echo: StrictBool = False
-    suffix: StrictStr | None = None
     logprobs: StrictInt | None = None
     best_of: StrictInt | None = None
 
@@ -235,9 +238,16 @@ class CompletionRequest(_Generation):
 
     @field_validator("prompt")
     @classmethod
-    def _not_empty(cls, prompt):
-        if not prompt:
+    def _not_empty(cls, prompt, info):
+        if not prompt and not info.data.get("suffix"):  # with a suffix, the gap may be at the very start
             raise ValueError("the prompt is empty")
+        return prompt
+
+    @field_validator("prompt")
+    @classmethod
+    def _suffix_needs_text(cls, prompt, info):
+        if info.data.get("suffix") and isinstance(prompt, list):
+            raise _unsupported("'suffix' with a prompt of token ids", "send the prompt as text")
         return prompt
 
     # Each refusal is a field's own validator, so that the error's `param` names the field.
@@ -246,13 +256,6 @@ class CompletionRequest(_Generation):
     def _not_implemented(cls, value, info):
         if value:
             raise _unsupported(f"'{info.field_name}'")
-        return value
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, value):
-        if value:
-            raise _unsupported("'suffix'", "put the model's fill-in-the-middle tokens in the prompt instead")
         return value
 
     @field_validator("best_of")
