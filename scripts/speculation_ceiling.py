@@ -90,6 +90,14 @@ def measure_costs(engine, prompt: list[int], k_max: int) -> Costs:
                  {"draft": measure_pass(draft, 16, repeats=2) / 16})
 
 
+def read_traces(path: str) -> list[Trace]:
+    """The traces `path` holds (--save-traces wrote them), or the script ends saying which it cannot read."""
+    try:
+        return load_traces(path)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        sys.exit(f"cannot read traces from {path}: {e}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(parser)
@@ -121,7 +129,7 @@ def main() -> int:
     prompts = load_prompts(args.prompts, categories=args.category)
     categories = {p.id: p.category for p in prompts}
     if args.traces:
-        traces = [t for path in args.traces for t in load_traces(path)
+        traces = [t for path in args.traces for t in read_traces(path)
                   if t.name in categories or not args.category]
         measured = None
     else:

@@ -247,6 +247,15 @@ def test_the_ceiling_script_prints_what_the_replay_measures_as_json():
     assert report[1]["suite"]["best_setting"] == pytest.approx(sum(r.plain_s for r in rows) / seconds)
 
 
+def test_the_ceiling_script_says_which_traces_it_cannot_read(tmp_path):
+    """A traces file missing or not one: one line naming it, no traceback."""
+    (tmp_path / "bad.json").write_text("{not json")
+    for path in (tmp_path / "missing.json", tmp_path / "bad.json"):
+        done = ceiling_script("--traces", str(path), "--machine", "gpu")
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+        assert str(path) in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 def test_the_ceiling_script_replays_several_files_as_one_suite_in_several_orders():
     """--traces twice: one suite, in the order given; --orders 2: that order and a
     shuffle of it, each with its own suite figures (the first is the suite's)."""

@@ -170,27 +170,22 @@ class LlamaModel:
         return VOCAB_TYPES.get(llama_cpp.llama_vocab_type(self._vocab), "unknown")
 
     def bos(self) -> int | None:
-        token = llama_cpp.llama_vocab_bos(self._vocab)
-        return None if token < 0 else token
+        return _token(llama_cpp.llama_vocab_bos(self._vocab))
 
     def eos(self) -> int | None:
-        token = llama_cpp.llama_vocab_eos(self._vocab)
-        return None if token < 0 else token
+        return _token(llama_cpp.llama_vocab_eos(self._vocab))
 
     def fim_pre(self) -> int | None:
         """The fill-in-the-middle token that opens the text before the gap (llama_vocab_fim_pre)."""
-        token = llama_cpp.llama_vocab_fim_pre(self._vocab)
-        return None if token < 0 else token
+        return _token(llama_cpp.llama_vocab_fim_pre(self._vocab))
 
     def fim_suf(self) -> int | None:
         """The one that opens the text after the gap (llama_vocab_fim_suf)."""
-        token = llama_cpp.llama_vocab_fim_suf(self._vocab)
-        return None if token < 0 else token
+        return _token(llama_cpp.llama_vocab_fim_suf(self._vocab))
 
     def fim_mid(self) -> int | None:
         """The one after which the model writes the gap's text (llama_vocab_fim_mid)."""
-        token = llama_cpp.llama_vocab_fim_mid(self._vocab)
-        return None if token < 0 else token
+        return _token(llama_cpp.llama_vocab_fim_mid(self._vocab))
 
     def add_bos(self) -> bool:
         return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
@@ -239,3 +234,8 @@ class LlamaModel:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _token(token: int) -> int | None:
+    """A special token's id as the vocabulary gives it, or None where it has none (LLAMA_TOKEN_NULL, -1)."""
+    return None if token < 0 else token
