@@ -49,10 +49,11 @@ def fim_prompt(engine: ChatEngine, prefix: str, suffix: str, *, model: str = "th
     middle: llama-server's infill order). Both texts are the user's, tokenized as
     plain text: a file holding "<|fim_middle|>" cannot end its part or open the
     middle. Raises NoFimTokensError for a model without these tokens."""
-    if engine.fim_tokens is None:
+    tokens = engine.fim_tokens  # (three calls into the vocabulary: asked once)
+    if tokens is None:
         raise NoFimTokensError(f"'suffix' is not supported: {model} has no fill-in-the-middle tokens "
                                f"(serve a model that has them, such as a coder model, or send no suffix)")
-    pre, suf, mid = engine.fim_tokens
+    pre, suf, mid = tokens
     return [*engine.tokenize("", add_bos=True), pre, *engine.tokenize(prefix, special=False),
             suf, *engine.tokenize(suffix, special=False), mid]
 
