@@ -295,6 +295,29 @@ def test_a_calibration_kept_from_a_busy_moment_is_kept_lower_once_a_process_saw_
         busy["per_draft_token"], busy["per_catch_up_token"])
 
 
+def test_a_kept_calibration_without_a_reading_price_measures_the_draft_model_again(synth_target, tmp_path):
+    """A calibration kept by an earlier version priced the draft model's reading with
+    every token's logits: its reading price is not used, the draft model is measured
+    again (a second) and kept, its target passes as they were (measuring them takes seconds)."""
+    cache = CacheSettings(ram_mib=0, disk=tmp_path)
+    params = GenerationParams(mode="auto", k=4, max_tokens=5)
+    model = settings(synth_target, flash_attn=False)
+    with Engine.load(model, model, cache=cache) as engine:
+        run(engine, PROMPTS[3], **vars(params))
+    (kept,) = (tmp_path / "costs").glob("*.json")
+    old = json.loads(kept.read_text())
+    old.pop("reading_logits")
+    old["target"] = {n: 10.0 for n in old["target"]}
+    old["per_catch_up_token"] = {"draft": 10.0}
+    kept.write_text(json.dumps(old))
+    with Engine.load(model, model, cache=cache) as engine:
+        run(engine, PROMPTS[3], **vars(params))
+        assert engine.auto(params).costs.per_catch_up_token["draft"] < 1.0
+        again = json.loads(kept.read_text())  # (before the close heals what the reply ran)
+        assert again["reading_logits"] == "last" and again["per_catch_up_token"]["draft"] < 1.0
+        assert again["target"] == old["target"]
+
+
 def test_reset_with_learnt_starts_auto_over_as_a_new_process_would(engines):
     """Engine.reset(learnt=True) (bench --first-replies): the caches emptied, and auto
     back at its priors with no reply seen, on the calibration it measured."""

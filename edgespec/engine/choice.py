@@ -127,8 +127,10 @@ class Policies:
             kept = self.costs_path(k_max)
             costs = load_costs(kept) if kept else None
             wanted = {n for n in pass_sizes(k_max) if n <= self.target.seq.room}
-            if costs is None or not wanted <= set(costs.calibrated):
-                # none kept, or kept without sizes measured now (an older version's): those kept stand
+            if (costs is None or not wanted <= set(costs.calibrated)
+                    or (self.draft is not None and "draft" not in costs.per_catch_up_token)):
+                # none kept, or kept without sizes or a reading price measured now (an older
+                # version's): those kept stand
                 measured = {**(costs.calibrated if costs else {}), **self._probe_timings}
                 costs = calibrate(self.target.seq, self.draft.seq if self.draft else None, k_max,
                                   measured=measured)

@@ -221,15 +221,16 @@ def _ema(estimates: dict[str, float], name: str, value: float) -> None:
     estimates[name] = value if old is None else old + EMA * (value - old)
 
 
-def measure_pass(seq: KVSequence, n: int, *, repeats: int = 2) -> float:
+def measure_pass(seq: KVSequence, n: int, *, repeats: int = 2, all_logits: bool = True) -> float:
     """Seconds for one pass over n tokens after what `seq` holds (the fastest of
-    `repeats`); the cache is left as it was."""
+    `repeats`), with every token's logits as a verify pass needs them (else the last
+    token's, as a reading); the cache is left as it was."""
     base = len(seq.tokens)
     filler = (seq.tokens[-1:] or [0]) * n
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        seq.extend(filler, all_logits=True)
+        seq.extend(filler, all_logits=all_logits)
         best = min(best, time.perf_counter() - start)
         seq.truncate(base)
     return best
@@ -237,6 +238,10 @@ def measure_pass(seq: KVSequence, n: int, *, repeats: int = 2) -> float:
 
 CATCH_UP_PROBE = 16
 """Tokens of the draft model's calibration batch, the price of reading missed history."""
+
+READING_LOGITS = "last"
+"""How the kept reading price was measured (`reading_logits`): a calibration kept
+without it priced reading with every token's logits, and its draft model is measured again."""
 
 
 def pass_sizes(k_max: int) -> list[int]:
@@ -258,8 +263,9 @@ def pass_sizes(k_max: int) -> list[int]:
 def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
               measured: dict[int, float] | None = None) -> Costs:
     """Quick cost measurement at load: target passes of `pass_sizes(k_max)` (those
-    not `measured` already), one draft-model token and a draft batch (catching up
-    on missed tokens). Each pass once, longest first, after one untimed pass over
+    not `measured` already), one draft-model token and a draft batch read as a
+    catch-up or a prompt is (the last token's logits only: every token's cost the
+    0.5B draft a quarter more). Each pass once, longest first, after one untimed pass over
     the longest: a process's first passes run up to a quarter slower (AMD EPYC Zen 5:
     687 ms against 555 for 64 tokens), later ones within a few percent, and a first
     run waits for the calibration (13 sizes to 65 tokens: 3.0 s there, against 1.3 s
@@ -274,7 +280,7 @@ def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
     if draft is not None and draft.room > 1:
         draft_costs["draft"] = measure_pass(draft, 1)
         n = min(CATCH_UP_PROBE, draft.room - 1)
-        catch_up_costs["draft"] = per_missed_token(measure_pass(draft, n), n)
+        catch_up_costs["draft"] = per_missed_token(measure_pass(draft, n, all_logits=False), n)
     return Costs(target_costs, draft_costs, catch_up_costs)
 
 
@@ -284,7 +290,7 @@ def save_costs(costs: Costs, path: Path) -> None:
     Best effort: a failed write only means measuring again next time."""
     data = {"target": {str(n): t for n, t in costs.calibrated.items()},
             "per_draft_token": costs.per_draft_token, "per_catch_up_token": costs.per_catch_up_token,
-            "catch_up_past": STEADY_CATCH_UP}
+            "reading_logits": READING_LOGITS}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -310,20 +316,17 @@ def keep_healed(costs: Costs, path: Path) -> None:
 
 def load_costs(path: Path) -> Costs | None:
     """A calibration save_costs kept, or None (none, or not one: measured again).
-    `catch_up_past`: the tokens of a catch-up its reading price leaves out (a steady
-    cycle's, as Costs.catch_up charges); kept without it, the price was the calibration
-    batch's seconds over all its tokens, and is read as that batch's price now."""
+    Kept without `reading_logits`, its reading price is none: an earlier version
+    measured it otherwise (with every token's logits, or over all the batch's tokens)."""
     try:
         data = json.loads(read_kept(path, limit=KEPT_MAX_BYTES))
         target = {int(n): float(t) for n, t in data["target"].items()}
         draft = {str(k): float(v) for k, v in data["per_draft_token"].items()}
         catch_up = {str(k): float(v) for k, v in data["per_catch_up_token"].items()}
-        past = int(data.get("catch_up_past", 0))
+        if data.get("reading_logits") != READING_LOGITS:
+            catch_up = {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         return None  # not a calibration (OverflowError: a number past a float; RecursionError: json's nesting limit)
-    if past != STEADY_CATCH_UP and 0 <= past < CATCH_UP_PROBE:
-        # priced per token past `past` (an earlier version: past none): the calibration batch's price now
-        catch_up = {k: per_missed_token(v * (CATCH_UP_PROBE - past), CATCH_UP_PROBE) for k, v in catch_up.items()}
     values = [*target.values(), *draft.values(), *catch_up.values()]
     if not target or any(n < 1 for n in target) or not all(math.isfinite(v) and v >= 0 for v in values):
         return None
