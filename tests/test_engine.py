@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from edgespec.engine.costs import READING, calibrate, pass_sizes
+from edgespec.engine.costs import calibrate, pass_sizes
 from edgespec.engine.detok import Detokenizer
 from edgespec.engine.events import GenerationParams
 from edgespec.engine.runtime import CacheSettings, Engine, ModelSettings
@@ -306,7 +306,7 @@ def test_a_kept_calibration_without_a_reading_price_measures_the_draft_model_aga
         run(engine, PROMPTS[3], **vars(params))
     (kept,) = (tmp_path / "costs").glob("*.json")
     old = json.loads(kept.read_text())
-    old.pop("reading")
+    old.pop("reading_logits")
     old["target"] = {n: 10.0 for n in old["target"]}
     old["per_catch_up_token"] = {"draft": 10.0}
     kept.write_text(json.dumps(old))
@@ -314,7 +314,7 @@ def test_a_kept_calibration_without_a_reading_price_measures_the_draft_model_aga
         run(engine, PROMPTS[3], **vars(params))
         assert engine.auto(params).costs.per_catch_up_token["draft"] < 1.0
         again = json.loads(kept.read_text())  # (before the close heals what the reply ran)
-        assert again["reading"] == READING and again["per_catch_up_token"]["draft"] < 1.0
+        assert again["reading_logits"] == "last" and again["per_catch_up_token"]["draft"] < 1.0
         assert again["target"] == old["target"]
 
 

@@ -46,14 +46,10 @@ HEAL_KEPT = 101
 """The latest passes of each size that healing looks at."""
 
 
-def per_missed_token(seconds: float, read: int, step_s: float) -> float:
-    """The price of reading a missed token, from a reading of `read` tokens in `seconds`
-    by a drafter whose step (a pass over one token) takes `step_s`: what each token past
-    the first adds. A pass costs a part that does not grow with its tokens (the weights
-    read once) and a part for each token; over all the tokens of a short batch, the first
-    part priced a long reading (a new prompt) at half as much again as it takes.
-    Costs.catch_up charges it for the tokens past a steady cycle's."""
-    return max(seconds - step_s, 0.0) / max(read - 1, 1)
+def per_missed_token(seconds: float, read: int) -> float:
+    """The price of reading a missed token, from a catch-up that read `read` tokens in
+    `seconds`: per token past a steady cycle's, as Costs.catch_up charges it."""
+    return seconds / max(read - STEADY_CATCH_UP, 1)
 
 
 class Costs:
@@ -196,8 +192,7 @@ class Costs:
                 # A short catch-up is mostly a pass's fixed cost, and would price a long one at
                 # a fraction of its time (3 tokens: a third of a step each), letting auto risk
                 # more than its ledger holds.
-                _ema(self.per_catch_up_token, name,
-                     per_missed_token(report.catch_up_s, report.caught_up, self.per_draft_token.get(name, 0.0)))
+                _ema(self.per_catch_up_token, name, per_missed_token(report.catch_up_s, report.caught_up))
         elif report.asked > 0:  # the step that found a guess too unsure counts too
             _ema(self.per_draft_token, name, report.draft_s / (report.drafted + report.stopped))
 
@@ -244,10 +239,9 @@ def measure_pass(seq: KVSequence, n: int, *, repeats: int = 2, all_logits: bool 
 CATCH_UP_PROBE = 16
 """Tokens of the draft model's calibration batch, the price of reading missed history."""
 
-READING = "per token past a step, last logit"
-"""How the kept reading price was measured (`reading`; per_missed_token, with the last
-token's logits only): one kept without it was priced otherwise, and its draft model is
-measured again."""
+READING_LOGITS = "last"
+"""How the kept reading price was measured (`reading_logits`): a calibration kept
+without it priced reading with every token's logits, and its draft model is measured again."""
 
 
 def pass_sizes(k_max: int) -> list[int]:
@@ -269,10 +263,9 @@ def pass_sizes(k_max: int) -> list[int]:
 def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
               measured: dict[int, float] | None = None) -> Costs:
     """Quick cost measurement at load: target passes of `pass_sizes(k_max)` (those
-    not `measured` already), one draft-model token, and a draft batch read as a
-    catch-up or a prompt is, with the last token's logits only (every token's cost
-    the 0.5B draft a quarter more) and priced by what each token adds
-    (per_missed_token). Each pass once, longest first, after one untimed pass over
+    not `measured` already), one draft-model token and a draft batch read as a
+    catch-up or a prompt is (the last token's logits only: every token's cost the
+    0.5B draft a quarter more). Each pass once, longest first, after one untimed pass over
     the longest: a process's first passes run up to a quarter slower (AMD EPYC Zen 5:
     687 ms against 555 for 64 tokens), later ones within a few percent, and a first
     run waits for the calibration (13 sizes to 65 tokens: 3.0 s there, against 1.3 s
@@ -287,7 +280,7 @@ def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
     if draft is not None and draft.room > 1:
         draft_costs["draft"] = measure_pass(draft, 1)
         n = min(CATCH_UP_PROBE, draft.room - 1)
-        catch_up_costs["draft"] = per_missed_token(measure_pass(draft, n, all_logits=False), n, draft_costs["draft"])
+        catch_up_costs["draft"] = per_missed_token(measure_pass(draft, n, all_logits=False), n)
     return Costs(target_costs, draft_costs, catch_up_costs)
 
 
@@ -297,7 +290,7 @@ def save_costs(costs: Costs, path: Path) -> None:
     Best effort: a failed write only means measuring again next time."""
     data = {"target": {str(n): t for n, t in costs.calibrated.items()},
             "per_draft_token": costs.per_draft_token, "per_catch_up_token": costs.per_catch_up_token,
-            "reading": READING}
+            "reading_logits": READING_LOGITS}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -323,14 +316,14 @@ def keep_healed(costs: Costs, path: Path) -> None:
 
 def load_costs(path: Path) -> Costs | None:
     """A calibration save_costs kept, or None (none, or not one: measured again).
-    Kept without `reading` as READING, its reading price is none: an earlier version
-    measured it otherwise (with every token's logits, over all the batch's tokens)."""
+    Kept without `reading_logits`, its reading price is none: an earlier version
+    measured it otherwise (with every token's logits, or over all the batch's tokens)."""
     try:
         data = json.loads(read_kept(path, limit=KEPT_MAX_BYTES))
         target = {int(n): float(t) for n, t in data["target"].items()}
         draft = {str(k): float(v) for k, v in data["per_draft_token"].items()}
         catch_up = {str(k): float(v) for k, v in data["per_catch_up_token"].items()}
-        if data.get("reading") != READING:
+        if data.get("reading_logits") != READING_LOGITS:
             catch_up = {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         return None  # not a calibration (OverflowError: a number past a float; RecursionError: json's nesting limit)

@@ -169,12 +169,10 @@ class ReplayedDraft(Drafter):
                 out += [-1] * (k - len(out))  # what it guesses after a miss is unknown; it is rejected anyway
                 break
         self.tokens += out[:-1]  # it reads each guess but the last to make the next
+        catch_up_s = self.costs.catch_up(self.name, caught_up)  # a steady cycle's reading is in its step cost
         steps = len(out) + (len(out) < k)  # a draft that stopped itself paid for the step that stopped it
-        # a steady cycle's reading is in its step cost
-        self.clock.advance(self.costs.draft(self.name, steps) + self.costs.catch_up(self.name, caught_up))
-        # timed as the engine times a reading: its batch, a step's pass and what each token adds
-        batch_s = self.costs.draft(self.name, 1) + self.costs.per_catch_up_token.get(self.name, 0.0) * (caught_up - 1)
-        return Draft(out, caught_up=caught_up, catch_up_s=batch_s)
+        self.clock.advance(self.costs.draft(self.name, steps) + catch_up_s)
+        return Draft(out, caught_up=caught_up, catch_up_s=catch_up_s)
 
 
 def replay(policy: Policy, trace: Trace, costs: Costs, draft: ReplayedDraft,
