@@ -383,7 +383,7 @@ def test_the_calibration_prices_a_draft_models_reading_as_readings_run():
     """A reading (a new prompt, or history the draft model missed) needs its last
     token's logits only; a verify pass needs every token's. Measured with every token's
     logits (a 151,936-word output layer for each), reading was priced dearer than it
-    runs (the bundled 0.5B draft, 2-core Xeon: 16 tokens in 158 ms against 127 as
+    runs (the bundled 0.5B Q4_0 draft, 2-core Xeon: 16 tokens in 92 ms against 72 as
     read), and warming the draft model for a prompt looked dearer than it is."""
     target, draft = RecordingSeq(), RecordingSeq()
     calibrate(target, draft, 4)
