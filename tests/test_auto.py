@@ -826,6 +826,41 @@ def test_a_drafter_may_bet_again_what_it_saved_in_the_last_reply():
     assert p.ledger.carried["lookup"] == pytest.approx(0.75 * allowance)
 
 
+def test_what_a_reply_left_of_its_allowance_the_next_may_bet():
+    """A slow CPU's 3-token draft risks more, if every guess is wrong, than the 1% of a
+    reply the ledger lends at its start (the bundled draft on a 2-core Xeon: 132 ms
+    against 104), and shorter drafts do not pay there: no draft is made, none saves, and
+    so none was made in any later reply either. What a reply left of its allowance (2%
+    of its plain time, less what it lost) the next may bet, beside what its drafters
+    saved, up to one reply's allowance in all: a session falls no further behind plain
+    decoding than its allowances, and a reply no further than two."""
+    p = policy(CPU, 0.010, prior=0.6)
+    allowance = Ledger.ALLOWANCE * AutoPolicy.TYPICAL_REPLY * CPU[1]
+    for _ in range(AutoPolicy.TYPICAL_REPLY):  # a plain reply: nothing drafted, nothing lost
+        p.observe(CycleReport(Plan(None, 0), drafted=0, accepted=0, draft_s=0.0, verify_s=CPU[1]))
+    p.prefill([1, 2, 3])
+    assert p.ledger.credit_for("draft") == pytest.approx(p.ledger.credit + allowance) == pytest.approx(1.5 * allowance)
+    p.ledger.plain_s, p.ledger.saved = AutoPolicy.TYPICAL_REPLY * CPU[1], -0.25 * allowance
+    p.ledger.saved_by.update(draft=-0.25 * allowance)
+    p.prefill([1, 2, 3])  # a reply that lost a quarter of its allowance leaves the rest
+    assert p.ledger.credit_for("draft") == pytest.approx(p.ledger.credit + 0.75 * allowance)
+    p.ledger.plain_s, p.ledger.saved = AutoPolicy.TYPICAL_REPLY * CPU[1], 100.0
+    p.ledger.saved_by.update(lookup=100.0)
+    p.prefill([1, 2, 3])  # with what lookup saved, one reply's allowance in all
+    assert p.ledger.credit_for("lookup") == pytest.approx(p.ledger.credit + allowance)
+
+    xeon = Costs({1: .081, 2: .1157, 3: .1441, 4: .119, 5: .1711, 8: .2713, 9: .2997},
+                 {"draft": .0314, "lookup": 0.0})
+    p = AutoPolicy(xeon, [PromptLookup(), FakeDraftModel()], k_max=8, priors={"draft": 0.85, "lookup": 0.0})
+    history = list(range(100, 160))
+    assert p.plan(history).drafter is None  # 3 tokens would pay, but not from the first credit
+    for _ in range(AutoPolicy.TYPICAL_REPLY):
+        p.observe(CycleReport(Plan(None, 0), drafted=0, accepted=0, draft_s=0.0, verify_s=xeon.target_pass(1)))
+    p.prefill(history)
+    plan = p.plan(history)
+    assert (plan.drafter.name, plan.k) == ("draft", 3)
+
+
 def test_no_cycle_risks_more_than_the_ledger_can_lose():
     """A long lookup draft that would cost nine plain passes if wrong is not
     bet on a fresh reply, however sure auto is of it; once shorter drafts have

@@ -190,15 +190,20 @@ class Ledger:
     plain to its end, the credit coming back at ALLOWANCE of each plain pass.
 
     A drafter may also bet again what it saved in earlier replies and has not
-    lost since (`carried`, up to the allowance of a reply): a short reply (an
-    agent's tool call, 40 tokens) ends before its own savings pay for a draft
-    longer than a token or two, however often the drafter was right before. So
-    a reply of the usual length loses at most twice its allowance, and only
-    after one drafter saved as much."""
+    lost since (`carried`), and any drafter what the last reply left of its own
+    allowance (`banked`: its ALLOWANCE of plain time, less what it lost), up to
+    the allowance of a reply in all. A short reply (an agent's tool call, 40
+    tokens) ends before its own savings pay for a draft longer than a token or
+    two, however often the drafter was right before; and where the first draft
+    that pays risks more than a reply's first credit (a 3-token draft on a slow
+    CPU: 132 ms against 104), no reply would ever make it. So a reply of the
+    usual length loses at most twice its allowance, and a session of replies at
+    most its allowances."""
 
     ALLOWANCE = 0.02
 
-    def __init__(self, expected_s: float = 0.0, carried: dict[str, float] | None = None) -> None:
+    def __init__(self, expected_s: float = 0.0, carried: dict[str, float] | None = None,
+                 banked: float = 0.0) -> None:
         self.expected_s = expected_s
         """Plain decode seconds a reply is expected to take (earlier replies' mean)."""
         self.saved = 0.0
@@ -211,6 +216,8 @@ class Ledger:
         """`plain_s` of the tokens each drafter's cycles produced."""
         self.carried: dict[str, float] = dict(carried or {})
         """What each drafter saved in earlier replies and may bet again in this one."""
+        self.banked = banked
+        """What the last reply left of its allowance, which any drafter may bet in this one."""
 
     @property
     def credit(self) -> float:
@@ -218,8 +225,9 @@ class Ledger:
         return self.saved + self.ALLOWANCE * (self.plain_s + self.expected_s) / 2
 
     def credit_for(self, drafter: str) -> float:
-        """Seconds that one drafter's cycles may still cost: the credit and what it carried in."""
-        return self.credit + self.carried.get(drafter, 0.0)
+        """Seconds that one drafter's cycles may still cost: the credit, and what it carried
+        in and the last reply banked, up to a reply's allowance."""
+        return self.credit + min(self.carried.get(drafter, 0.0) + self.banked, self.ALLOWANCE * self.expected_s)
 
     def carry(self, expected_s: float) -> dict[str, float]:
         """What each drafter carries into the next reply (expected to take `expected_s`
@@ -227,6 +235,11 @@ class Ledger:
         names = {*self.carried, *self.saved_by}
         return {name: min(max(self.carried.get(name, 0.0) + self.saved_by.get(name, 0.0), 0.0),
                           self.ALLOWANCE * expected_s) for name in names}
+
+    def unspent(self, expected_s: float) -> float:
+        """What this reply left of its allowance, for the next reply (expected to take
+        `expected_s` of plain decoding) to bank, up to that reply's allowance."""
+        return min(max(self.ALLOWANCE * self.plain_s + min(self.saved, 0.0), 0.0), self.ALLOWANCE * expected_s)
 
     def observe(self, report: CycleReport, single_s: float) -> None:
         """`single_s`: what a single-token pass costs now."""
@@ -366,7 +379,8 @@ class AutoPolicy(Policy):
         last = self.ledger if self.ledger.plain_s > 0 else None  # the reply that went before, if any
         if last is not None:
             self._reply_s += 0.5 * (last.plain_s - self._reply_s)
-        self.ledger = Ledger(self._reply_s, carried=self.ledger.carry(self._reply_s))
+        self.ledger = Ledger(self._reply_s, carried=self.ledger.carry(self._reply_s),
+                             banked=self.ledger.unspent(self._reply_s))
         for bucket, acceptance in self.acceptance.items():
             if acceptance.rate < self._prior(bucket):
                 acceptance.forget(self.FORGET_WEIGHT, self._prior(bucket))
