@@ -268,8 +268,8 @@ def calibrate(target: KVSequence, draft: KVSequence | None, k_max: int,
     the bundled 0.5B draft a quarter more). Each pass once, longest first, after one
     untimed pass over the longest: a process's first passes run up to a quarter
     slower (AMD EPYC Zen 5: 687 ms against 555 for 64 tokens), later ones within a
-    few percent, and a first run waits for the calibration (13 sizes to 65 tokens: 3.0 s there, against 1.3 s
-    for the 4 measured before)."""
+    few percent, and a first run waits for the calibration (13 sizes to 65 tokens:
+    3.0 s there, against 1.3 s for the 4 measured before)."""
     target_costs = dict(measured or {})
     sizes = [n for n in reversed(pass_sizes(k_max)) if n not in target_costs and n <= target.room]
     if sizes:
