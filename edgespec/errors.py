@@ -142,6 +142,10 @@ class TemplateError(EdgespecError):
     """A chat template is missing or failed to render."""
 
 
+class ToolsNotTakenError(TemplateError):
+    """Tools were offered to a model whose chat template has no place for them."""
+
+
 class ServeError(EdgespecError):
     """The server cannot start as asked (an address in use, an exposed address without an API key)."""
 

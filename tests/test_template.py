@@ -1,7 +1,9 @@
 """Chat templates: the GGUF's own in a sandbox, built-in formats by explicit choice, clear errors."""
 
+import json
+
 import pytest
-from tests.fakes import FakeEngine
+from tests.fakes import QWEN_TOOLS, FakeEngine
 
 from edgespec.chat.template import BUILTIN_FORMATS, chat_template
 from edgespec.errors import TemplateError
@@ -328,3 +330,48 @@ def test_an_empty_content_is_not_placed_and_a_template_testing_for_it_still_read
     rendered = t.render_placed([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""},
                                 {"role": "user", "content": "Again"}])
     assert rendered.aligned and _placed(rendered) == ["Hi", None, "Again"]
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city, now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CALLED = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "18 °C, sunny"},
+]
+
+
+def test_tools_reach_a_template_that_takes_them_as_sent():
+    t = chat_template(FakeEngine(chat_template=QWEN_TOOLS))
+    assert t.takes_tools
+    text = t.render(CALLED[:1], tools=[WEATHER_TOOL])
+    assert text.startswith("<|im_start|>system\nYou are helpful.\n\n# Tools\n\n<tools>\n"
+                           + json.dumps(WEATHER_TOOL, ensure_ascii=False) + "\n</tools>")
+    assert "<tools>" not in t.render(CALLED[:1])  # none offered: the template's plain prompt
+
+
+def test_an_assistants_calls_and_the_tools_results_are_rendered_as_the_template_writes_them():
+    t = chat_template(FakeEngine(chat_template=QWEN_TOOLS))
+    text = t.render(CALLED, tools=[WEATHER_TOOL])
+    assert text.endswith(
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n18 °C, sunny\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n")
+    rendered = t.render_placed(CALLED, tools=[WEATHER_TOOL])
+    assert rendered.aligned and rendered.text == text
+    result = rendered.placed[2]
+    assert result.verbatim and text[result.start:result.end] == "18 °C, sunny"
+
+
+def test_whether_a_template_takes_tools_is_read_from_its_source():
+    assert not chat_template(FakeEngine(), template="chatml").takes_tools
+    assert chat_template(FakeEngine(), template="{% if tools %}{% endif %}{{ messages[0].content }}").takes_tools
+
+
+def test_tools_count_in_the_render_budget_like_the_messages():
+    source = "{{ tools | tojson }}{{ messages[0].content }}"
+    tools = [{"type": "function", "function": {"name": "f", "description": "x" * 1_000_000}}] * 10
+    text = chat_template(FakeEngine(), template=source).render(CALLED[:1], tools=tools)
+    assert len(text) > 10_000_000  # past RENDER_CHARS, which the tools sent themselves may take

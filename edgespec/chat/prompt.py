@@ -13,6 +13,7 @@ prompts and replies, so a conversation that grows pays for its new text only.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -71,11 +72,13 @@ class PromptEncoder:
             raise self._template
         return self._template
 
-    def encode(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> Prompt:
+    def encode(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
+               tools: Sequence[Mapping] | None = None) -> Prompt:
         """The prompt for `messages`: dicts with "role" and "content", and optionally
         "label", the name of its content's region, and "spans", labelled parts of
         the content as (start, end, label) in its characters (a file in a message),
-        each a region of its own after the content's.
+        each a region of its own after the content's. `tools`: function definitions offered
+        to a template that takes them (ChatTemplate.render).
 
         Each content is found where the template put it (`ChatTemplate.render_placed`)
         and tokenized as plain text; the rest is the template's and is parsed for
@@ -92,7 +95,8 @@ class PromptEncoder:
           special texts then.
         """
         template = self.template
-        rendered = template.render_placed(messages, add_generation_prompt=add_generation_prompt)
+        self._check_tools(messages, tools)
+        rendered = template.render_placed(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         if rendered.aligned and not any(rendered.placed) and any(m["content"] for m in messages):
             raise TemplateError(  # it reads a variable it is not given, or is not a chat template at all
                 f"The chat template of {template.model} shows none of the messages of the conversation. "
@@ -131,6 +135,15 @@ class PromptEncoder:
                     f"template of {self.template.model} does not show it as it is, so that text could act as the "
                     f"template's markers. Remove it from the message, or choose a built-in format with --template.")
         return placed if readable else (None,) * len(messages)
+
+    def _check_tools(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None) -> None:
+        """Raises TemplateError where the tools offered, or the calls an assistant made, hold
+        special texts: the template writes them as its own text, whose special texts are markers."""
+        calls = [m["tool_calls"] for m in messages if m.get("tool_calls")]
+        if (tools or calls) and self._holds_special(json.dumps([tools, calls], ensure_ascii=False)):
+            raise TemplateError(
+                "The tools offered, or the tool calls in the conversation, hold the text of special tokens, which "
+                f"the chat template of {self.template.model} would write as its markers. Remove it from them.")
 
     def _holds_special(self, content: str) -> bool:
         """Whether some text in `content` tokenizes as a special token when special texts are parsed."""

@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2 import Environment
 from jinja2 import nodes
 from jinja2.nodes import EvalContext
@@ -72,6 +73,10 @@ BUILTIN_STOPS: dict[str, tuple[str, ...]] = {
 vocabulary does not mark the format's end-of-turn token as end-of-generation."""
 
 
+TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id")
+"""What of a message a template is given (others, such as a region's label, are edgespec's own)."""
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
     """A compiled chat template and the special texts it is rendered with."""
@@ -91,18 +96,28 @@ class ChatTemplate:
         not when the template wrote it already (two BOS tokens confuse models)."""
         return not (self.bos_token and text.startswith(self.bos_token))
 
-    def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text for `messages` (dicts with "role" and "content")."""
-        return self._render(messages, add_generation_prompt)
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the template reads a `tools` variable: one that does not would drop the tools offered."""
+        return _takes_tools(self.source)
 
-    def _render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
+    def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
+               tools: Sequence[Mapping] | None = None) -> str:
+        """The prompt text for `messages` (dicts with "role" and "content"; an assistant's may
+        have "tool_calls", a tool's "tool_call_id", as Hugging Face templates read them), offering
+        `tools` (OpenAI's function definitions) to a template that takes them."""
+        return self._render(messages, add_generation_prompt, tools)
+
+    def _render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
+                tools: Sequence[Mapping] | None) -> str:
         try:
             return _render(
                 _compile(self.source),
-                [{"role": m["role"], "content": m["content"]} for m in messages],
+                [{key: m[key] for key in TEMPLATE_KEYS if key in m} for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                tools=tools,
             )
         except _TooCostly as e:
             raise TemplateError(
@@ -119,8 +134,8 @@ class ChatTemplate:
                 f"Choose a built-in format with --template instead: {', '.join(BUILTIN_FORMATS)}."
             ) from None
 
-    def render_placed(self, messages: Sequence[Mapping[str, str]], *,
-                      add_generation_prompt: bool = True) -> Rendered:
+    def render_placed(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
+                      tools: Sequence[Mapping] | None = None) -> Rendered:
         """The prompt text for `messages`, and where each message's content sits in it.
 
         The template is rendered a second time with each content replaced by a
@@ -133,13 +148,13 @@ class ChatTemplate:
         does not read that way (the template's own text depends on the contents)
         nothing is placed and `aligned` is false.
         """
-        text = self.render(messages, add_generation_prompt=add_generation_prompt)
+        text = self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         contents = [m["content"] if isinstance(m["content"], str) else None for m in messages]
         stand = _StandIns(contents, self.source + self.bos_token + self.eos_token)
-        stand_ins = [{"role": m["role"], "content": m["content"] if c is None else stand.stand_in(i, c)}
+        stand_ins = [{**m, "content": m["content"] if c is None else stand.stand_in(i, c)}
                      for i, (m, c) in enumerate(zip(messages, contents))]
         try:
-            marked = self._render(stand_ins, add_generation_prompt)
+            marked = self._render(stand_ins, add_generation_prompt, tools)
         except TemplateError:  # the template refused the stand-ins: its text depends on the contents
             return Rendered(text, (None,) * len(messages), aligned=False)
         placed = _align(text, stand.split(marked, contents), contents)
@@ -333,12 +348,13 @@ _budget = _Budget()
 
 
 @contextmanager
-def _budgeted(messages: Sequence[Mapping[str, str]]):
-    """The budget of one render (of `messages`), for this thread."""
+def _budgeted(messages: Sequence[Mapping[str, str]], tools):
+    """The budget of one render (of `messages`, offering `tools`), for this thread."""
     saved = (_budget.deadline, _budget.steps, _budget.max_size, _budget.sizes)
     _budget.deadline = time.monotonic() + RENDER_SECONDS
     _budget.steps = RENDER_STEPS
-    _budget.max_size = RENDER_CHARS + 2 * sum(len(m["content"]) for m in messages)
+    sent = sum(len(m["content"]) + _size(m.get("tool_calls")) for m in messages) + _size(tools)
+    _budget.max_size = RENDER_CHARS + 2 * sent
     _budget.sizes = {}
     try:
         yield
@@ -657,7 +673,12 @@ def _compile(source: str) -> jinja2.Template:
     return _COMPILED[source]
 
 
-def _render(template: jinja2.Template, messages, **context) -> str:
+def _render(template: jinja2.Template, messages, *, tools, **context) -> str:
     """Render within the budget; the output is checked as it grows."""
-    with _budgeted(messages):
-        return _within_budget(template.generate(messages=messages, **context))
+    with _budgeted(messages, tools):
+        return _within_budget(template.generate(messages=messages, tools=tools, **context))
+
+
+@functools.lru_cache(maxsize=8)
+def _takes_tools(source: str) -> bool:
+    return "tools" in jinja2.meta.find_undeclared_variables(_ENV.parse(source))

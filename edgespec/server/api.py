@@ -38,9 +38,11 @@ from edgespec.errors import WorkerLostError
 from edgespec.server.completion import Completer, Delta, Done
 from edgespec.server.error_replies import ApiError, api_error, install_handlers
 from edgespec.server.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
-                                     ChatCompletionChunk, ChatCompletionRequest, ChatDelta, Completion,
-                                     CompletionRequest, ErrorResponse, ModelCard, ModelList,
-                                     PromptTokensDetails, TextChoice, Timings, Usage)
+                                     ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatMessage,
+                                     Completion, CompletionRequest, ErrorResponse, FunctionCall, ModelCard,
+                                     ModelList, PromptTokensDetails, TextChoice, Timings, ToolCall,
+                                     ToolCallDelta, Usage)
+from edgespec.server.tool_calls import Call, CallStream, split_calls, template_arguments
 from edgespec.server.engine_thread import EngineThread, Job
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -177,11 +179,12 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
         `stream`, server-sent `chat.completion.chunk` events and `data: [DONE]`."""
         check_model(body.model)
         params = _params(body, settings)
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in body.messages]
+        messages = [_template_message(m) for m in body.messages]
+        tools = body.callable_tools()
         reply_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        job = thread.submit(lambda c: c.chat(messages, params, request_id=reply_id))
-        return await _respond(request, job, body, _ChatShape(reply_id, body.model or settings.model_id),
+        job = thread.submit(lambda c: c.chat(messages, params, tools=tools, request_id=reply_id))
+        return await _respond(request, job, body,
+                              _ChatShape(reply_id, body.model or settings.model_id, calls=tools is not None),
                               prompt_param="messages", stopping=stopping)
 
     @app.post("/v1/completions", response_model=Completion)
@@ -251,6 +254,18 @@ def _params(body, settings: ServerSettings) -> GenerationParams:
     )
 
 
+def _template_message(m: ChatMessage) -> dict:
+    """A message as chat templates read it (Hugging Face's shape): a call's arguments as
+    the JSON value they write, which templates render with `tojson`."""
+    message = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+    if m.tool_calls:
+        message["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
+            "name": c.function.name, "arguments": template_arguments(c.function.arguments)}} for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        message["tool_call_id"] = m.tool_call_id
+    return message
+
+
 # -- responses ---------------------------------------------------------------------------------
 
 def _usage(stats: Stats) -> Usage:
@@ -292,18 +307,55 @@ class _Shape:
         return self._reply(self.CHUNK, [self._delta(text, role, done and done.finish_reason)],
                            timings=_timings(done.stats) if done else None)
 
+    def chunks(self, text: str, *, done: Done | None = None) -> list:
+        """The chunks that stream `text`, and with `done` the reply's last."""
+        sent = [self.chunk(text)] if text else []
+        return [*sent, self.chunk(done=done)] if done else sent
+
     def usage_chunk(self, done: Done):
         return self._reply(self.CHUNK, [], usage=_usage(done.stats))
 
 
+@dataclass
 class _ChatShape(_Shape):
+    calls: bool = False
+    """Whether the reply's <tool_call> blocks are read as calls (tools were offered to call)."""
+    _stream: CallStream = field(default_factory=CallStream)
     WHOLE, CHUNK = ChatCompletion, ChatCompletionChunk
 
     def _choice(self, text: str, finish: str | None) -> ChatChoice:
-        return ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)
+        if not self.calls:
+            return ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)
+        content, calls = split_calls(text)
+        message = AssistantMessage(content=content if content.strip() else None,
+                                   tool_calls=[_tool_call(call) for call in calls] or None)
+        return ChatChoice(message=message, finish_reason="tool_calls" if calls else finish)
+
+    def chunks(self, text: str, *, done: Done | None = None) -> list:
+        if not self.calls:
+            return super().chunks(text, done=done)
+        before = self._stream.calls
+        pieces = self._stream.feed(text) + (self._stream.finish() if done else [])
+        sent = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                sent.append(self.chunk(piece))
+            else:
+                call = _tool_call(piece, ToolCallDelta, index=before)
+                sent.append(self._reply(self.CHUNK, [ChatChunkChoice(delta=ChatDelta(tool_calls=[call]))]))
+                before += 1
+        return [*sent, self.chunk(done=done)] if done else sent
 
     def _delta(self, text: str | None, role: bool, finish: str | None) -> ChatChunkChoice:
+        if finish and self._stream.calls:
+            finish = "tool_calls"
         return ChatChunkChoice(delta=ChatDelta(role="assistant" if role else None, content=text), finish_reason=finish)
+
+
+def _tool_call(call: Call, shape: type[ToolCall] = ToolCall, **fields) -> ToolCall:
+    """`call` in OpenAI's shape (or a ToolCallDelta's, given its index), under an id of its own."""
+    return shape(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=call.name, arguments=call.arguments),
+                 **fields)
 
 
 class _TextShape(_Shape):
@@ -396,13 +448,10 @@ async def _events(job: Job, first, shape, include_usage: bool, stopping: anyio.E
             yield _json(shape.chunk("", role=True))
         item = first
         while True:
-            if isinstance(item, Delta):
-                if item.text:
-                    yield _json(shape.chunk(item.text))
-            else:
-                if item.text:
-                    yield _json(shape.chunk(item.text))
-                yield _json(shape.chunk(done=item))
+            done = None if isinstance(item, Delta) else item
+            for chunk in shape.chunks(item.text, done=done):
+                yield _json(chunk)
+            if done is not None:
                 if include_usage:
                     yield _json(shape.usage_chunk(item))
                 yield "[DONE]"

@@ -18,7 +18,7 @@ from edgespec.chat.remember import request_doc
 from edgespec.chat.words import stats_line
 from edgespec.engine.events import GenerationParams, Stats
 from edgespec.engine.protocol import ChatEngine
-from edgespec.errors import ContextFullError, NoFimTokensError
+from edgespec.errors import ContextFullError, NoFimTokensError, ToolsNotTakenError
 
 log = logging.getLogger("edgespec.server")
 
@@ -77,9 +77,17 @@ class Completer:
         return self.engine.n_ctx
 
     def chat(self, messages: Sequence[Mapping[str, str]], params: GenerationParams, *,
-             request_id: str = "") -> Iterator[Delta | Done]:
-        """Stream the assistant's reply to `messages` (dicts with "role" and "content")."""
-        prompt = self._encoder.encode(messages)
+             tools: Sequence[Mapping] | None = None, request_id: str = "") -> Iterator[Delta | Done]:
+        """Stream the assistant's reply to `messages` (dicts with "role" and "content", and
+        what else ChatTemplate.render reads), offering the model `tools`. Raises
+        ToolsNotTakenError for tools a template would drop: the model would answer as if
+        it had none."""
+        if tools and not self._encoder.template.takes_tools:
+            raise ToolsNotTakenError(
+                f"'tools' is not supported: this model's chat template does not take tools ({self.files['target']}); "
+                f"serve a model whose template does (Qwen2.5's), start the server with a --template that does, "
+                f"or send tool_choice 'none'")
+        prompt = self._encoder.encode(messages, tools=tools)
         return self._generate(prompt, prompt.tokens, prompt.params(params), request_id, regions=prompt.regions,
                               doc=request_doc(messages))
 

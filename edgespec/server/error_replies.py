@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from edgespec.errors import (ContextFullError, EdgespecError, InvalidTokenError, NoFimTokensError, TemplateError,
-                             WorkerLostError, WorkerUnreachableError)
+                             ToolsNotTakenError, WorkerLostError, WorkerUnreachableError)
 from edgespec.server.engine_thread import Cancelled
 
 log = logging.getLogger("edgespec.server")
@@ -50,6 +50,8 @@ def api_error(exc: BaseException, *, prompt_param: str = "messages") -> ApiError
         return ApiError(400, f"{exc}.", param=prompt_param)
     if isinstance(exc, NoFimTokensError):
         return ApiError(400, str(exc), param="suffix")
+    if isinstance(exc, ToolsNotTakenError):
+        return ApiError(400, str(exc), param="tools")
     if isinstance(exc, TemplateError):
         return ApiError(400, str(exc), param="messages")
     if isinstance(exc, ValueError):  # a setting the engine refused (e.g. mode "draft" with no draft model)

@@ -9,6 +9,7 @@ that clients sending their own extras keep working.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
@@ -82,10 +83,28 @@ class ContentPart(_Body):
         return self
 
 
+class FunctionCall(_Body):
+    name: Text
+    arguments: Text
+    """The arguments as a JSON text, as OpenAI sends and expects them."""
+
+
+class ToolCall(_Body):
+    """A call an assistant made: in a message sent back, and in a reply."""
+
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
     role: StrictStr
     content: Text | list[ContentPart] | None = Field(None, validate_default=True)
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None
+    """An assistant's calls (its content may then be null)."""
+    tool_call_id: Text | None = None
+    """A tool message's: the call it answers."""
 
     @field_validator("content")
     @classmethod
@@ -98,10 +117,11 @@ class ChatMessage(_Body):
     @field_validator("role")
     @classmethod
     def _known_role(cls, role: str) -> str:
-        if role in ("tool", "function"):
-            raise _unsupported(f"a message with role {role!r}", "this server does not call tools")
-        if role not in ("system", "developer", "user", "assistant"):
-            raise ValueError(f"unknown role {role!r}: use system, user or assistant")
+        if role == "function":
+            raise _unsupported("a message with role 'function'",
+                               "send a call's result as a message with role 'tool' and its 'tool_call_id'")
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise ValueError(f"unknown role {role!r}: use system, user, assistant or tool")
         return role
 
     def text(self) -> str:
@@ -161,9 +181,16 @@ class _Generation(_Body):
         return tuple(s for s in stop if s)
 
 
-TOOL_CHOICES = {"tools": "tool_choice", "functions": "function_call"}
-"""Each way of offering tools, and the field that says whether the model may call them
-(`functions` and `function_call` are OpenAI's older names)."""
+def _tool(index: int, tool) -> None:
+    """Raises ValueError unless `tool` is a function as OpenAI defines one."""
+    function = tool.get("function")
+    if tool.get("type") != "function" or not isinstance(function, dict):
+        raise ValueError(f"tool {index} is not a function: send {{'type': 'function', 'function': {{'name': ...}}}}")
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        raise ValueError(f"tool {index}'s function needs a 'name' (a non-empty text)")
+    if not isinstance(function.get("description", ""), str) or not isinstance(function.get("parameters", {}), dict):
+        raise ValueError(f"tool {index}'s function needs its 'description' as a text and its 'parameters' "
+                         f"as a JSON schema object")
 
 
 class ChatCompletionRequest(_Generation):
@@ -173,7 +200,7 @@ class ChatCompletionRequest(_Generation):
     top_logprobs: StrictInt | None = None
     tool_choice: StrictStr | dict | None = None
     function_call: StrictStr | dict | None = None
-    tools: list[dict] | None = None  # after their choices, which their validator reads
+    tools: list[dict] | None = None  # after their choices, which their validators read
     functions: list[dict] | None = None
     response_format: dict | None = None
 
@@ -185,20 +212,38 @@ class ChatCompletionRequest(_Generation):
             raise _unsupported(f"'{info.field_name}'")
         return value
 
-    @field_validator("tools", "functions")
+    @field_validator("tools")
     @classmethod
-    def _no_tools(cls, value, info):
-        # With the choice "none" the model calls no tool and writes a message (OpenAI's rule),
-        # which needs no tool calling: the tools are then accepted, and not rendered.
-        if value and info.data.get(TOOL_CHOICES[info.field_name]) != "none":
-            raise _unsupported(f"'{info.field_name}'", "this server does not call tools")
+    def _functions_only(cls, tools):
+        for index, tool in enumerate(tools or ()):
+            _tool(index, tool)
+        _unicode(json.dumps(tools, ensure_ascii=False))
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _model_chooses(cls, value):
+        if isinstance(value, dict) or value == "required":
+            raise _unsupported(f"tool_choice {value!r}", "this server cannot force a call: the model chooses "
+                                                         "whether to call a tool (send 'auto', or leave it out)")
+        if value not in (None, "auto", "none"):
+            raise ValueError(f"unknown tool_choice {value!r}: use 'auto' or 'none'")
         return value
 
-    @field_validator("tool_choice", "function_call")
+    # OpenAI's older names for tools and tool_choice. With the choice "none" the model calls
+    # no tool and writes a message (OpenAI's rule): the functions are then accepted, and not rendered.
+    @field_validator("function_call")
     @classmethod
-    def _no_tool_choice(cls, value, info):
+    def _older_choice(cls, value):
         if value not in (None, "none"):
-            raise _unsupported(f"'{info.field_name}'", "this server does not call tools")
+            raise _unsupported("'function_call'", "send 'tools' and 'tool_choice' instead (OpenAI's newer names)")
+        return value
+
+    @field_validator("functions")
+    @classmethod
+    def _older_tools(cls, value, info):
+        if value and info.data.get("function_call") != "none":
+            raise _unsupported("'functions'", "send them as 'tools' (OpenAI's newer name)")
         return value
 
     @field_validator("response_format")
@@ -211,6 +256,10 @@ class ChatCompletionRequest(_Generation):
 
     def reply_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def callable_tools(self) -> list[dict] | None:
+        """The tools the model may call: those offered, unless tool_choice is "none"."""
+        return self.tools if self.tools and self.tool_choice != "none" else None
 
 
 class CompletionRequest(_Generation):
@@ -317,7 +366,15 @@ class Timings(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    """None where the reply is tool calls alone."""
+    tool_calls: list[ToolCall] | None = _omitted_when_none()
+
+
+class ToolCallDelta(ToolCall):
+    """A call in a stream, sent whole once it is known."""
+
+    index: int
 
 
 class ChatChoice(BaseModel):
@@ -346,6 +403,7 @@ class ChatCompletion(_Reply):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = _omitted_when_none()
     content: str | None = _omitted_when_none()
+    tool_calls: list[ToolCallDelta] | None = _omitted_when_none()
 
 
 class _Choice(BaseModel):

@@ -1,0 +1,81 @@
+"""Hermes-style tool calls in a reply's text (edgespec/server/tool_calls.py): whole and streamed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgespec.server.tool_calls import Call, CallStream, split_calls
+
+WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TIME = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+
+
+def test_one_call_alone_is_a_call_and_no_text():
+    assert split_calls(WEATHER) == ("", [Call("get_weather", '{"city": "Paris"}')])
+
+
+def test_two_calls_with_text_before_keep_the_text_without_the_whitespace_around_the_calls():
+    text, calls = split_calls(f"Let me look.\n{WEATHER}\n{TIME}\n")
+    assert text == "Let me look."
+    assert [c.name for c in calls] == ["get_weather", "get_time"]
+    assert json.loads(calls[1].arguments) == {"zone": "CET"}
+
+
+def test_text_between_and_after_calls_is_kept_and_a_call_without_arguments_has_empty_ones():
+    text, calls = split_calls('A <tool_call>{"name": "f"}</tool_call> B')
+    assert (text, calls) == ("AB", [Call("f", "{}")])
+
+
+@pytest.mark.parametrize("block", [
+    "<tool_call>\n{not json}\n</tool_call>",
+    '<tool_call>\n{"arguments": {}}\n</tool_call>',
+    '<tool_call>\n{"name": 3}\n</tool_call>',
+    '<tool_call>\n["f"]\n</tool_call>',
+    '<tool_call>\n{"name": "f"',
+])
+def test_a_block_that_is_not_a_call_stays_text_as_it_was(block):
+    whole = f"See: {block}\n"
+    assert split_calls(whole) == (whole, [])
+
+
+def test_text_without_calls_is_unchanged_even_where_it_starts_like_one():
+    for whole in ("plain\n", "a <tool", "x < y", "<tool_call", "  "):
+        assert split_calls(whole) == (whole, [])
+
+
+def test_a_closed_call_at_the_end_may_lack_its_closing_tag():
+    assert split_calls('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n') == ("", [Call("f", '{"a": 1}')])
+
+
+def test_arguments_written_as_a_json_string_are_passed_as_that_string():
+    assert split_calls('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>')[1] == [Call("f", '{"a": 1}')]
+
+
+def whole_of(stream: CallStream, pieces) -> tuple[str, list[Call]]:
+    out = [p for piece in pieces for p in stream.feed(piece)] + stream.finish()
+    return "".join(p for p in out if isinstance(p, str)), [p for p in out if isinstance(p, Call)]
+
+
+@pytest.mark.parametrize("whole", [
+    f"Let me look.\n{WEATHER}\n{TIME}\n",
+    f"{WEATHER} done <tool_call>{{bad}}</tool_call> end \n",
+    "no calls, < and <tool and <tool_cal here\n  ",
+    f"text {WEATHER}",
+])
+def test_a_stream_split_anywhere_gives_what_the_whole_text_gives(whole):
+    expected = split_calls(whole)
+    for cut in range(len(whole) + 1):
+        assert whole_of(CallStream(), [whole[:cut], whole[cut:]]) == expected, cut
+    assert whole_of(CallStream(), list(whole)) == expected
+
+
+def test_a_stream_holds_back_only_what_may_become_a_call():
+    stream = CallStream()
+    assert stream.feed("Hello <tool") == ["Hello"]
+    assert stream.feed("box>") == [" <toolbox>"]
+    assert stream.feed(WEATHER[:20]) == []
+    assert stream.feed(WEATHER[20:]) == [Call("get_weather", '{"city": "Paris"}')]
+    assert stream.feed("\n") == [] and stream.finish() == []
+    assert stream.calls == 1
