@@ -139,6 +139,10 @@ def test_calls_and_their_results_sent_back_reach_the_template_as_it_reads_them(s
     (CALLING, "Checking.", ["get_weather"], "tool_calls"),
     (CALLING + "\n" + CALLING.split("\n", 1)[1], "Checking.", ["get_weather", "get_weather"], "tool_calls"),
     ("Sunny <tool_call>{bad}</tool_call>.", "Sunny <tool_call>{bad}</tool_call>.", [], "stop"),
+    # as the bundled Qwen2.5-Coder 1.5B answered a tool offer: the call's JSON alone, fenced
+    ('```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```', "", ["get_weather"], "tool_calls"),
+    ('```json\n{"name": "get_time", "arguments": {}}\n```', '```json\n{"name": "get_time", "arguments": {}}\n```',
+     [], "stop"),
 ])
 def test_a_streamed_reply_sends_its_text_and_each_call_once_it_is_whole(serve, reply, content, calls, finish):
     url, _ = serve(reply)

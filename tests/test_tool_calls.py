@@ -79,3 +79,41 @@ def test_a_stream_holds_back_only_what_may_become_a_call():
     assert stream.feed(WEATHER[20:]) == [Call("get_weather", '{"city": "Paris"}')]
     assert stream.feed("\n") == [] and stream.finish() == []
     assert stream.calls == 1
+
+
+NAMES = frozenset({"get_weather"})
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
+@pytest.mark.parametrize("whole", [BARE, f"\n{BARE}\n", f"```json\n{BARE}\n```", f"```\n{BARE}\n```\n"])
+def test_a_reply_that_is_only_a_call_of_an_offered_tool_is_a_call(whole):
+    """Qwen2.5-Coder answers a tool offer with the call's JSON alone, often in a json
+    fence, not in <tool_call> tags (seen with the bundled 1.5B): read as llama-server's
+    Hermes parser reads it, where the name is one of the tools offered."""
+    assert split_calls(whole, NAMES) == ("", [Call("get_weather", '{"city": "Paris"}')])
+    for cut in range(len(whole) + 1):
+        assert whole_of(CallStream(NAMES), [whole[:cut], whole[cut:]]) == ("", [Call("get_weather", '{"city": "Paris"}')])
+
+
+@pytest.mark.parametrize("whole", [
+    BARE,  # no tools named: JSON is an answer
+    '{"name": "get_time", "arguments": {}}',  # not a tool offered
+    f"It is this: {BARE}",  # text around it
+    f"```json\n{BARE}\n```\nThen more.",
+    f"```python\nprint({BARE!r})\n```",
+    '{"name": "get_weather"',  # cut short
+])
+def test_json_that_is_not_an_offered_call_alone_stays_text(whole):
+    names = frozenset() if whole == BARE else NAMES
+    assert split_calls(whole, names) == (whole, [])
+    for cut in range(len(whole) + 1):
+        assert whole_of(CallStream(names), [whole[:cut], whole[cut:]]) == (whole, []), cut
+
+
+def test_a_stream_that_cannot_be_a_call_alone_is_not_held_back():
+    stream = CallStream(NAMES)
+    assert stream.feed("```py") == ["```py"]  # a fence of another language
+    stream = CallStream(NAMES)
+    assert stream.feed("Sure") == ["Sure"]
+    stream = CallStream(NAMES)
+    assert stream.feed(" {") == [] and stream.feed('"name"') == []  # may yet be a call: held

@@ -184,7 +184,8 @@ def create_app(load: Callable[[], object], settings: ServerSettings) -> FastAPI:
         reply_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         job = thread.submit(lambda c: c.chat(messages, params, tools=tools, request_id=reply_id))
         return await _respond(request, job, body,
-                              _ChatShape(reply_id, body.model or settings.model_id, calls=tools is not None),
+                              _ChatShape(reply_id, body.model or settings.model_id,
+                                         tools=frozenset(t["function"]["name"] for t in tools) if tools else None),
                               prompt_param="messages", stopping=stopping)
 
     @app.post("/v1/completions", response_model=Completion)
@@ -318,15 +319,22 @@ class _Shape:
 
 @dataclass
 class _ChatShape(_Shape):
-    calls: bool = False
-    """Whether the reply's <tool_call> blocks are read as calls (tools were offered to call)."""
-    _stream: CallStream = field(default_factory=CallStream)
+    tools: frozenset[str] | None = None
+    """The names of the tools offered to call, if any: the reply's calls are then read (tool_calls)."""
+    _stream: CallStream = field(init=False)
     WHOLE, CHUNK = ChatCompletion, ChatCompletionChunk
+
+    def __post_init__(self) -> None:
+        self._stream = CallStream(self.tools or frozenset())
+
+    @property
+    def calls(self) -> bool:
+        return self.tools is not None
 
     def _choice(self, text: str, finish: str | None) -> ChatChoice:
         if not self.calls:
             return ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)
-        content, calls = split_calls(text)
+        content, calls = split_calls(text, self.tools)
         message = AssistantMessage(content=content if content.strip() else None,
                                    tool_calls=[_tool_call(call) for call in calls] or None)
         return ChatChoice(message=message, finish_reason="tool_calls" if calls else finish)

@@ -4,11 +4,14 @@
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-one block per call. `split_calls` reads a whole reply; `CallStream` reads one as it is
-streamed, holding back only text that is, or may become, a call, and both give the
-same text and calls however the reply is cut. Whitespace next to a call is the layout
-between calls, not text of the reply: it is dropped. A block that is not a call (its
-body not a JSON object with a string "name") stays text, as it was written.
+one block per call. A reply that is nothing but one call's JSON, bare or in a json
+fence, is a call too where its name is one of the tools offered: Qwen2.5-Coder answers
+a tool offer that way (llama-server's Hermes parser reads it so as well).
+`split_calls` reads a whole reply; `CallStream` reads one as it is streamed, holding
+back only text that is, or may become, a call, and both give the same text and calls
+however the reply is cut. Whitespace next to a call is the layout between calls, not
+text of the reply: it is dropped. A block that is not a call (its body not a JSON
+object with a string "name") stays text, as it was written.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ def template_arguments(arguments: str):
         return arguments
 
 
-def split_calls(text: str) -> tuple[str, list[Call]]:
-    """The text of a whole reply outside its calls, and the calls, in order."""
-    stream = CallStream()
+def split_calls(text: str, names: frozenset[str] = frozenset()) -> tuple[str, list[Call]]:
+    """The text of a whole reply outside its calls, and the calls, in order (`names`:
+    the tools offered, which a reply of one call's JSON alone may call)."""
+    stream = CallStream(names)
     pieces = stream.feed(text) + stream.finish()
     return "".join(p for p in pieces if isinstance(p, str)), [p for p in pieces if isinstance(p, Call)]
 
@@ -46,9 +50,13 @@ def split_calls(text: str) -> tuple[str, list[Call]]:
 class CallStream:
     """A streamed reply's text, fed as it comes, given back as text and calls in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: frozenset[str] = frozenset()) -> None:
+        self.names = names
+        """The tools offered: a reply of one call's JSON alone calls one of them."""
         self.calls = 0
         """The calls given back so far."""
+        self._alone = bool(names)
+        """Whether the reply may yet be one call's JSON alone (held back whole until it ends)."""
         self._held = ""
         """Outside a call: text not given back yet (trailing whitespace, and what may begin OPEN)."""
         self._body: str | None = None
@@ -79,6 +87,14 @@ class CallStream:
 
     def finish(self) -> list[str | Call]:
         """The rest, once the reply has ended: a last call may lack its CLOSE."""
+        if self._alone:
+            call = _alone(self._held, self.names)
+            if call is not None:
+                self._held, self.calls = "", self.calls + 1
+                return [call]
+            self._alone = False
+            out = self.feed("")
+            return out + self.finish()
         out: list[str | Call] = []
         if self._body is not None:
             self._close(self._body, "", out)
@@ -90,6 +106,10 @@ class CallStream:
     def _outside(self, out: list) -> bool:
         """Give back the held text up to a call's OPEN and enter the call (True), or up
         to what may begin one, holding that back (False)."""
+        if self._alone:
+            self._alone = _may_be_alone(self._held.lstrip())
+            if self._alone:
+                return False
         if self._after_call:
             stripped = self._held.lstrip()
             if not stripped:
@@ -127,6 +147,31 @@ def _undecided(text: str) -> int:
     partial = next((n for n in range(len(OPEN) - 1, 0, -1) if text.endswith(OPEN[:n])), 0)
     rest = text[:len(text) - partial]
     return partial + len(rest) - len(rest.rstrip())
+
+
+FENCE = "```"
+
+
+def _may_be_alone(text: str) -> bool:
+    """Whether a reply that begins with `text` (its leading whitespace gone) may be one
+    call's JSON alone: it begins a JSON object, or a fence of no language or json."""
+    if not text or text.startswith("{") or FENCE.startswith(text):
+        return True
+    if not text.startswith(FENCE):
+        return False
+    language, newline, _ = text[len(FENCE):].partition("\n")
+    return language.strip().lower() in ("", "json") if newline else "json".startswith(language.lower())
+
+
+def _alone(text: str, names: frozenset[str]) -> Call | None:
+    """The call that `text`, a whole reply, is alone (bare or in a fence), where it calls one of `names`."""
+    body = text.strip()
+    if body.startswith(FENCE):
+        if not body.endswith(FENCE) or len(body) < 2 * len(FENCE):
+            return None
+        body = body[len(FENCE):-len(FENCE)].partition("\n")[2]
+    call = _call(body)
+    return call if call is not None and call.name in names else None
 
 
 def _call(body: str) -> Call | None:
