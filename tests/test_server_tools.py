@@ -100,6 +100,28 @@ def test_a_reply_of_calls_alone_has_null_content_and_each_call_its_own_id(serve)
 
 
 @pytest.mark.parametrize("reply", [
+    '{"name": "get_weather", "parameters": {"city": "Paris"}}\n',  # Llama 3.x
+    '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]',
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_other_families_calls_come_as_tool_calls(serve, reply, stream):
+    """Llama 3.x's call (its arguments named "parameters") and Mistral's list of calls
+    (after a control token that is not text): the calls, whole and streamed."""
+    url, _ = serve(reply)
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    if stream:
+        chunks = list(client.chat.completions.create(model="fake", messages=QUESTION, tools=[WEATHER], stream=True))
+        calls = [c.function for chunk in chunks for c in (chunk.choices[0].delta.tool_calls or [])]
+        finish = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices[0].finish_reason]
+    else:
+        message = client.chat.completions.create(model="fake", messages=QUESTION, tools=[WEATHER]).choices[0]
+        calls, finish = [c.function for c in message.message.tool_calls], [message.finish_reason]
+    assert [c.name for c in calls] == ["get_weather"] * (2 if reply.startswith("[") else 1)
+    assert json.loads(calls[0].arguments) == {"city": "Paris"}
+    assert finish == ["tool_calls"]
+
+
+@pytest.mark.parametrize("reply", [
     "<tool_call>\n{not json}\n</tool_call>",
     '<tool_call>\n{"arguments": {"city": "Paris"}}\n</tool_call>',
 ])

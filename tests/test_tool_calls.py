@@ -117,3 +117,46 @@ def test_a_stream_that_cannot_be_a_call_alone_is_not_held_back():
     assert stream.feed("Sure") == ["Sure"]
     stream = CallStream(NAMES)
     assert stream.feed(" {") == [] and stream.feed('"name"') == []  # may yet be a call: held
+    stream = CallStream(NAMES)
+    assert stream.feed("[1] First") == ["[1] First"]  # a list, but not of JSON objects
+    stream = CallStream(NAMES)
+    assert stream.feed("[") == [] and stream.feed(" {") == []  # may yet be a list of calls
+
+
+LLAMA = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+"""Llama 3.1-3.3's JSON tool call: "parameters" where Hermes writes "arguments"."""
+
+
+@pytest.mark.parametrize("whole", [LLAMA, f"\n{LLAMA}\n", f"<tool_call>\n{LLAMA}\n</tool_call>"])
+def test_a_call_that_names_its_arguments_parameters_keeps_them(whole):
+    """Llama 3.x answers a tool offer with {"name": ..., "parameters": {...}}: read as
+    llama-server's Llama 3.x parser reads it, never as a call without arguments."""
+    assert split_calls(whole, NAMES) == ("", [Call("get_weather", '{"city": "Paris"}')])
+    for cut in range(len(whole) + 1):
+        assert whole_of(CallStream(NAMES), [whole[:cut], whole[cut:]]) == ("", [Call("get_weather", '{"city": "Paris"}')])
+
+
+TWO = ('[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+       '{"name": "get_time", "arguments": {"zone": "CET"}}]')
+"""Mistral's tool calls: one JSON list of them (after its [TOOL_CALLS] control token, which is not text)."""
+
+
+@pytest.mark.parametrize("whole", [TWO, f" {TWO}\n", f"```json\n{TWO}\n```"])
+def test_a_reply_that_is_only_a_list_of_offered_calls_is_those_calls(whole):
+    names = frozenset({"get_weather", "get_time"})
+    expected = ("", [Call("get_weather", '{"city": "Paris"}'), Call("get_time", '{"zone": "CET"}')])
+    assert split_calls(whole, names) == expected
+    for cut in range(len(whole) + 1):
+        assert whole_of(CallStream(names), [whole[:cut], whole[cut:]]) == expected, cut
+
+
+@pytest.mark.parametrize("whole", [
+    TWO,  # get_time not offered
+    "[]",  # no calls
+    '[{"name": "get_weather", "arguments": {}}, 3]',  # not all calls
+    "[1, 2, 3]",
+])
+def test_a_list_that_is_not_all_offered_calls_stays_text(whole):
+    assert split_calls(whole, NAMES) == (whole, [])
+    for cut in range(len(whole) + 1):
+        assert whole_of(CallStream(NAMES), [whole[:cut], whole[cut:]]) == (whole, []), cut

@@ -6,7 +6,9 @@
 
 one block per call. A reply that is nothing but one call's JSON, bare or in a json
 fence, is a call too where its name is one of the tools offered: Qwen2.5-Coder answers
-a tool offer that way (llama-server's Hermes parser reads it so as well).
+a tool offer that way (llama-server's Hermes parser reads it so as well), and so do
+Llama 3.1-3.3, naming the arguments "parameters". So is a reply that is nothing but a
+JSON list of offered calls: Mistral's, after its [TOOL_CALLS] control token (not text).
 `split_calls` reads a whole reply; `CallStream` reads one as it is streamed, holding
 back only text that is, or may become, a call, and both give the same text and calls
 however the reply is cut. Whitespace next to a call is the layout between calls, not
@@ -88,10 +90,10 @@ class CallStream:
     def finish(self) -> list[str | Call]:
         """The rest, once the reply has ended: a last call may lack its CLOSE."""
         if self._alone:
-            call = _alone(self._held, self.names)
-            if call is not None:
-                self._held, self.calls = "", self.calls + 1
-                return [call]
+            calls = _alone(self._held, self.names)
+            if calls:
+                self._held, self.calls = "", self.calls + len(calls)
+                return list(calls)
             self._alone = False
             out = self.feed("")
             return out + self.finish()
@@ -153,34 +155,50 @@ FENCE = "```"
 
 
 def _may_be_alone(text: str) -> bool:
-    """Whether a reply that begins with `text` (its leading whitespace gone) may be one
-    call's JSON alone: it begins a JSON object, or a fence of no language or json."""
+    """Whether a reply that begins with `text` (its leading whitespace gone) may be
+    calls' JSON alone: it begins a JSON object or a list of them, or a fence of no
+    language or json."""
     if not text or text.startswith("{") or FENCE.startswith(text):
         return True
+    if text.startswith("["):
+        rest = text[1:].lstrip()
+        return not rest or rest.startswith("{")
     if not text.startswith(FENCE):
         return False
     language, newline, _ = text[len(FENCE):].partition("\n")
     return language.strip().lower() in ("", "json") if newline else "json".startswith(language.lower())
 
 
-def _alone(text: str, names: frozenset[str]) -> Call | None:
-    """The call that `text`, a whole reply, is alone (bare or in a fence), where it calls one of `names`."""
+def _alone(text: str, names: frozenset[str]) -> list[Call] | None:
+    """The calls that `text`, a whole reply, is alone (one call's JSON or a list of
+    calls, bare or in a fence), where each calls one of `names`."""
     body = text.strip()
     if body.startswith(FENCE):
         if not body.endswith(FENCE) or len(body) < 2 * len(FENCE):
             return None
         body = body[len(FENCE):-len(FENCE)].partition("\n")[2]
-    call = _call(body)
-    return call if call is not None and call.name in names else None
+    value = _json(body)
+    calls = [_call_of(v) for v in (value if isinstance(value, list) else [value])]
+    return calls if calls and all(c is not None and c.name in names for c in calls) else None
 
 
 def _call(body: str) -> Call | None:
     """The call a block's body writes, or None where it is not one."""
+    return _call_of(_json(body))
+
+
+def _json(text: str):
+    """The JSON value `text` writes (None where it writes none)."""
     try:
-        value = json.loads(body)
+        return json.loads(text)
     except (ValueError, RecursionError):
         return None
+
+
+def _call_of(value) -> Call | None:
+    """The call a JSON value is: an object with a name and its arguments ("arguments",
+    or Llama 3.x's "parameters"; none: empty ones), or None."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         return None
-    arguments = value.get("arguments", {})
+    arguments = value.get("arguments", value.get("parameters", {}))
     return Call(value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
