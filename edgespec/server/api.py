@@ -310,8 +310,12 @@ class _Shape:
 
     def chunks(self, text: str, *, done: Done | None = None) -> list:
         """The chunks that stream `text`, and with `done` the reply's last."""
-        sent = [self.chunk(text)] if text else []
+        sent = self._text_chunks(text, ended=done is not None)
         return [*sent, self.chunk(done=done)] if done else sent
+
+    def _text_chunks(self, text: str, *, ended: bool) -> list:
+        """The chunks of `text` (`ended`: the reply's last text)."""
+        return [self.chunk(text)] if text else []
 
     def usage_chunk(self, done: Done):
         return self._reply(self.CHUNK, [], usage=_usage(done.stats))
@@ -339,11 +343,11 @@ class _ChatShape(_Shape):
                                    tool_calls=[_tool_call(call) for call in calls] or None)
         return ChatChoice(message=message, finish_reason="tool_calls" if calls else finish)
 
-    def chunks(self, text: str, *, done: Done | None = None) -> list:
+    def _text_chunks(self, text: str, *, ended: bool) -> list:
         if not self.calls:
-            return super().chunks(text, done=done)
+            return super()._text_chunks(text, ended=ended)
         before = self._stream.calls
-        pieces = self._stream.feed(text) + (self._stream.finish() if done else [])
+        pieces = self._stream.feed(text) + (self._stream.finish() if ended else [])
         sent = []
         for piece in pieces:
             if isinstance(piece, str):
@@ -352,7 +356,7 @@ class _ChatShape(_Shape):
                 call = _tool_call(piece, ToolCallDelta, index=before)
                 sent.append(self._reply(self.CHUNK, [ChatChunkChoice(delta=ChatDelta(tool_calls=[call]))]))
                 before += 1
-        return [*sent, self.chunk(done=done)] if done else sent
+        return sent
 
     def _delta(self, text: str | None, role: bool, finish: str | None) -> ChatChunkChoice:
         if finish and self._stream.calls:
